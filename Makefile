@@ -1,0 +1,38 @@
+# Everything sets up its own environment in .venv on first use.
+# torch: TORCH defaults to the CPU build this project's machines keep on local disk; on a GPU
+# machine pass e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m train.demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
