@@ -1,0 +1,41 @@
+"""ODE Transformer (Li et al., ACL 2022) for Hugging Face Transformers.
+
+Importing this package registers `ode_transformer` with AutoConfig, AutoModel, AutoModelForSeq2SeqLM and
+AutoModelForCausalLM.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from .configuration_ode_transformer import ODE_FUNCTIONS, LAYER_CONNECTIONS, PRESETS, ODETransformerConfig
+from .modeling_ode_transformer import (
+    ODETransformerDecoder,
+    ODETransformerEncoder,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+    ODETransformerModel,
+    ODETransformerPreTrainedModel,
+)
+from .ode import COEFFICIENT_MODES, ODE_METHODS, ButcherTableau, StageCoefficients, ode_step
+
+AutoConfig.register(ODETransformerConfig.model_type, ODETransformerConfig, exist_ok=True)
+AutoModel.register(ODETransformerConfig, ODETransformerModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(ODETransformerConfig, ODETransformerForConditionalGeneration, exist_ok=True)
+AutoModelForCausalLM.register(ODETransformerConfig, ODETransformerForCausalLM, exist_ok=True)
+
+__all__ = [
+    "COEFFICIENT_MODES",
+    "LAYER_CONNECTIONS",
+    "ODE_FUNCTIONS",
+    "ODE_METHODS",
+    "PRESETS",
+    "ButcherTableau",
+    "ODETransformerConfig",
+    "ODETransformerDecoder",
+    "ODETransformerEncoder",
+    "ODETransformerForCausalLM",
+    "ODETransformerForConditionalGeneration",
+    "ODETransformerModel",
+    "ODETransformerPreTrainedModel",
+    "StageCoefficients",
+    "ode_step",
+]

@@ -1,0 +1,215 @@
+"""ODETransformer model configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+from .ode import COEFFICIENT_MODES, GATED_MODES, ButcherTableau, resolve_tableau
+
+__all__ = ["ODETransformerConfig", "ODE_FUNCTIONS", "LAYER_CONNECTIONS", "PRESETS"]
+
+# What F is (Figure "components"): the whole layer (SAN+FFN, the default), self-attention only, the FFN
+# only, or every sublayer its own ODE block ("SAN/FFN"). Sublayers that are not part of F stay residual.
+ODE_FUNCTIONS = ("layer", "attention", "ffn", "sublayers")
+# How blocks are stacked (Table "comparison"): plain stacking; DLCL dense connections with fixed (mean) or
+# learnable weights (Wang et al., 2019); leapfrog y_{t+1} = y_{t-1} + 2 F(y_t); multistep
+# y_{t+1} = k y_t + (1 - k) y_{t-1} + F(y_t) with learnable k.
+LAYER_CONNECTIONS = ("residual", "dense", "learnable_dense", "leapfrog", "multistep")
+COEFFICIENT_SCOPES = ("block", "stack")
+
+# The paper's configurations (Appendix "Experimental Setups"): RPR (k = 8) and dense layer connections in
+# every setup; the big model uses residual dropout 0.3 (En-De).
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {"d_model": 512, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "encoder_attention_heads": 8,
+             "decoder_attention_heads": 8, "encoder_layers": 6, "decoder_layers": 6},
+    "deep": {"d_model": 512, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "encoder_attention_heads": 8,
+             "decoder_attention_heads": 8, "encoder_layers": 24, "decoder_layers": 6},
+    "big": {"d_model": 1024, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "encoder_attention_heads": 16,
+            "decoder_attention_heads": 16, "encoder_layers": 6, "decoder_layers": 6, "dropout": 0.3},
+    "big_deep": {"d_model": 1024, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "encoder_attention_heads": 16,
+                 "decoder_attention_heads": 16, "encoder_layers": 12, "decoder_layers": 6, "dropout": 0.3},
+    # For tests and quick experiments.
+    "tiny": {"vocab_size": 99, "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
+             "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 2, "decoder_layers": 2,
+             "max_position_embeddings": 128, "max_relative_position": 4},
+}
+
+
+def _check_choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"`{field}`={value!r} is not supported; allowed values: {', '.join(allowed)}.")
+
+
+def _check_positive(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(field: str, value: Any) -> None:
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
+
+
+@strict
+class ODETransformerConfig(PreTrainedConfig):
+    r"""Configuration of an ODE Transformer (Li et al., ACL 2022): a pre-norm Transformer whose blocks are
+    Runge-Kutta ODE solvers. The defaults are the paper's base model (6-6, 512/2048, 8 heads) with an RK2
+    encoder with the gated coefficients of Eq. (learnable), a residual (Euler) decoder, relative positions
+    (k = 8) and learnable dense layer connections, as in the paper's training setup.
+
+    Transformer fields use the usual Hugging Face names (`d_model`, `encoder_layers`, ...). ODE fields:
+
+    - `encoder_ode_method` / `decoder_ode_method`: a named method (`euler`, `rk2`, `midpoint`, `ralston`, `rk3`,
+      `rk4`, `rk4_38`, `weight_sharing`, `polynet`) or a user Butcher tableau `{"a": [[], [1.0]], "b": [0.5, 0.5]}`.
+    - `encoder_ode_coefficients` / `decoder_ode_coefficients`: how the stage results are combined: `tableau`,
+      `ones`, `learnable`, `gated`, `gated_independent`, `gated_tanh` (Table "scale_function"). `gated` is a
+      sigmoid gate for two stages and its softmax generalisation for more.
+    - `encoder_ode_function` / `decoder_ode_function`: what F is: `layer`, `attention`, `ffn`, `sublayers`.
+    - `ode_step_size`: h.
+    - `ode_function_includes_residual`: False (the paper): F(y) = G(LN(y)), the layer without its residual.
+      True (the authors' code): F is the whole pre-norm layer, residuals included. Euler blocks are the plain
+      residual layer in both readings.
+    - `ode_coefficient_scope`: `block` (each block owns its gate/coefficients) or `stack` (one shared by all
+      blocks of a stack, as in the authors' code).
+    - `encoder_layer_connections` / `decoder_layer_connections`: `residual`, `dense`, `learnable_dense`,
+      `leapfrog`, `multistep`.
+
+    Positions: `use_absolute_positions` (sinusoidal, fairseq layout) and Shaw et al. relative positions in
+    self-attention with clipping distance `max_relative_position` (0 disables), on keys and, with
+    `relative_position_values`, values too.
+
+    `ODETransformerConfig.from_preset("base", vocab_size=34040)` builds the paper's configurations
+    (`base`, `deep`, `big`, `big_deep`, and `tiny` for tests).
+    """
+
+    model_type = "ode_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "decoder_layers",
+    }
+
+    vocab_size: int = 34040
+    source_vocab_size: int | None = None
+    share_encoder_decoder_embeddings: bool = True
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.1
+    activation_dropout: float | int = 0.1
+    layer_norm_eps: float = 1e-5
+    init_std: float | None = None
+    max_position_embeddings: int = 1024
+    use_absolute_positions: bool = True
+    position_offset: int = 0
+    max_relative_position: int = 8
+    relative_position_values: bool = False
+    scale_embedding: bool = True
+    label_smoothing: float | int = 0.1
+
+    encoder_ode_method: str | dict = "rk2"
+    decoder_ode_method: str | dict = "euler"
+    encoder_ode_coefficients: str = "gated"
+    decoder_ode_coefficients: str = "tableau"
+    encoder_ode_function: str = "layer"
+    decoder_ode_function: str = "layer"
+    ode_step_size: float | int = 1.0
+    ode_function_includes_residual: bool = False
+    ode_coefficient_scope: str = "block"
+    encoder_layer_connections: str = "learnable_dense"
+    decoder_layer_connections: str = "learnable_dense"
+
+    use_cache: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 2
+    forced_eos_token_id: int | list[int] | None = None
+    is_encoder_decoder: bool = True
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        if isinstance(self.encoder_ode_method, ButcherTableau):
+            self.encoder_ode_method = self.encoder_ode_method.to_dict()
+        if isinstance(self.decoder_ode_method, ButcherTableau):
+            self.decoder_ode_method = self.decoder_ode_method.to_dict()
+        self._check_fields()
+        super().__post_init__(**kwargs)
+
+    def _check_fields(self) -> None:
+        """Every field checked at construction; a ValueError names the field, the value and what is allowed."""
+        for field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                      "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+            _check_positive(field, getattr(self, field))
+        if self.source_vocab_size is not None:
+            _check_positive("source_vocab_size", self.source_vocab_size)
+            if self.share_encoder_decoder_embeddings and self.source_vocab_size != self.vocab_size:
+                raise ValueError(
+                    f"`source_vocab_size`={self.source_vocab_size} differs from `vocab_size`={self.vocab_size} "
+                    "but `share_encoder_decoder_embeddings=True`; set `share_encoder_decoder_embeddings=False` "
+                    "for a separate source vocabulary."
+                )
+        for side in ("encoder", "decoder"):
+            heads = getattr(self, f"{side}_attention_heads")
+            if self.d_model % heads:
+                raise ValueError(
+                    f"`{side}_attention_heads`={heads} does not divide `d_model`={self.d_model}; choose a head "
+                    "count that divides the hidden size."
+                )
+            self._check_ode_side(side)
+        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            _check_probability(field, getattr(self, field))
+        if self.max_relative_position < 0:
+            raise ValueError(
+                f"`max_relative_position` must be >= 0 (0 disables relative positions), got {self.max_relative_position}."
+            )
+        if self.relative_position_values and self.max_relative_position == 0:
+            raise ValueError("`relative_position_values=True` needs `max_relative_position` > 0.")
+        if self.use_absolute_positions and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even `d_model`, got {self.d_model}.")
+        if not self.ode_step_size > 0:
+            raise ValueError(f"`ode_step_size` must be > 0, got {self.ode_step_size!r}.")
+        _check_choice("ode_coefficient_scope", self.ode_coefficient_scope, COEFFICIENT_SCOPES)
+        if self.activation_function not in ("relu", "gelu", "gelu_new", "silu", "swish", "tanh"):
+            raise ValueError(
+                f"`activation_function`={self.activation_function!r} is not supported; allowed values: relu, "
+                "gelu, gelu_new, silu, swish, tanh."
+            )
+
+    def _check_ode_side(self, side: str) -> None:
+        tableau = resolve_tableau(getattr(self, f"{side}_ode_method"), f"{side}_ode_method")
+        coefficients = getattr(self, f"{side}_ode_coefficients")
+        _check_choice(f"{side}_ode_coefficients", coefficients, COEFFICIENT_MODES)
+        _check_choice(f"{side}_ode_function", getattr(self, f"{side}_ode_function"), ODE_FUNCTIONS)
+        _check_choice(f"{side}_layer_connections", getattr(self, f"{side}_layer_connections"), LAYER_CONNECTIONS)
+        if coefficients in GATED_MODES and tableau.num_stages < 2:
+            raise ValueError(
+                f"`{side}_ode_coefficients`={coefficients!r} gates between stages, but "
+                f"`{side}_ode_method`={getattr(self, f'{side}_ode_method')!r} has a single stage; use a "
+                "multi-stage method (e.g. 'rk2') or coefficients 'tableau'."
+            )
+
+    def tableau(self, side: str) -> ButcherTableau:
+        """The ButcherTableau of the `encoder` or `decoder` ODE blocks."""
+        return resolve_tableau(getattr(self, f"{side}_ode_method"), f"{side}_ode_method")
+
+    @property
+    def encoder_vocab_size(self) -> int:
+        return self.vocab_size if self.source_vocab_size is None else self.source_vocab_size
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ODETransformerConfig:
+        """The paper's configurations: `base` (6-6), `deep` (24-6), `big` (6-6), `big_deep` (12-6), `tiny`."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})

@@ -1,0 +1,975 @@
+"""PyTorch ODE Transformer (Li et al., ACL 2022): a pre-norm Transformer whose blocks are Runge-Kutta solvers.
+
+The shape follows BART/M2M100: attention, layer, encoder, decoder, base model, conditional-generation
+head, and a decoder-only causal LM. The numerics of an ODE block live in `ode.py`; a layer here only says
+what F is (which sublayers, with which cache slot per stage) and hands it to `ode_step`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as nnf
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_ode_transformer import ODETransformerConfig
+from .ode import StageCoefficients, ode_step
+
+__all__ = [
+    "ODETransformerPreTrainedModel",
+    "ODETransformerEncoder",
+    "ODETransformerDecoder",
+    "ODETransformerModel",
+    "ODETransformerForConditionalGeneration",
+    "ODETransformerForCausalLM",
+]
+
+SELF_ATTENTION, CROSS_ATTENTION, FFN = "self_attn", "encoder_attn", "ffn"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs: the usual HF outputs plus, on request (`output_ode_stages=True`), every ODE block's stage values
+# F_1..F_s stacked to (s, batch, length, d) and its coefficients gamma ((s,) or (s, batch, length, 1)).
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ODEEncoderOutput(BaseModelOutput):
+    ode_stages: tuple[torch.Tensor, ...] | None = None
+    ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class ODEDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
+    ode_stages: tuple[torch.Tensor, ...] | None = None
+    ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class ODESeq2SeqModelOutput(Seq2SeqModelOutput):
+    encoder_ode_stages: tuple[torch.Tensor, ...] | None = None
+    encoder_ode_coefficients: tuple[torch.Tensor, ...] | None = None
+    decoder_ode_stages: tuple[torch.Tensor, ...] | None = None
+    decoder_ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class ODESeq2SeqLMOutput(Seq2SeqLMOutput):
+    encoder_ode_stages: tuple[torch.Tensor, ...] | None = None
+    encoder_ode_coefficients: tuple[torch.Tensor, ...] | None = None
+    decoder_ode_stages: tuple[torch.Tensor, ...] | None = None
+    decoder_ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class ODECausalLMOutput(CausalLMOutputWithCrossAttentions):
+    ode_stages: tuple[torch.Tensor, ...] | None = None
+    ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Embeddings, masks, positions
+# ----------------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """fairseq's sinusoidal table: [sin | cos] halves, frequencies 10000^(-i / (dim/2 - 1))."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freq[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
+class ODETransformerEmbeddings(nn.Module):
+    """sqrt(d) * token embedding + sinusoidal position, then dropout (positions hold no parameters)."""
+
+    def __init__(self, config: ODETransformerConfig):
+        super().__init__()
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.max_positions = config.max_position_embeddings
+        self.dropout = nn.Dropout(config.dropout)
+        table = sinusoidal_positions(config.max_position_embeddings + config.position_offset, config.d_model)
+        if config.use_absolute_positions:
+            self.register_buffer("positions", table[config.position_offset :], persistent=False)
+        else:
+            self.positions = None
+
+    def forward(self, inputs_embeds: torch.Tensor, past_length: int = 0) -> torch.Tensor:
+        length = inputs_embeds.shape[1]
+        if past_length + length > self.max_positions:
+            raise ValueError(
+                f"sequence of {past_length + length} positions exceeds `max_position_embeddings`="
+                f"{self.max_positions}; truncate the input or raise `max_position_embeddings` in the config."
+            )
+        hidden = inputs_embeds * self.scale
+        if self.positions is not None:
+            hidden = hidden + self.positions[past_length : past_length + length].to(hidden.dtype)
+        return self.dropout(hidden)
+
+
+def padding_mask(mask: torch.Tensor | None, dtype: torch.dtype, query_length: int) -> torch.Tensor | None:
+    """(batch, keys) 1/0 mask -> additive (batch, 1, query_length, keys) mask, or None when nothing is masked."""
+    if mask is None or bool(mask.all()):
+        return None
+    blocked = (mask[:, None, None, :] == 0).expand(-1, 1, query_length, -1)
+    return torch.zeros(blocked.shape, dtype=dtype, device=mask.device).masked_fill(blocked, torch.finfo(dtype).min)
+
+
+def causal_mask(
+    mask: torch.Tensor | None, batch: int, length: int, past: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Additive (batch, 1, length, past + length) mask: causal, plus padding from `mask` (batch, past + length)."""
+    keys = torch.arange(past + length, device=device)
+    blocked = (keys[None, :] > (keys[past:, None]))[None, None].expand(batch, 1, length, past + length)
+    if mask is not None:
+        blocked = blocked | (mask[:, None, None, -(past + length) :] == 0)
+    return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill(blocked, torch.finfo(dtype).min)
+
+
+def relative_position_index(query_length: int, key_length: int, max_distance: int, device) -> torch.Tensor:
+    """Shaw et al. (2018): the bucket of distance j - i clipped to [-k, k], shifted to [0, 2k]; queries are the
+    last `query_length` of `key_length` positions (incremental decoding)."""
+    keys = torch.arange(key_length, device=device)
+    queries = keys[key_length - query_length :]
+    return (keys[None, :] - queries[:, None]).clamp(-max_distance, max_distance) + max_distance
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Attention and feed-forward
+# ----------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = nnf.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(probs, value)
+    relative_index = kwargs.get("relative_index")
+    if getattr(module, "relative_values", None) is not None and relative_index is not None:
+        # Shaw et al. value term: sum_j p_ij a^V_{clip(j - i)}, gathered per bucket then projected.
+        buckets = probs.new_zeros(*probs.shape[:-1], module.relative_values.shape[0])
+        buckets.scatter_add_(-1, relative_index.expand_as(probs), probs)
+        output = output + torch.matmul(buckets, module.relative_values)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+class ODETransformerAttention(nn.Module):
+    """Multi-head attention. Self-attention has a fused q/k/v projection (fairseq's `in_proj`) and optional Shaw
+    relative position tables shared by all heads; cross-attention projects q and the fused k/v separately."""
+
+    def __init__(self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool, is_causal: bool):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_cross_attention = is_cross_attention
+        self.is_causal = False  # masks are always explicit (they carry the relative-position bias)
+        d = config.d_model
+        if is_cross_attention:
+            self.q_proj = nn.Linear(d, d)
+            self.kv_proj = nn.Linear(d, 2 * d)
+        else:
+            self.qkv_proj = nn.Linear(d, 3 * d)
+        self.out_proj = nn.Linear(d, d)
+        num_buckets = 2 * config.max_relative_position + 1
+        use_relative = not is_cross_attention and config.max_relative_position > 0
+        self.relative_keys = nn.Parameter(torch.empty(num_buckets, self.head_dim)) if use_relative else None
+        use_values = use_relative and config.relative_position_values
+        self.relative_values = nn.Parameter(torch.empty(num_buckets, self.head_dim)) if use_values else None
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
+
+    def _cached_key_values(self, hidden_states, key_value_states, cache, cache_slot):
+        """Keys and values for this call, read from or written to the cache slot of this (layer, stage)."""
+        if not self.is_cross_attention:
+            query, key, value = self.qkv_proj(hidden_states).chunk(3, dim=-1)
+            key, value = self._heads(key), self._heads(value)
+            if cache is not None:
+                self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                key, value = self_cache.update(key, value, cache_slot)
+            return query, key, value
+        query = self.q_proj(hidden_states)
+        if cache is not None and cache.is_updated.get(cache_slot):
+            layer = cache.cross_attention_cache.layers[cache_slot]
+            return query, layer.keys, layer.values
+        key, value = self.kv_proj(key_value_states).chunk(2, dim=-1)
+        key, value = self._heads(key), self._heads(value)
+        if cache is not None:
+            key, value = cache.cross_attention_cache.update(key, value, cache_slot)
+            cache.is_updated[cache_slot] = True
+        return query, key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        cache_slot: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        query, key, value = self._cached_key_values(hidden_states, key_value_states, past_key_values, cache_slot)
+        query = self._heads(query)
+        if self.relative_keys is not None:
+            # Shaw et al. key term q_i . a^K_{clip(j - i)}, added to the logits as a bias (scaled like q.k).
+            bias = torch.matmul(query, self.relative_keys.transpose(0, 1).to(query.dtype))
+            bias = bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1])) * self.scaling
+            attention_mask = bias if attention_mask is None else attention_mask + bias
+        implementation = self.config._attn_implementation
+        if self.relative_values is not None or implementation in (None, "eager"):
+            attention = eager_attention_forward
+        else:
+            attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        output, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.dropout if self.training else 0.0,
+            relative_index=relative_index,
+        )
+        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+
+
+class ODETransformerFeedForward(nn.Module):
+    def __init__(self, config: ODETransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation = ACT2FN[config.activation_function]
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The layer: sublayers grouped into ODE functions F
+# ----------------------------------------------------------------------------------------------------------
+
+
+def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tuple[str, ...], bool]]:
+    """Split a layer's sublayers into blocks: (sublayer names, is an ODE block). Sublayers outside F stay
+    plain residual blocks (Figure "components")."""
+    if ode_function == "layer":
+        return [(sublayers, True)]
+    if ode_function == "sublayers":
+        return [((name,), True) for name in sublayers]
+    ode_sublayer = SELF_ATTENTION if ode_function == "attention" else FFN
+    return [((name,), name == ode_sublayer) for name in sublayers]
+
+
+class ODETransformerLayer(GradientCheckpointingLayer):
+    """A pre-norm layer (self-attention, optional cross-attention, FFN) whose sublayers form one or more ODE
+    blocks. Paper reading: F(y) = G(LN(y)), summed over the sublayers of a block (each sublayer's input being
+    the running sum); with `ode_function_includes_residual` F is the whole pre-norm computation, residuals
+    included, as in the authors' code."""
+
+    def __init__(self, config: ODETransformerConfig, side: str, layer_idx: int, has_cross_attention: bool):
+        super().__init__()
+        d, eps = config.d_model, config.layer_norm_eps
+        heads = getattr(config, f"{side}_attention_heads")
+        self.self_attn = ODETransformerAttention(config, heads, is_cross_attention=False, is_causal=side == "decoder")
+        self.self_attn_layer_norm = nn.LayerNorm(d, eps=eps)
+        sublayers = (SELF_ATTENTION,)
+        if has_cross_attention:
+            self.encoder_attn = ODETransformerAttention(config, heads, is_cross_attention=True, is_causal=False)
+            self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=eps)
+            sublayers += (CROSS_ATTENTION,)
+        self.ffn = ODETransformerFeedForward(config, getattr(config, f"{side}_ffn_dim"))
+        self.final_layer_norm = nn.LayerNorm(d, eps=eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+        self.layer_idx = layer_idx
+        self.tableau = config.tableau(side)
+        self.step_size = float(config.ode_step_size)
+        self.includes_residual = config.ode_function_includes_residual and self.tableau.num_stages > 1
+        self.groups = ode_groups(getattr(config, f"{side}_ode_function"), sublayers)
+        self_attn_is_ode = next(is_ode for names, is_ode in self.groups if SELF_ATTENTION in names)
+        # Every stage of an ODE block attends over its own cached states: slots layer * s + stage.
+        self.self_attn_stages = self.tableau.num_stages if self_attn_is_ode else 1
+
+    @property
+    def num_ode_blocks(self) -> int:
+        return sum(is_ode for _, is_ode in self.groups)
+
+    def _sublayer(self, name: str, x: torch.Tensor, stage: int, context: dict) -> torch.Tensor:
+        """dropout(G(LN(x))) for one sublayer; attention weights of the last stage are kept in `context`."""
+        if name == FFN:
+            return self.dropout(self.ffn(self.final_layer_norm(x)))
+        if name == SELF_ATTENTION:
+            out, weights = self.self_attn(
+                self.self_attn_layer_norm(x),
+                attention_mask=context["attention_mask"],
+                relative_index=context["relative_index"],
+                past_key_values=context["past_key_values"],
+                cache_slot=self.layer_idx * self.self_attn_stages + stage,
+            )
+        else:
+            out, weights = self.encoder_attn(
+                self.encoder_attn_layer_norm(x),
+                attention_mask=context["encoder_attention_mask"],
+                key_value_states=context["encoder_hidden_states"],
+                past_key_values=context["past_key_values"],
+                cache_slot=self.layer_idx,
+            )
+        context[name] = weights
+        return self.dropout(out)
+
+    def _function(self, names: tuple[str, ...], includes_residual: bool, context: dict) -> Callable:
+        def function(x: torch.Tensor, stage: int) -> torch.Tensor:
+            delta = None
+            for position, name in enumerate(names):
+                z = x if delta is None else x + delta
+                out = self._sublayer(name, z, stage, context)
+                delta = out if delta is None else delta + out
+            return x + delta if includes_residual else delta
+
+        return function
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        coefficients: list[StageCoefficients] | None = None,
+        ode_trace: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        context = {
+            "attention_mask": attention_mask,
+            "encoder_hidden_states": encoder_hidden_states,
+            "encoder_attention_mask": encoder_attention_mask,
+            "relative_index": relative_index,
+            "past_key_values": past_key_values,
+        }
+        ode_blocks = iter(coefficients or ())
+        for names, is_ode in self.groups:
+            if is_ode:
+                function = self._function(names, self.includes_residual, context)
+                hidden_states = ode_step(
+                    hidden_states, function, self.tableau, next(ode_blocks), self.step_size, ode_trace
+                )
+            else:
+                hidden_states = hidden_states + self._function(names, False, context)(hidden_states, 0)
+        return hidden_states, context.get(SELF_ATTENTION), context.get(CROSS_ATTENTION)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# How blocks are stacked
+# ----------------------------------------------------------------------------------------------------------
+
+
+class LayerConnections(nn.Module):
+    """Connections between the blocks of a stack (Table "comparison"). States are kept in a list `history`:
+
+    - residual:  y_{t+1} = block(y_t).
+    - leapfrog:  y_{t+1} = y_{t-1} + 2 (block(y_t) - y_t); the first step is Euler.
+    - multistep: y_{t+1} = k y_t + (1 - k) y_{t-1} + (block(y_t) - y_t), k learnable per block and dimension
+      (initialised uniformly in (-1, 0) as in the authors' code); the first step is Euler.
+    - dense / learnable_dense (DLCL, Wang et al. 2019): the embedding output and the layer-normalised output of
+      every block are stored; block t reads sum_j W[t, j] state_j, and the stack output is row L of W. W is lower
+      triangular with rows initialised to a plain mean; `dense` keeps it fixed.
+    """
+
+    def __init__(self, kind: str, num_layers: int, hidden_size: int, eps: float):
+        super().__init__()
+        self.kind = kind
+        if kind in ("dense", "learnable_dense"):
+            weight = torch.ones(num_layers + 1, num_layers + 1).tril()
+            weight = weight / weight.sum(dim=1, keepdim=True)
+            if kind == "learnable_dense":
+                self.weight = nn.Parameter(weight)
+            else:
+                self.register_buffer("weight", weight, persistent=False)
+            self.layer_norms = nn.ModuleList(nn.LayerNorm(hidden_size, eps=eps) for _ in range(num_layers))
+        elif kind == "multistep":
+            self.k = nn.Parameter(torch.empty(num_layers, hidden_size))
+
+    def _weighted_sum(self, history: list[torch.Tensor], row: int) -> torch.Tensor:
+        weights = self.weight[row].to(history[0].dtype)
+        out = weights[0] * history[0]
+        for j in range(1, len(history)):
+            out = out + weights[j] * history[j]
+        return out
+
+    def layer_input(self, history: list[torch.Tensor], index: int) -> torch.Tensor:
+        return self._weighted_sum(history, index) if hasattr(self, "layer_norms") else history[-1]
+
+    def push(self, history: list[torch.Tensor], index: int, block_input: torch.Tensor, block_output: torch.Tensor):
+        if self.kind in ("dense", "learnable_dense"):
+            history.append(self.layer_norms[index](block_output))
+        elif self.kind == "leapfrog" and index > 0:
+            history.append(history[-2] + 2 * (block_output - block_input))
+        elif self.kind == "multistep" and index > 0:
+            k = self.k[index].to(block_output.dtype)
+            history.append(block_output + (1 - k) * (history[-2] - block_input))
+        else:
+            history.append(block_output)
+
+    def output(self, history: list[torch.Tensor]) -> torch.Tensor:
+        return self._weighted_sum(history, len(history) - 1) if hasattr(self, "layer_norms") else history[-1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pre-trained model base
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ODETransformerPreTrainedModel(PreTrainedModel):
+    config: ODETransformerConfig
+    config_class = ODETransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ODETransformerLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False  # the relative-position bias is an additive mask
+    _supports_flex_attn = False
+    _can_compile_fullgraph = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """fairseq init: xavier-uniform linears with zero bias, N(0, d^-0.5) embeddings with a zero padding row."""
+        std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, ODETransformerAttention):
+            for table in (module.relative_keys, module.relative_values):
+                if table is not None:
+                    init.xavier_uniform_(table)
+        elif isinstance(module, StageCoefficients) and module.mode == "learnable":
+            init.ones_(module.weight)
+        elif isinstance(module, LayerConnections):
+            if module.kind == "learnable_dense":
+                weight = torch.ones_like(module.weight).tril()
+                init.copy_(module.weight, weight / weight.sum(dim=1, keepdim=True))
+            elif module.kind == "multistep":
+                init.uniform_(module.k, -1.0, 0.0)
+
+
+def _ensure_cache_slots(cache: Cache | None, num_slots: int) -> None:
+    """ODE decoder blocks keep one self-attention cache slot per (layer, stage); a cache built from the config
+    has one per layer, so add the missing dynamic slots."""
+    if cache is None:
+        return
+    self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    if getattr(self_cache, "layer_class_to_replicate", None) is None:
+        while len(self_cache.layers) < num_slots:
+            self_cache.layers.append(DynamicLayer())
+
+
+class _ODEStack(ODETransformerPreTrainedModel):
+    """What encoder, decoder and causal LM share: embeddings, a stack of ODE layers with its connections and
+    coefficient modules, and a final LayerNorm."""
+
+    side = "encoder"
+
+    def _build_stack(self, config: ODETransformerConfig, has_cross_attention: bool) -> None:
+        side = self.side
+        num_layers = getattr(config, f"{side}_layers")
+        self.embed = ODETransformerEmbeddings(config)
+        self.layers = nn.ModuleList(
+            ODETransformerLayer(config, side, i, has_cross_attention) for i in range(num_layers)
+        )
+        self.blocks_per_layer = self.layers[0].num_ode_blocks
+        tableau = config.tableau(side)
+        num_coefficients = 1 if config.ode_coefficient_scope == "stack" else num_layers * self.blocks_per_layer
+        mode = getattr(config, f"{side}_ode_coefficients")
+        self.ode_coefficients = nn.ModuleList(
+            StageCoefficients(mode, tableau, config.d_model) for _ in range(num_coefficients)
+        )
+        self.connections = LayerConnections(
+            getattr(config, f"{side}_layer_connections"), num_layers, config.d_model, config.layer_norm_eps
+        )
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+
+    def _layer_coefficients(self, index: int) -> list[StageCoefficients]:
+        if len(self.ode_coefficients) == 1:
+            return [self.ode_coefficients[0]] * self.blocks_per_layer
+        return list(self.ode_coefficients[index * self.blocks_per_layer : (index + 1) * self.blocks_per_layer])
+
+    def _relative_index(self, query_length: int, key_length: int, device) -> torch.Tensor | None:
+        k = self.config.max_relative_position
+        return relative_position_index(query_length, key_length, k, device) if k > 0 else None
+
+    def _run_layers(self, hidden_states, output_hidden_states, output_attentions, output_ode_stages, **layer_kwargs):
+        """The stack loop; returns (last hidden state, all hidden states, self attentions, cross attentions,
+        ode stages, ode coefficients)."""
+        all_hidden = [hidden_states] if output_hidden_states else None
+        self_attentions, cross_attentions = [], []
+        trace = [] if output_ode_stages else None
+        history = [hidden_states]
+        for index, layer in enumerate(self.layers):
+            block_input = self.connections.layer_input(history, index)
+            block_output, self_weights, cross_weights = layer(
+                block_input, coefficients=self._layer_coefficients(index), ode_trace=trace, **layer_kwargs
+            )
+            self.connections.push(history, index, block_input, block_output)
+            if output_hidden_states:
+                all_hidden.append(block_output)
+            self_attentions.append(self_weights)
+            cross_attentions.append(cross_weights)
+        hidden_states = self.layer_norm(self.connections.output(history))
+        stages = tuple(s for s, _ in trace) if trace is not None else None
+        gammas = tuple(g for _, g in trace) if trace is not None else None
+        return (
+            hidden_states,
+            tuple(all_hidden) if output_hidden_states else None,
+            tuple(self_attentions) if output_attentions else None,
+            tuple(cross_attentions) if output_attentions else None,
+            stages,
+            gammas,
+        )
+
+    def _flags(self, output_attentions, output_hidden_states, return_dict):
+        config = self.config
+        return (
+            output_attentions if output_attentions is not None else config.output_attentions,
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states,
+            return_dict if return_dict is not None else config.return_dict,
+        )
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+
+class ODETransformerEncoder(_ODEStack):
+    """The encoder: `config.encoder_layers` ODE layers over the source (bidirectional self-attention)."""
+
+    side = "encoder"
+
+    def __init__(self, config: ODETransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.encoder_vocab_size, config.d_model, config.pad_token_id)
+        self._build_stack(config, has_cross_attention=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_ode_stages: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ODEEncoderOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = self._flags(
+            output_attentions, output_hidden_states, return_dict
+        )
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = self.embed(inputs_embeds)
+        length = hidden_states.shape[1]
+        hidden, all_hidden, attentions, _, stages, gammas = self._run_layers(
+            hidden_states,
+            output_hidden_states,
+            output_attentions,
+            output_ode_stages,
+            attention_mask=padding_mask(attention_mask, hidden_states.dtype, length),
+            relative_index=self._relative_index(length, length, hidden_states.device),
+        )
+        output = ODEEncoderOutput(
+            last_hidden_state=hidden,
+            hidden_states=all_hidden,
+            attentions=attentions,
+            ode_stages=stages,
+            ode_coefficients=gammas,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ODETransformerDecoder(_ODEStack):
+    """The decoder: causal ODE layers, with cross-attention when the config is an encoder-decoder. Used alone
+    (no cross-attention) as the body of the causal LM."""
+
+    side = "decoder"
+
+    def __init__(self, config: ODETransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self._build_stack(config, has_cross_attention=config.is_encoder_decoder)
+        self.num_cache_slots = config.decoder_layers * self.layers[0].self_attn_stages
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_ode_stages: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ODEDecoderOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = self._flags(
+            output_attentions, output_hidden_states, return_dict
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of `input_ids`/`decoder_input_ids` or the matching `inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(), DynamicCache())
+                if self.config.is_encoder_decoder
+                else DynamicCache()
+            )
+        if not use_cache:
+            past_key_values = None
+        _ensure_cache_slots(past_key_values, self.num_cache_slots)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        batch, length = inputs_embeds.shape[:2]
+        hidden_states = self.embed(inputs_embeds, past_length=past)
+        dtype, device = hidden_states.dtype, hidden_states.device
+        hidden, all_hidden, attentions, cross, stages, gammas = self._run_layers(
+            hidden_states,
+            output_hidden_states,
+            output_attentions,
+            output_ode_stages,
+            attention_mask=causal_mask(attention_mask, batch, length, past, dtype, device),
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=padding_mask(encoder_attention_mask, dtype, length),
+            relative_index=self._relative_index(length, past + length, device),
+            past_key_values=past_key_values,
+        )
+        output = ODEDecoderOutput(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values,
+            hidden_states=all_hidden,
+            attentions=attentions,
+            cross_attentions=cross if encoder_hidden_states is not None else None,
+            ode_stages=stages,
+            ode_coefficients=gammas,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: decoder inputs are the labels shifted right behind the start token (-100 -> pad)."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def label_smoothed_loss(
+    logits: torch.Tensor, labels: torch.Tensor, smoothing: float, num_items_in_batch: int | torch.Tensor | None
+) -> torch.Tensor:
+    """Label-smoothed cross entropy over tokens whose label is not -100. Summed and divided by
+    `num_items_in_batch` when given (so gradient accumulation averages over the whole batch), else averaged."""
+    loss = nnf.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1).to(logits.device),
+        ignore_index=-100,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != -100).sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+class ODETransformerModel(ODETransformerPreTrainedModel):
+    """The bare encoder-decoder. `shared` holds the target (and by default the source) embeddings."""
+
+    def __init__(self, config: ODETransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = ODETransformerEncoder(config)
+        self.decoder = ODETransformerDecoder(config)
+        self._tied_weights_keys = {"decoder.embed_tokens.weight": "shared.weight"}
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys["encoder.embed_tokens.weight"] = "shared.weight"
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.decoder.embed_tokens = value
+        if self.config.share_encoder_decoder_embeddings:
+            self.encoder.embed_tokens = value
+
+    def get_encoder(self, *args, **kwargs) -> ODETransformerEncoder:
+        return self.encoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: ODEEncoderOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_ode_stages: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ODESeq2SeqModelOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("pass `decoder_input_ids` (or `labels` to the generation model) with the inputs.")
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                output_ode_stages=output_ode_stages,
+                return_dict=True,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = ODEEncoderOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs[0],
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_ode_stages=output_ode_stages,
+            return_dict=True,
+        )
+        output = ODESeq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            encoder_ode_stages=getattr(encoder_outputs, "ode_stages", None),
+            encoder_ode_coefficients=getattr(encoder_outputs, "ode_coefficients", None),
+            decoder_ode_stages=decoder_outputs.ode_stages,
+            decoder_ode_coefficients=decoder_outputs.ode_coefficients,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with a language-model head tied to the target embeddings; the loss is label-smoothed
+    cross entropy (`config.label_smoothing`, the paper's 0.1)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: ODETransformerConfig):
+        super().__init__(config)
+        self.model = ODETransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self, *args, **kwargs) -> ODETransformerEncoder:
+        return self.model.encoder
+
+    def get_decoder(self, *args, **kwargs) -> ODETransformerDecoder:
+        return self.model.decoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: ODEEncoderOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_ode_stages: bool = False,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> ODESeq2SeqLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(
+                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
+                )
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_ode_stages=output_ode_stages,
+            return_dict=True,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
+        output = ODESeq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+            encoder_ode_stages=outputs.encoder_ode_stages,
+            encoder_ode_coefficients=outputs.encoder_ode_coefficients,
+            decoder_ode_stages=outputs.decoder_ode_stages,
+            decoder_ode_coefficients=outputs.decoder_ode_coefficients,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
+    """Decoder-only language model with ODE blocks in its layers (the paper's Penn Treebank experiment). Uses the
+    `decoder_*` fields of the config; build it with `is_encoder_decoder=False`."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: ODETransformerConfig):
+        if config.is_encoder_decoder:
+            config = config.__class__(**{**config.to_dict(), "is_encoder_decoder": False})
+        super().__init__(config)
+        self.model = ODETransformerDecoder(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_decoder(self, *args, **kwargs) -> ODETransformerDecoder:
+        return self.model
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_ode_stages: bool = False,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> ODECausalLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_ode_stages=output_ode_stages,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            # Next-token prediction: position t predicts label t + 1.
+            shifted = nnf.pad(labels[:, 1:], (0, 1), value=-100)
+            loss = label_smoothed_loss(logits, shifted, self.config.label_smoothing, num_items_in_batch)
+        output = ODECausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            ode_stages=outputs.ode_stages,
+            ode_coefficients=outputs.ode_coefficients,
+        )
+        return output if return_dict else output.to_tuple()
