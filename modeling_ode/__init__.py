@@ -6,7 +6,7 @@ AutoModelForCausalLM.
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from .configuration_ode_transformer import ODE_FUNCTIONS, LAYER_CONNECTIONS, PRESETS, ODETransformerConfig
+from .configuration_ode_transformer import LAYER_CONNECTIONS, ODE_FUNCTIONS, PRESETS, ODETransformerConfig
 from .modeling_ode_transformer import (
     ODETransformerDecoder,
     ODETransformerEncoder,

@@ -23,18 +23,57 @@ COEFFICIENT_SCOPES = ("block", "stack")
 # The paper's configurations (Appendix "Experimental Setups"): RPR (k = 8) and dense layer connections in
 # every setup; the big model uses residual dropout 0.3 (En-De).
 PRESETS: dict[str, dict[str, Any]] = {
-    "base": {"d_model": 512, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "encoder_attention_heads": 8,
-             "decoder_attention_heads": 8, "encoder_layers": 6, "decoder_layers": 6},
-    "deep": {"d_model": 512, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "encoder_attention_heads": 8,
-             "decoder_attention_heads": 8, "encoder_layers": 24, "decoder_layers": 6},
-    "big": {"d_model": 1024, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "encoder_attention_heads": 16,
-            "decoder_attention_heads": 16, "encoder_layers": 6, "decoder_layers": 6, "dropout": 0.3},
-    "big_deep": {"d_model": 1024, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "encoder_attention_heads": 16,
-                 "decoder_attention_heads": 16, "encoder_layers": 12, "decoder_layers": 6, "dropout": 0.3},
+    "base": {
+        "d_model": 512,
+        "encoder_ffn_dim": 2048,
+        "decoder_ffn_dim": 2048,
+        "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+    },
+    "deep": {
+        "d_model": 512,
+        "encoder_ffn_dim": 2048,
+        "decoder_ffn_dim": 2048,
+        "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8,
+        "encoder_layers": 24,
+        "decoder_layers": 6,
+    },
+    "big": {
+        "d_model": 1024,
+        "encoder_ffn_dim": 4096,
+        "decoder_ffn_dim": 4096,
+        "encoder_attention_heads": 16,
+        "decoder_attention_heads": 16,
+        "encoder_layers": 6,
+        "decoder_layers": 6,
+        "dropout": 0.3,
+    },
+    "big_deep": {
+        "d_model": 1024,
+        "encoder_ffn_dim": 4096,
+        "decoder_ffn_dim": 4096,
+        "encoder_attention_heads": 16,
+        "decoder_attention_heads": 16,
+        "encoder_layers": 12,
+        "decoder_layers": 6,
+        "dropout": 0.3,
+    },
     # For tests and quick experiments.
-    "tiny": {"vocab_size": 99, "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
-             "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 2, "decoder_layers": 2,
-             "max_position_embeddings": 128, "max_relative_position": 4},
+    "tiny": {
+        "vocab_size": 99,
+        "d_model": 16,
+        "encoder_ffn_dim": 32,
+        "decoder_ffn_dim": 32,
+        "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "max_position_embeddings": 128,
+        "max_relative_position": 4,
+    },
 }
 
 
@@ -148,8 +187,17 @@ class ODETransformerConfig(PreTrainedConfig):
 
     def _check_fields(self) -> None:
         """Every field checked at construction; a ValueError names the field, the value and what is allowed."""
-        for field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                      "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+        for field in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ):
             _check_positive(field, getattr(self, field))
         if self.source_vocab_size is not None:
             _check_positive("source_vocab_size", self.source_vocab_size)
@@ -191,7 +239,9 @@ class ODETransformerConfig(PreTrainedConfig):
         coefficients = getattr(self, f"{side}_ode_coefficients")
         _check_choice(f"{side}_ode_coefficients", coefficients, COEFFICIENT_MODES)
         _check_choice(f"{side}_ode_function", getattr(self, f"{side}_ode_function"), ODE_FUNCTIONS)
-        _check_choice(f"{side}_layer_connections", getattr(self, f"{side}_layer_connections"), LAYER_CONNECTIONS)
+        _check_choice(
+            f"{side}_layer_connections", getattr(self, f"{side}_layer_connections"), LAYER_CONNECTIONS
+        )
         if coefficients in GATED_MODES and tableau.num_stages < 2:
             raise ValueError(
                 f"`{side}_ode_coefficients`={coefficients!r} gates between stages, but "

@@ -128,7 +128,9 @@ def padding_mask(mask: torch.Tensor | None, dtype: torch.dtype, query_length: in
     if mask is None or bool(mask.all()):
         return None
     blocked = (mask[:, None, None, :] == 0).expand(-1, 1, query_length, -1)
-    return torch.zeros(blocked.shape, dtype=dtype, device=mask.device).masked_fill(blocked, torch.finfo(dtype).min)
+    return torch.zeros(blocked.shape, dtype=dtype, device=mask.device).masked_fill(
+        blocked, torch.finfo(dtype).min
+    )
 
 
 def causal_mask(
@@ -184,7 +186,9 @@ class ODETransformerAttention(nn.Module):
     """Multi-head attention. Self-attention has a fused q/k/v projection (fairseq's `in_proj`) and optional Shaw
     relative position tables shared by all heads; cross-attention projects q and the fused k/v separately."""
 
-    def __init__(self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool, is_causal: bool):
+    def __init__(
+        self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool, is_causal: bool
+    ):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
@@ -238,12 +242,17 @@ class ODETransformerAttention(nn.Module):
         past_key_values: Cache | None = None,
         cache_slot: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query, key, value = self._cached_key_values(hidden_states, key_value_states, past_key_values, cache_slot)
+        query, key, value = self._cached_key_values(
+            hidden_states, key_value_states, past_key_values, cache_slot
+        )
         query = self._heads(query)
         if self.relative_keys is not None:
             # Shaw et al. key term q_i . a^K_{clip(j - i)}, added to the logits as a bias (scaled like q.k).
             bias = torch.matmul(query, self.relative_keys.transpose(0, 1).to(query.dtype))
-            bias = bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1])) * self.scaling
+            bias = (
+                bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1]))
+                * self.scaling
+            )
             attention_mask = bias if attention_mask is None else attention_mask + bias
         implementation = self.config._attn_implementation
         if self.relative_values is not None or implementation in (None, "eager"):
@@ -301,11 +310,15 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         super().__init__()
         d, eps = config.d_model, config.layer_norm_eps
         heads = getattr(config, f"{side}_attention_heads")
-        self.self_attn = ODETransformerAttention(config, heads, is_cross_attention=False, is_causal=side == "decoder")
+        self.self_attn = ODETransformerAttention(
+            config, heads, is_cross_attention=False, is_causal=side == "decoder"
+        )
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=eps)
         sublayers = (SELF_ATTENTION,)
         if has_cross_attention:
-            self.encoder_attn = ODETransformerAttention(config, heads, is_cross_attention=True, is_causal=False)
+            self.encoder_attn = ODETransformerAttention(
+                config, heads, is_cross_attention=True, is_causal=False
+            )
             self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=eps)
             sublayers += (CROSS_ATTENTION,)
         self.ffn = ODETransformerFeedForward(config, getattr(config, f"{side}_ffn_dim"))
@@ -351,7 +364,7 @@ class ODETransformerLayer(GradientCheckpointingLayer):
     def _function(self, names: tuple[str, ...], includes_residual: bool, context: dict) -> Callable:
         def function(x: torch.Tensor, stage: int) -> torch.Tensor:
             delta = None
-            for position, name in enumerate(names):
+            for name in names:
                 z = x if delta is None else x + delta
                 out = self._sublayer(name, z, stage, context)
                 delta = out if delta is None else delta + out
@@ -430,7 +443,9 @@ class LayerConnections(nn.Module):
     def layer_input(self, history: list[torch.Tensor], index: int) -> torch.Tensor:
         return self._weighted_sum(history, index) if hasattr(self, "layer_norms") else history[-1]
 
-    def push(self, history: list[torch.Tensor], index: int, block_input: torch.Tensor, block_output: torch.Tensor):
+    def push(
+        self, history: list[torch.Tensor], index: int, block_input: torch.Tensor, block_output: torch.Tensor
+    ):
         if self.kind in ("dense", "learnable_dense"):
             history.append(self.layer_norms[index](block_output))
         elif self.kind == "leapfrog" and index > 0:
@@ -516,7 +531,9 @@ class _ODEStack(ODETransformerPreTrainedModel):
         )
         self.blocks_per_layer = self.layers[0].num_ode_blocks
         tableau = config.tableau(side)
-        num_coefficients = 1 if config.ode_coefficient_scope == "stack" else num_layers * self.blocks_per_layer
+        num_coefficients = (
+            1 if config.ode_coefficient_scope == "stack" else num_layers * self.blocks_per_layer
+        )
         mode = getattr(config, f"{side}_ode_coefficients")
         self.ode_coefficients = nn.ModuleList(
             StageCoefficients(mode, tableau, config.d_model) for _ in range(num_coefficients)
@@ -530,13 +547,17 @@ class _ODEStack(ODETransformerPreTrainedModel):
     def _layer_coefficients(self, index: int) -> list[StageCoefficients]:
         if len(self.ode_coefficients) == 1:
             return [self.ode_coefficients[0]] * self.blocks_per_layer
-        return list(self.ode_coefficients[index * self.blocks_per_layer : (index + 1) * self.blocks_per_layer])
+        return list(
+            self.ode_coefficients[index * self.blocks_per_layer : (index + 1) * self.blocks_per_layer]
+        )
 
     def _relative_index(self, query_length: int, key_length: int, device) -> torch.Tensor | None:
         k = self.config.max_relative_position
         return relative_position_index(query_length, key_length, k, device) if k > 0 else None
 
-    def _run_layers(self, hidden_states, output_hidden_states, output_attentions, output_ode_stages, **layer_kwargs):
+    def _run_layers(
+        self, hidden_states, output_hidden_states, output_attentions, output_ode_stages, **layer_kwargs
+    ):
         """The stack loop; returns (last hidden state, all hidden states, self attentions, cross attentions,
         ode stages, ode coefficients)."""
         all_hidden = [hidden_states] if output_hidden_states else None
@@ -662,7 +683,9 @@ class ODETransformerDecoder(_ODEStack):
         )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of `input_ids`/`decoder_input_ids` or the matching `inputs_embeds`.")
+            raise ValueError(
+                "pass exactly one of `input_ids`/`decoder_input_ids` or the matching `inputs_embeds`."
+            )
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if self.gradient_checkpointing and self.training:
@@ -712,7 +735,10 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 def label_smoothed_loss(
-    logits: torch.Tensor, labels: torch.Tensor, smoothing: float, num_items_in_batch: int | torch.Tensor | None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    smoothing: float,
+    num_items_in_batch: int | torch.Tensor | None,
 ) -> torch.Tensor:
     """Label-smoothed cross entropy over tokens whose label is not -100. Summed and divided by
     `num_items_in_batch` when given (so gradient accumulation averages over the whole batch), else averaged."""
@@ -775,7 +801,9 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
-                raise ValueError("pass `decoder_input_ids` (or `labels` to the generation model) with the inputs.")
+                raise ValueError(
+                    "pass `decoder_input_ids` (or `labels` to the generation model) with the inputs."
+                )
             decoder_input_ids = shift_tokens_right(
                 input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
             )

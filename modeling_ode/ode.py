@@ -106,7 +106,9 @@ class ButcherTableau:
             a=a,
             b=tuple(float(x) for x in data["b"]),
             c=tuple(float(x) for x in c) if c is not None else tuple(sum(row) for row in a),
-            y_weights=tuple(float(x) for x in data["y_weights"]) if data.get("y_weights") is not None else None,
+            y_weights=tuple(float(x) for x in data["y_weights"])
+            if data.get("y_weights") is not None
+            else None,
             order=data.get("order"),
         )
         tableau.check(field)
@@ -124,10 +126,16 @@ ODE_METHODS: dict[str, ButcherTableau] = {
     "rk3": ButcherTableau(a=((), (0.5,), (-1.0, 2.0)), b=(1 / 6, 2 / 3, 1 / 6), c=(0.0, 0.5, 1.0), order=3),
     # The classical RK4, Eq. (rk4).
     "rk4": ButcherTableau(
-        a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6), c=(0.0, 0.5, 0.5, 1.0), order=4
+        a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
+        b=(1 / 6, 1 / 3, 1 / 3, 1 / 6),
+        c=(0.0, 0.5, 0.5, 1.0),
+        order=4,
     ),
     "rk4_38": ButcherTableau(
-        a=((), (1 / 3,), (-1 / 3, 1.0), (1.0, -1.0, 1.0)), b=(1 / 8, 3 / 8, 3 / 8, 1 / 8), c=(0.0, 1 / 3, 2 / 3, 1.0), order=4
+        a=((), (1 / 3,), (-1 / 3, 1.0), (1.0, -1.0, 1.0)),
+        b=(1 / 8, 3 / 8, 3 / 8, 1 / 8),
+        c=(0.0, 1 / 3, 2 / 3, 1.0),
+        order=4,
     ),
     # Table "scale_function", row "weight sharing": the same layer applied twice in sequence,
     # y1 = y + F(y), y2 = y1 + F(y1) = y + F1 + F(y + F1).
