@@ -323,6 +323,7 @@ class ODETransformerLayer(GradientCheckpointingLayer):
             sublayers += (CROSS_ATTENTION,)
         self.ffn = ODETransformerFeedForward(config, getattr(config, f"{side}_ffn_dim"))
         self.final_layer_norm = nn.LayerNorm(d, eps=eps)
+        sublayers += (FFN,)
         self.dropout = nn.Dropout(config.dropout)
 
         self.layer_idx = layer_idx

@@ -1,0 +1,347 @@
+"""The ODE numerics against independent, hand-written formulas (paper Section 3 and Table "comparison")."""
+
+import math
+
+import pytest
+import torch
+
+from modeling_ode import ODETransformerConfig
+from modeling_ode.modeling_ode_transformer import LayerConnections, ODETransformerLayer
+from modeling_ode.ode import ODE_METHODS, ButcherTableau, StageCoefficients, ode_step, resolve_tableau
+
+D = 6
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """Exact comparisons: run every test of this file in float64, then restore the default."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def nonlinear_f():
+    """A fixed nonlinear F(y) = tanh(y W + c), and a counter of how often it is called."""
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(D, D, generator=g) / D**0.5, torch.randn(D, generator=g)
+    calls = []
+
+    def f(x, stage=None):
+        calls.append(stage)
+        return torch.tanh(x @ weight + bias)
+
+    return f, calls
+
+
+def y0():
+    return torch.randn(3, 4, D, generator=torch.Generator().manual_seed(1))
+
+
+# Each method written out by hand from its textbook definition, with h the step size.
+def by_hand(method, f, y, h):
+    if method == "euler":
+        return y + h * f(y)
+    if method == "rk2":  # Eq. (rk2)
+        f1 = h * f(y)
+        f2 = h * f(y + f1)
+        return y + (f1 + f2) / 2
+    if method == "midpoint":
+        k1 = f(y)
+        return y + h * f(y + h / 2 * k1)
+    if method == "ralston":
+        k1 = f(y)
+        k2 = f(y + 2 * h / 3 * k1)
+        return y + h * (k1 / 4 + 3 * k2 / 4)
+    if method == "rk3":
+        k1 = f(y)
+        k2 = f(y + h / 2 * k1)
+        k3 = f(y - h * k1 + 2 * h * k2)
+        return y + h / 6 * (k1 + 4 * k2 + k3)
+    if method == "rk4":  # Eq. (rk4)
+        f1 = h * f(y)
+        f2 = h * f(y + f1 / 2)
+        f3 = h * f(y + f2 / 2)
+        f4 = h * f(y + f3)
+        return y + (f1 + 2 * f2 + 2 * f3 + f4) / 6
+    if method == "rk4_38":
+        k1 = f(y)
+        k2 = f(y + h * k1 / 3)
+        k3 = f(y + h * (-k1 / 3 + k2))
+        k4 = f(y + h * (k1 - k2 + k3))
+        return y + h * (k1 + 3 * k2 + 3 * k3 + k4) / 8
+    if method == "weight_sharing":  # the same layer twice in sequence
+        y1 = y + h * f(y)
+        return y1 + h * f(y1)
+    if method == "polynet":  # Table "comparison": y + F(y) + F(F(y))
+        f1 = h * f(y)
+        return y + f1 + h * f(f1)
+    raise AssertionError(method)
+
+
+@pytest.mark.parametrize("method", sorted(ODE_METHODS))
+@pytest.mark.parametrize("h", [1.0, 0.3])
+def test_tableau_block_equals_formula_by_hand(method, h, nonlinear_f):
+    f, calls = nonlinear_f
+    tableau = ODE_METHODS[method]
+    coefficients = StageCoefficients("tableau", tableau, D)
+    y = y0()
+    out = ode_step(y, lambda x, i: f(x, i), tableau, coefficients, step_size=h)
+    torch.testing.assert_close(out, by_hand(method, f, y, h), rtol=1e-12, atol=1e-12)
+    assert calls[: tableau.num_stages] == list(range(tableau.num_stages))  # one call per stage, in order
+
+
+def rk2_stages(f, y):
+    f1 = f(y)
+    return f1, f(y + f1)
+
+
+def test_ones_coefficients(nonlinear_f):
+    """Table "scale_function", gamma_i = 1: y + F1 + F(y + F1)."""
+    f, _ = nonlinear_f
+    y = y0()
+    f1, f2 = rk2_stages(f, y)
+    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], StageCoefficients("ones", ODE_METHODS["rk2"], D))
+    torch.testing.assert_close(out, y + f1 + f2)
+
+
+def test_learnable_coefficients_start_at_one_and_scale_stages(nonlinear_f):
+    f, _ = nonlinear_f
+    y = y0()
+    coefficients = StageCoefficients("learnable", ODE_METHODS["rk2"], D)
+    assert coefficients.weight.tolist() == [1.0, 1.0]
+    with torch.no_grad():
+        coefficients.weight.copy_(torch.tensor([0.3, -1.7]))
+    f1, f2 = rk2_stages(f, y)
+    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], coefficients)
+    torch.testing.assert_close(out, y + 0.3 * f1 - 1.7 * f2)
+
+
+def random_gate(coefficients):
+    with torch.no_grad():
+        coefficients.gate.weight.normal_(generator=torch.Generator().manual_seed(3))
+        coefficients.gate.bias.normal_(generator=torch.Generator().manual_seed(4))
+    return coefficients.gate.weight, coefficients.gate.bias
+
+
+def test_gated_rk2_is_eq_learnable(nonlinear_f):
+    """Eq. (learnable): g = sigmoid([F1, F2] W + b), y + g F1 + (1 - g) F2, one scalar per token."""
+    f, _ = nonlinear_f
+    y = y0()
+    coefficients = StageCoefficients("gated", ODE_METHODS["rk2"], D)
+    assert sum(p.numel() for p in coefficients.parameters()) == 2 * D + 1
+    w, b = random_gate(coefficients)
+    f1, f2 = rk2_stages(f, y)
+    g = torch.sigmoid(torch.cat([f1, f2], -1) @ w[0] + b[0])[..., None]
+    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], coefficients)
+    torch.testing.assert_close(out, y + g * f1 + (1 - g) * f2)
+
+
+@pytest.mark.parametrize("mode,squash", [("gated_independent", torch.sigmoid), ("gated_tanh", torch.tanh)])
+def test_independent_gates(mode, squash, nonlinear_f):
+    """Table "scale_function" rows (sigmoid, sigmoid) and (tanh, tanh)."""
+    f, _ = nonlinear_f
+    y = y0()
+    coefficients = StageCoefficients(mode, ODE_METHODS["rk2"], D)
+    w, b = random_gate(coefficients)
+    f1, f2 = rk2_stages(f, y)
+    z = torch.cat([f1, f2], -1)
+    g1, g2 = squash(z @ w[0] + b[0])[..., None], squash(z @ w[1] + b[1])[..., None]
+    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], coefficients)
+    torch.testing.assert_close(out, y + g1 * f1 + g2 * f2)
+
+
+def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f):
+    f, _ = nonlinear_f
+    y = y0()
+    tableau = ODE_METHODS["rk4"]
+    coefficients = StageCoefficients("gated", tableau, D)
+    w, b = random_gate(coefficients)
+    trace = []
+    out = ode_step(y, lambda x, i: f(x), tableau, coefficients, trace=trace)
+    stages, gamma = trace[0]
+    logits = torch.cat([stages[0], stages[1], stages[2], stages[3]], -1) @ w.T + b
+    weights = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], -1), -1)
+    expected = y + sum(weights[..., i : i + 1] * stages[i] for i in range(4))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(gamma.sum(0), torch.ones_like(gamma[0]))
+
+
+@pytest.mark.parametrize(
+    "method,order",
+    [("euler", 1), ("rk2", 2), ("midpoint", 2), ("ralston", 2), ("rk3", 3), ("rk4", 4), ("rk4_38", 4)],
+)
+def test_local_error_falls_with_the_methods_order(method, order):
+    """dy/dt = A y: one step's error against exp(hA) y is O(h^(p+1)); the log-log slope tells p + 1."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(D, D, generator=g) / D**0.5
+    y = torch.randn(D, generator=g)
+    tableau = ODE_METHODS[method]
+    coefficients = StageCoefficients("tableau", tableau, D)
+    steps = [0.2 / 2**k for k in range(5)]
+    errors = []
+    for h in steps:
+        out = ode_step(y, lambda x, i: x @ a.T, tableau, coefficients, step_size=h)
+        errors.append((out - torch.linalg.matrix_exp(h * a) @ y).norm().item())
+    slope = (math.log(errors[0]) - math.log(errors[-1])) / (math.log(steps[0]) - math.log(steps[-1]))
+    assert slope == pytest.approx(order + 1, abs=0.15)
+    assert tableau.order == order
+
+
+def test_user_tableau_and_invalid_tableaus():
+    heun = resolve_tableau({"a": [[], [1.0]], "b": [0.5, 0.5]})
+    rk2 = ODE_METHODS["rk2"]
+    assert (heun.a, heun.b, heun.c) == (rk2.a, rk2.b, rk2.c)  # c derived from the rows of a
+    with pytest.raises(ValueError, match="explicit"):
+        ButcherTableau(a=((0.5,), (1.0,)), b=(0.5, 0.5), c=(0.5, 1.0)).check()
+    with pytest.raises(ValueError, match="sum to c"):
+        resolve_tableau({"a": [[], [0.5]], "b": [0.5, 0.5], "c": [0.0, 1.0]})
+    with pytest.raises(ValueError, match="keys"):
+        resolve_tableau({"alpha": [[]]})
+
+
+# --- layer connections (Table "comparison") ---------------------------------------------------------------
+
+
+def run_connections(kind, blocks, x, **setup):
+    connections = LayerConnections(kind, len(blocks), D, eps=1e-5)
+    for name, value in setup.items():
+        with torch.no_grad():
+            getattr(connections, name).copy_(value)
+    history = [x]
+    for index, block in enumerate(blocks):
+        block_input = connections.layer_input(history, index)
+        connections.push(history, index, block_input, block(block_input))
+    return connections, connections.output(history)
+
+
+def make_blocks(n):
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(D, D, generator=g) / D**0.5 for _ in range(n)]
+    return [lambda y, w=w: y + torch.tanh(y @ w) for w in weights], [
+        lambda y, w=w: torch.tanh(y @ w) for w in weights
+    ]
+
+
+def test_leapfrog():
+    blocks, fs = make_blocks(3)
+    x = y0()
+    _, out = run_connections("leapfrog", blocks, x)
+    y1 = x + fs[0](x)  # Euler start
+    y2 = x + 2 * fs[1](y1)
+    y3 = y1 + 2 * fs[2](y2)
+    torch.testing.assert_close(out, y3)
+
+
+def test_multistep():
+    blocks, fs = make_blocks(3)
+    x = y0()
+    k = torch.rand(3, D, generator=torch.Generator().manual_seed(8)) - 1
+    _, out = run_connections("multistep", blocks, x, k=k)
+    y1 = x + fs[0](x)
+    y2 = k[1] * y1 + (1 - k[1]) * x + fs[1](y1)
+    y3 = k[2] * y2 + (1 - k[2]) * y1 + fs[2](y2)
+    torch.testing.assert_close(out, y3)
+
+
+@pytest.mark.parametrize("kind", ["dense", "learnable_dense"])
+def test_dense_layer_connections(kind):
+    blocks, _ = make_blocks(3)
+    x = y0()
+    connections, out = run_connections(kind, blocks, x)
+    weight = connections.weight
+    torch.testing.assert_close(weight[2, :3], torch.full((3,), 1 / 3))  # rows start as plain means
+    assert weight[1, 2] == 0  # lower triangular
+    states = [x]
+    for i, block in enumerate(blocks):
+        block_input = sum(weight[i, j] * states[j] for j in range(i + 1))
+        states.append(connections.layer_norms[i](block(block_input)))
+    torch.testing.assert_close(out, sum(weight[3, j] * states[j] for j in range(4)))
+    assert isinstance(connections.weight, torch.nn.Parameter) == (kind == "learnable_dense")
+
+
+# --- F of a Transformer layer ------------------------------------------------------------------------------
+
+
+def tiny_layer(**overrides):
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset(
+        "tiny",
+        d_model=8,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_relative_position=0,
+        encoder_ode_coefficients="tableau",
+        **overrides,
+    )
+    return ODETransformerLayer(config, "encoder", 0, has_cross_attention=False).eval()
+
+
+def san(layer, x):
+    return layer.self_attn(layer.self_attn_layer_norm(x))[0]
+
+
+def ffn(layer, x):
+    return layer.ffn(layer.final_layer_norm(x))
+
+
+def apply_layer(layer, y):
+    coefficients = [StageCoefficients("tableau", layer.tableau, 8) for _ in range(layer.num_ode_blocks)]
+    return layer(y, coefficients=coefficients)[0]
+
+
+def layer_input():
+    return torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(9))
+
+
+def test_layer_function_is_san_plus_ffn():
+    """F(y) = G(LN(y)) with G = SAN then FFN (the paper's default F, without the residual)."""
+    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function="layer")
+    y = layer_input()
+
+    def f(x):
+        h = san(layer, x)
+        return h + ffn(layer, x + h)
+
+    f1 = f(y)
+    f2 = f(y + f1)
+    torch.testing.assert_close(apply_layer(layer, y), y + (f1 + f2) / 2)
+
+
+def test_function_including_residual_is_the_authors_code():
+    """ode_function_includes_residual: F = L(x), the whole pre-norm layer, residuals included."""
+    layer = tiny_layer(encoder_ode_method="rk2", ode_function_includes_residual=True)
+    y = layer_input()
+
+    def big_l(x):
+        h = x + san(layer, x)
+        return h + ffn(layer, h)
+
+    f1 = big_l(y)
+    f2 = big_l(y + f1)
+    torch.testing.assert_close(apply_layer(layer, y), y + (f1 + f2) / 2)
+
+
+def test_euler_layer_is_the_plain_pre_norm_layer_in_both_readings():
+    for includes_residual in (False, True):
+        layer = tiny_layer(encoder_ode_method="euler", ode_function_includes_residual=includes_residual)
+        y = layer_input()
+        h = y + san(layer, y)
+        torch.testing.assert_close(apply_layer(layer, y), h + ffn(layer, h))
+
+
+@pytest.mark.parametrize("function", ["attention", "ffn", "sublayers"])
+def test_components(function):
+    """Figure "components": an ODE block over SAN only, FFN only, or each sublayer its own block."""
+    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function=function)
+    y = layer_input()
+
+    def rk2(g, x):
+        f1 = g(layer, x)
+        return x + (f1 + g(layer, x + f1)) / 2
+
+    h = rk2(san, y) if function in ("attention", "sublayers") else y + san(layer, y)
+    expected = rk2(ffn, h) if function in ("ffn", "sublayers") else h + ffn(layer, h)
+    torch.testing.assert_close(apply_layer(layer, y), expected)
