@@ -1,0 +1,495 @@
+"""Tests of train.data (loaders, shared-corpus readers, data specs, word dropout) and of
+train.libreoffice_corpus (HTML pairing, cleaning, module split, corpus build)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict, IterableDataset
+
+from train import libreoffice_corpus as lo
+from train.data import (
+    DataSpec,
+    cnndm,
+    conll2013_test,
+    fce,
+    jfleg_dev,
+    load_hub_dataset,
+    load_jsonl,
+    load_parallel_files,
+    load_task_data,
+    load_tsv,
+    multi30k,
+    parallel_stats,
+    ptb,
+    split_for_node,
+    wi_locness,
+    wmt_test,
+    word_dropout,
+)
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared() -> Path:
+    if not DATA.is_dir():
+        pytest.skip(f"shared data not found at {DATA}")
+    return DATA
+
+
+def _gz_lines(path: Path) -> list[str]:
+    """Independent reader: like ``zcat path``, one string per line."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+def _write_gz(path: Path, data: bytes) -> Path:
+    with gzip.open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# load_parallel_files
+
+
+def test_parallel_files_gz_and_plain(tmp_path):
+    src = _write_gz(tmp_path / "a.en.gz", b"one\ntwo\nthree\n")
+    tgt = tmp_path / "a.de"
+    tgt.write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    ds = load_parallel_files(src, tgt)
+    assert isinstance(ds, Dataset)
+    assert ds.column_names == ["source", "target"]
+    assert ds["source"] == ["one", "two", "three"] and ds["target"] == ["eins", "zwei", "drei"]
+    assert parallel_stats(ds).lines == parallel_stats(ds).kept == 3
+
+
+def test_parallel_files_misaligned_names_files_and_counts(tmp_path):
+    src, tgt = tmp_path / "x.src", tmp_path / "x.tgt"
+    src.write_text("a\nb\nc\n")
+    tgt.write_text("a\nb\n")
+    with pytest.raises(ValueError) as err:
+        load_parallel_files(src, tgt)
+    message = str(err.value)
+    assert f"{src}: 3 lines" in message and f"{tgt}: 2 lines" in message
+
+
+def test_parallel_files_skip_and_report_bad_lines(tmp_path, caplog):
+    src = tmp_path / "s"
+    tgt = tmp_path / "t"
+    src.write_bytes(b"s1\ns2\n\xff\xfe bad\ns4\n   \ns6\n")
+    tgt.write_bytes(b"t1\n\nt3\nt4\nt5\nt6\r\n")
+    with caplog.at_level(logging.WARNING, logger="train.data"):
+        ds = load_parallel_files(src, tgt)
+    # no shift: every kept source line is still paired with the target of the same line
+    assert list(zip(ds["source"], ds["target"])) == [("s1", "t1"), ("s4", "t4"), ("s6", "t6")]
+    stats = parallel_stats(ds)
+    assert (stats.lines, stats.kept, stats.empty_lines, stats.undecodable_lines) == (6, 3, [2, 5], [3])
+    assert "1 undecodable (non-UTF-8) line(s) skipped (line numbers 3)" in caplog.text
+    assert "2 empty line(s) skipped (line numbers 2, 5)" in caplog.text
+
+    kept = load_parallel_files(src, tgt, skip_empty=False)
+    assert kept.num_rows == 5 and kept["target"][1] == "" and parallel_stats(kept).empty_lines == [2, 5]
+
+
+# --------------------------------------------------------------------------------------------
+# TSV / JSONL / Hub-style folders
+
+
+def test_load_tsv(tmp_path):
+    path = _write_gz(tmp_path / "d.tsv.gz", b'de\ten\tnote\nHallo "du"\tHello "you"\tx\nNA\tnull\t\n')
+    ds = load_tsv(path, "en", "de", cache_dir=tmp_path / "cache")
+    assert ds.column_names == ["source", "target"]
+    assert ds["source"] == ['Hello "you"', "null"] and ds["target"] == ['Hallo "du"', "NA"]
+    with pytest.raises(KeyError) as err:
+        load_tsv(path, "fr", "de", cache_dir=tmp_path / "cache")
+    assert (
+        "'fr'" in str(err.value) and str(path) in str(err.value) and "['de', 'en', 'note']" in str(err.value)
+    )
+
+
+def test_load_jsonl_with_nested_field(tmp_path):
+    rows = [
+        {"translation": {"de": "Ja", "en": "Yes"}, "id": 1},
+        {"translation": {"de": "Nein", "en": "No"}, "id": 2},
+    ]
+    path = _write_gz(tmp_path / "d.jsonl.gz", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    ds = load_jsonl(path, "translation.de", "translation.en", cache_dir=tmp_path / "cache")
+    assert ds["source"] == ["Ja", "Nein"] and ds["target"] == ["Yes", "No"]
+    with pytest.raises(KeyError) as err:
+        load_jsonl(path, "src", "translation.en", cache_dir=tmp_path / "cache")
+    assert (
+        "'src'" in str(err.value)
+        and str(path) in str(err.value)
+        and "['translation', 'id']" in str(err.value)
+    )
+
+
+def _hub_folder(root: Path, splits: dict[str, dict[str, list]]) -> Path:
+    """A local dataset repo laid out like the Hub's parquet conversion (data/<split>-*.parquet)."""
+    (root / "data").mkdir(parents=True)
+    for split, columns in splits.items():
+        Dataset.from_dict(columns).to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+    return root
+
+
+@pytest.fixture
+def wmt_like(tmp_path) -> Path:
+    pairs = [{"de": f"Satz {i}", "en": f"sentence {i}"} for i in range(10)]
+    return _hub_folder(
+        tmp_path / "wmt14", {"train": {"translation": pairs[:8]}, "validation": {"translation": pairs[8:]}}
+    )
+
+
+def test_hub_translation_column(wmt_like, tmp_path):
+    dd = load_hub_dataset(str(wmt_like), None, "de", "en", cache_dir=tmp_path / "cache")
+    assert isinstance(dd, DatasetDict) and sorted(dd) == ["train", "validation"]
+    assert dd["train"].column_names == ["source", "target"]
+    assert dd["validation"][1] == {"source": "Satz 9", "target": "sentence 9"}
+    reverse = load_hub_dataset(str(wmt_like), None, "en", "de", split="train", cache_dir=tmp_path / "cache")
+    assert reverse[0] == {"source": "sentence 0", "target": "Satz 0"}
+
+
+def test_hub_summarization_columns_detected(tmp_path):
+    folder = _hub_folder(
+        tmp_path / "cnn", {"train": {"article": ["A long text."], "highlights": ["Short."], "id": ["x1"]}}
+    )
+    ds = load_hub_dataset(str(folder), split="train", cache_dir=tmp_path / "cache")
+    assert ds.column_names == ["source", "target"] and ds[0] == {"source": "A long text.", "target": "Short."}
+    with pytest.raises(KeyError, match="'body'"):
+        load_hub_dataset(str(folder), None, "body", "highlights", split="train", cache_dir=tmp_path / "cache")
+
+
+def test_hub_streaming_and_split_by_node(wmt_like, tmp_path):
+    stream = load_hub_dataset(str(wmt_like), None, "de", "en", split="train", streaming=True)
+    assert isinstance(stream, IterableDataset)
+    rows = list(stream)
+    assert rows[3] == {"source": "Satz 3", "target": "sentence 3"} and len(rows) == 8
+    parts = [list(split_for_node(stream, rank, 3)) for rank in range(3)]
+    assert sorted(r["source"] for part in parts for r in part) == sorted(r["source"] for r in rows)
+    assert [len(p) for p in parts] == [3, 3, 2]
+    with pytest.raises(ValueError, match="rank"):
+        split_for_node(stream, 3, 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared corpora (counts from the README table, cross-checked with an independent reader)
+
+
+def test_multi30k(shared):
+    for split, n in [("train", 29000), ("val", 1014), ("test_2016_flickr", 1000)]:
+        ds = multi30k(split)
+        assert ds.num_rows == n
+        assert ds["target"] == _gz_lines(shared / "multi30k" / f"{split}.de.gz")
+    assert (
+        multi30k("test", "fr", "en")[0]["target"]
+        == _gz_lines(shared / "multi30k" / "test_2016_flickr.en.gz")[0]
+    )
+    with pytest.raises(ValueError, match="unknown split"):
+        multi30k("dev")
+
+
+def test_wmt_test_sets(shared):
+    assert wmt_test("en-de", 2013).num_rows == 3000
+    de_en = wmt_test("de-en", 2014)
+    assert de_en.num_rows == 3003
+    assert de_en[5]["source"] == _gz_lines(shared / "wmt" / "en-de" / "newstest2014.de.gz")[5]
+    assert wmt_test("en-fr", 2014).num_rows == 3003
+    ro = wmt_test("en-ro", 2016, "newsdev")
+    assert (
+        ro.num_rows == 1999
+        and ro[0]["target"] == _gz_lines(shared / "wmt" / "en-ro" / "newsdev2016.ro.gz")[0]
+    )
+    with pytest.raises(ValueError, match="no WMT"):
+        wmt_test("en-de", 2016)
+
+
+def test_cnndm(shared):
+    assert cnndm("train").num_rows == 15981 and cnndm("validation").num_rows == 2000
+    cased = cnndm("cased_val1000")
+    assert cased.column_names == ["source", "target", "id"] and cased.num_rows == 1000
+    assert cased[0]["source"].startswith("(CNN)")
+
+
+def test_gec_sets_drop_only_empty_pairs(shared, caplog):
+    for reader, split, folder, src, tgt in [
+        (fce, "train", "fce", "fce.train.src.gz", "fce.train.tgt.gz"),
+        (wi_locness, "train", "wi_locness", "train.src.gz", "train.tgt.gz"),
+        (wi_locness, "dev", "wi_locness", "dev.src.gz", "dev.tgt.gz"),
+    ]:
+        pairs = list(zip(_gz_lines(shared / "gec" / folder / src), _gz_lines(shared / "gec" / folder / tgt)))
+        expected = [(s, t) for s, t in pairs if s.strip() and t.strip()]
+        ds = reader(split)
+        assert list(zip(ds["source"], ds["target"])) == expected
+    assert fce("train").num_rows == 13614 - 2  # README: 2 empty target lines
+    assert "2 empty line(s) skipped" in caplog.text
+
+
+def test_jfleg_and_conll2013(shared):
+    jfleg = jfleg_dev()
+    assert jfleg.num_rows == 754 and len(jfleg[0]["references"]) == 4
+    assert jfleg[10]["references"][3] == _gz_lines(shared / "gec" / "jfleg" / "dev.ref3.gz")[10]
+    conll, m2 = conll2013_test()
+    assert conll.num_rows == 1381  # all kept, even the one empty reference
+    assert sum(line.startswith("S ") for line in _gz_lines(m2)) == 1381
+    assert conll[0]["source"] == _gz_lines(m2)[0][2:]
+
+
+def test_ptb_token_count(shared):
+    train = ptb("train")
+    assert train.column_names == ["text"] and train.num_rows == 42068
+    assert sum(len(t.split()) for t in train["text"]) == 887521  # README: training tokens
+    assert ptb("valid").num_rows == 3370 and ptb("test").num_rows == 3761
+
+
+def test_data_dir_env_override(tmp_path, monkeypatch):
+    (tmp_path / "multi30k").mkdir()
+    _write_gz(tmp_path / "multi30k" / "val.en.gz", b"a dog\n")
+    _write_gz(tmp_path / "multi30k" / "val.de.gz", b"ein Hund\n")
+    monkeypatch.setenv("ODE_DATA_DIR", str(tmp_path))
+    assert multi30k("val")[0] == {"source": "a dog", "target": "ein Hund"}
+
+
+# --------------------------------------------------------------------------------------------
+# load_task_data
+
+
+def test_task_data_from_shared_and_files(shared, tmp_path):
+    dd = load_task_data("seq2seq", DataSpec("shared", "multi30k", source_lang="de", target_lang="en"))
+    assert {k: v.num_rows for k, v in dd.items()} == {"train": 29000, "validation": 1014, "test": 1000}
+    assert dd["validation"][0]["target"] == _gz_lines(shared / "multi30k" / "val.en.gz")[0]
+    lm = load_task_data("lm", DataSpec("shared", "ptb"))
+    assert lm["validation"].num_rows == 3370
+    with pytest.raises(ValueError, match="needs columns"):
+        load_task_data("seq2seq", DataSpec("shared", "ptb"))
+    (tmp_path / "s").write_text("a\nb\n")
+    (tmp_path / "t").write_text("A\nB\n")
+    files = load_task_data(
+        "seq2seq", DataSpec("files", files={"train": (str(tmp_path / "s"), str(tmp_path / "t"))})
+    )
+    assert list(files) == ["train"] and files["train"]["target"] == ["A", "B"]
+
+
+def test_task_data_from_hub_folder(tmp_path):
+    folder = _hub_folder(
+        tmp_path / "hub",
+        {
+            "train": {"translation": [{"en": "hi", "ro": "salut"}]},
+            "valid": {"translation": [{"en": "yes", "ro": "da"}]},
+        },
+    )
+    dd = load_task_data("seq2seq", DataSpec("hub", str(folder), source_lang="en", target_lang="ro"))
+    assert sorted(dd) == ["train", "validation"] and dd["validation"][0] == {"source": "yes", "target": "da"}
+    with pytest.raises(ValueError, match="unknown shared corpus"):
+        load_task_data("seq2seq", DataSpec("shared", "wikitext"))
+
+
+# --------------------------------------------------------------------------------------------
+# word dropout
+
+
+def test_word_dropout():
+    ids = list(range(4, 10004)) + [2]
+    assert word_dropout(ids, 0.0) == ids
+    g = torch.Generator().manual_seed(0)
+    dropped = word_dropout(ids, 0.3, generator=g, keep_ids=[2])
+    assert dropped == word_dropout(ids, 0.3, generator=torch.Generator().manual_seed(0), keep_ids=[2])
+    assert dropped[-1] == 2 and 0.27 < 1 - len(dropped) / len(ids) < 0.33  # binomial sd ~0.005
+    assert dropped[:-1] == sorted(dropped[:-1])  # order kept
+    unk = word_dropout(
+        torch.tensor(ids), 0.3, unk_id=3, generator=torch.Generator().manual_seed(0), keep_ids=[2]
+    )
+    assert isinstance(unk, torch.Tensor) and len(unk) == len(ids) and unk[-1] == 2
+    assert (unk == 3).sum().item() == len(ids) - len(dropped)  # same draws: replaced where dropped
+    with pytest.raises(ValueError):
+        word_dropout(ids, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# LibreOffice help corpus
+
+PAGE = """<!DOCTYPE html><html><head><title>{title}</title><script>var x = "<p>";</script></head><body>
+<h1 id="par_idN1" dir="auto">{h1}</h1>
+<p id="par_id2" class="paragraph">{p2}</p>
+<p id="hd_id3">{hd}</p>
+<table><tr><td><p id="par_id4">{p4}</p></td></tr></table>
+<div id="par_id5">{p5_outer}<p id="par_id6">{p6}</p></div>
+<p id="par_id7"><img src="x.png" alt="icon"></p>
+{extra}</body></html>"""
+
+EN = dict(
+    title="Table",
+    h1='Insert <span class="menuitem">Table</span>',
+    p2='Opens  the\n <a href="x">dialog</a>&nbsp;for &lt;b&gt; &amp; co.<br>Next',
+    hd="Heading",
+    p4="Cell text",
+    p5_outer="Outer",
+    p6="Inner",
+    extra='<p id="par_id8">only English</p>',
+)
+DE = dict(
+    title="Tabelle",
+    h1='<span class="menuitem">Tabelle</span> einfügen',
+    p2='Öffnet den <a href="x">Dialog</a> für &lt;b&gt; &amp; Co.<br>Weiter',
+    hd="Überschrift",
+    p4="Zellentext",
+    p5_outer="Außen",
+    p6="Innen",
+    extra="",
+)
+
+
+def _help_tree(root: Path, pages: dict[str, tuple[dict, dict]]) -> tuple[Path, Path]:
+    for rel, (en, de) in pages.items():
+        for lang, values in (("en-US", en), ("de", de)):
+            path = root / lang / "text" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(PAGE.format(**values), encoding="utf-8")
+    return root / "en-US" / "text", root / "de" / "text"
+
+
+def test_extract_paragraphs_strips_html():
+    par = lo.extract_paragraphs(PAGE.format(**EN))
+    assert par == {
+        "par_idN1": "Insert Table",
+        "par_id2": "Opens the dialog for <b> & co. Next",
+        "par_id4": "Cell text",
+        "par_id5": "Outer",
+        "par_id6": "Inner",
+        "par_id7": "",
+        "par_id8": "only English",
+    }
+
+
+def test_pairing_cleaning_and_module_split(tmp_path):
+    same = dict(DE, p4="Cell text")  # an untranslated (identical) paragraph
+    en_root, de_root = _help_tree(
+        tmp_path,
+        {
+            "swriter/main.html": (EN, dict(DE, p6="Drinnen")),  # shares "Inner" with schart
+            "shared/01/a.html": (EN, same),
+            "smath/b.html": (dict(EN, p2="Formula"), dict(DE, p2="Formel")),
+            "schart/c.html": (dict(EN, p2="Chart " * 300), dict(DE, p2="Diagramm")),
+        },
+    )
+    (en_root / "sdatabase").mkdir()
+    (en_root / "sdatabase" / "only_en.html").write_text(PAGE.format(**EN), encoding="utf-8")
+    pairs = lo.pair_paragraphs(en_root, de_root)
+    main = {p.par_id: (p.en, p.de) for p in pairs if p.page == "swriter/main.html"}
+    assert main["par_id2"] == (
+        "Opens the dialog for <b> & co. Next",
+        "Öffnet den Dialog für <b> & Co. Weiter",
+    )
+    assert main["par_idN1"] == ("Insert Table", "Tabelle einfügen")
+    assert "par_id8" not in main and "hd_id3" not in main  # English-only id; not a par_id
+    assert {p.module for p in pairs} == {"swriter", "shared", "smath", "schart"}
+
+    kept, dropped = lo.clean_pairs(pairs, max_chars=1000)
+    assert dropped == {"empty": 4, "identical": 1, "too_long": 1, "duplicate": 11}
+    texts = {(p.en, p.de) for p in kept}
+    assert ("Cell text", "Zellentext") in texts and ("Formula", "Formel") in texts and len(kept) == len(texts)
+
+    splits, overlap = lo.split_by_module(kept, dev_modules=("smath",), test_modules=("schart",))
+    pairs_of = {name: [(p.en, p.de) for p in split] for name, split in splits.items()}
+    assert pairs_of["dev"] == [("Formula", "Formel")]
+    # schart/c.html is the first page in path order, so the paragraphs common to all pages stay there
+    assert pairs_of["test"] == [
+        ("Insert Table", "Tabelle einfügen"),
+        ("Cell text", "Zellentext"),
+        ("Outer", "Außen"),
+        ("Inner", "Innen"),
+    ]
+    # ("Inner", "Drinnen") from swriter shares its English side with the test set: dropped
+    assert pairs_of["train"] == [
+        ("Opens the dialog for <b> & co. Next", "Öffnet den Dialog für <b> & Co. Weiter")
+    ]
+    assert overlap == 1
+    with pytest.raises(ValueError, match="overlap"):
+        lo.split_by_module(kept, ("smath",), ("smath",))
+
+
+def _fake_deb(folder: Path, package: str, lang_dir: str, pages: dict[str, str]) -> None:
+    pkg = folder / f"build-{package}"
+    for rel, html in pages.items():
+        path = pkg / "usr/share/libreoffice/help" / lang_dir / "text" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+    (pkg / "DEBIAN").mkdir()
+    (pkg / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: 1:1.0-1\nArchitecture: all\nMaintainer: t <t@example.org>\nDescription: t\n"
+    )
+    subprocess.run(
+        ["dpkg-deb", "--build", str(pkg), str(folder / f"{package}_1.0-1_all.deb")],
+        check=True,
+        capture_output=True,
+    )
+    shutil.rmtree(pkg)
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
+def test_build_corpus_from_debs_is_idempotent(tmp_path):
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    modules = (*lo.DEV_MODULES, *lo.TEST_MODULES, "swriter")
+    pages_en = {f"{m}/p.html": PAGE.format(**dict(EN, p2=f"{m} text", p4=f"{m} cell")) for m in modules}
+    pages_de = {f"{m}/p.html": PAGE.format(**dict(DE, p2=f"{m} Text", p4=f"{m} Zelle")) for m in modules}
+    _fake_deb(debs, "libreoffice-help-en-us", "en-US", pages_en)
+    _fake_deb(debs, "libreoffice-help-de", "de", pages_de)
+    out = tmp_path / "corpus"
+    stats = lo.build_corpus(out, debs_dir=debs)
+    assert stats["packages"] == {"libreoffice-help-en-us": "1:1.0-1", "libreoffice-help-de": "1:1.0-1"}
+    assert stats["license"] == "MPL-2.0"
+    lines = {
+        name: (out / name).read_text(encoding="utf-8").splitlines()
+        for name in ("train.en", "dev.de", "test.de")
+    }
+    # dedup keeps the first page in path order (schart), so the shared paragraphs land there
+    assert lines["test.de"] == [
+        "Tabelle einfügen",
+        "schart Text",
+        "schart Zelle",
+        "Außen",
+        "Innen",
+        "smath Text",
+        "smath Zelle",
+    ]
+    assert lines["dev.de"] == ["sdatabase Text", "sdatabase Zelle"]
+    assert lines["train.en"] == ["swriter text", "swriter cell"]
+    assert stats["splits"] == {"train": 2, "dev": 2, "test": 7}
+    mtime = (out / "train.en").stat().st_mtime_ns
+    assert lo.build_corpus(out, debs_dir=tmp_path / "nowhere") == stats  # reused, debs not needed
+    assert (out / "train.en").stat().st_mtime_ns == mtime
+
+
+def test_build_corpus_missing_debs_says_what_to_do(tmp_path):
+    with pytest.raises(lo.CorpusError, match="--debs-dir"):
+        lo.build_corpus(tmp_path / "out", debs_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_real_libreoffice_corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("libreoffice")
+    try:
+        stats = lo.build_corpus(out)
+    except lo.CorpusError as err:
+        pytest.skip(f"cannot download the LibreOffice help packages here: {err}")
+    splits = {s: (out / f"{s}.en").read_text(encoding="utf-8").splitlines() for s in ("train", "dev", "test")}
+    for split, lines in splits.items():
+        assert len(lines) == stats["splits"][split]
+        assert len((out / f"{split}.de").read_text(encoding="utf-8").splitlines()) == len(lines)
+    assert stats["splits"]["train"] > 20000
+    assert 1000 <= stats["splits"]["dev"] <= 2000 and 1000 <= stats["splits"]["test"] <= 2000
+    assert set(stats["modules"]["test"]) == set(lo.TEST_MODULES)
+    assert set(stats["modules"]["dev"]) == set(lo.DEV_MODULES)
+    assert not set(stats["modules"]["train"]) & set(lo.TEST_MODULES + lo.DEV_MODULES)
+    assert not set(splits["test"]) & set(splits["train"])
+    ds = load_parallel_files(out / "test.en", out / "test.de")
+    assert ds.num_rows == stats["splits"]["test"]

@@ -1,0 +1,1 @@
+"""Training utilities for the ODE Transformer (data, tokenizer, batching, ...)."""

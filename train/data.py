@@ -1,0 +1,580 @@
+"""Datasets for training and evaluation, all as :mod:`datasets` objects.
+
+Seq2seq data has the columns ``source`` and ``target`` (plus, for a few evaluation sets, extra
+columns documented per reader); language-modelling data has the column ``text``.
+
+* Generic loaders: :func:`load_parallel_files` (aligned plain-text files, optionally ``.gz``),
+  :func:`load_tsv`, :func:`load_jsonl`, :func:`load_hub_dataset` (Hugging Face Hub id or a local
+  dataset folder, optionally streaming), :func:`split_for_node` (shard across processes).
+* Readers for the shared corpora in ``../shared/data`` (or ``$ODE_DATA_DIR``, see
+  :func:`data_root`): :func:`multi30k`, :func:`wmt_test`, :func:`cnndm`, :func:`fce`,
+  :func:`wi_locness`, :func:`jfleg_dev`, :func:`conll2013_test`, :func:`ptb`, and
+  :func:`libreoffice` for the built-in LibreOffice-help corpus.
+* :func:`load_task_data` builds a train/validation/test :class:`~datasets.DatasetDict` from a
+  :class:`DataSpec` (the single entry point of the training scripts).
+* :func:`word_dropout` for the source side of GEC training (used in a collator).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import datasets
+import torch
+from datasets import Dataset, DatasetDict, DatasetInfo, IterableDataset, IterableDatasetDict
+from datasets.distributed import split_dataset_by_node
+
+from train.libreoffice_corpus import DEFAULT_CACHE, build_corpus
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "DataSpec",
+    "ParallelStats",
+    "cnndm",
+    "conll2013_test",
+    "data_root",
+    "fce",
+    "jfleg_dev",
+    "libreoffice",
+    "load_hub_dataset",
+    "load_jsonl",
+    "load_parallel_files",
+    "load_task_data",
+    "load_tsv",
+    "multi30k",
+    "parallel_stats",
+    "ptb",
+    "split_for_node",
+    "wi_locness",
+    "wmt_test",
+    "word_dropout",
+]
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR_ENV = "ODE_DATA_DIR"
+"""Environment variable overriding the shared data root."""
+_DEFAULT_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+_SHOWN_LINES = 5  # line numbers quoted in warnings
+
+AnyDataset = Dataset | DatasetDict | IterableDataset | IterableDatasetDict
+PathLike = str | os.PathLike
+
+
+# --------------------------------------------------------------------------------------------
+# Aligned plain-text files
+
+
+@dataclass
+class ParallelStats:
+    """What :func:`load_parallel_files` read: line numbers are 1-based, in the original files."""
+
+    files: list[str]
+    lines: int
+    kept: int
+    empty_lines: list[int] = field(default_factory=list)
+    undecodable_lines: list[int] = field(default_factory=list)
+
+
+def _read_bytes_lines(path: Path) -> list[bytes]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line, it does not start a new one
+    return [line.removesuffix(b"\r") for line in lines]
+
+
+def _decode(line: bytes) -> str | None:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> tuple[dict[str, list[str]], ParallelStats]:
+    """Read line-aligned files into columns; misalignment is an error, bad lines are skipped."""
+    raw = {name: _read_bytes_lines(path) for name, path in paths.items()}
+    counts = {name: len(lines) for name, lines in raw.items()}
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{paths[name]}: {n} lines" for name, n in counts.items())
+        raise ValueError(f"files are not aligned (different line counts): {detail}")
+    n_lines = next(iter(counts.values()), 0)
+    stats = ParallelStats(files=[str(p) for p in paths.values()], lines=n_lines, kept=0)
+    columns: dict[str, list[str]] = {name: [] for name in paths}
+    for i, row in enumerate(zip(*raw.values()), start=1):
+        texts = [_decode(line) for line in row]
+        if any(text is None for text in texts):
+            stats.undecodable_lines.append(i)
+            continue
+        if any(not text.strip() for text in texts):
+            stats.empty_lines.append(i)
+            if skip_empty:
+                continue
+        for name, text in zip(columns, texts):
+            columns[name].append(text)
+    stats.kept = len(next(iter(columns.values()), []))
+    _warn_skipped(stats, skip_empty)
+    return columns, stats
+
+
+def _warn_skipped(stats: ParallelStats, skip_empty: bool) -> None:
+    for what, lines, action in (
+        ("undecodable (non-UTF-8)", stats.undecodable_lines, "skipped"),
+        ("empty", stats.empty_lines, "skipped" if skip_empty else "kept"),
+    ):
+        if lines:
+            logger.warning(
+                "%s: %d %s line(s) %s (line numbers %s%s)",
+                " / ".join(stats.files),
+                len(lines),
+                what,
+                action,
+                ", ".join(map(str, lines[:_SHOWN_LINES])),
+                ", ..." if len(lines) > _SHOWN_LINES else "",
+            )
+
+
+def _aligned_dataset(paths: Mapping[str, PathLike], skip_empty: bool) -> Dataset:
+    columns, stats = _read_aligned({name: Path(p) for name, p in paths.items()}, skip_empty)
+    info = DatasetInfo(description=json.dumps({"parallel_stats": asdict(stats)}))
+    return Dataset.from_dict(columns, info=info)
+
+
+def load_parallel_files(src_path: PathLike, tgt_path: PathLike, skip_empty: bool = True) -> Dataset:
+    """Load two line-aligned UTF-8 text files (``.gz`` allowed) as a ``source``/``target`` dataset.
+
+    Args:
+        src_path: source-side file, one segment per line.
+        tgt_path: target-side file, same number of lines.
+        skip_empty: drop pairs where either side is empty/whitespace-only (training); with
+            ``False`` they are kept (evaluation sets that must stay aligned with references).
+
+    Raises:
+        ValueError: the files have different line counts (both files and counts named).
+
+    Lines that are not valid UTF-8 on either side are always dropped. Every dropped or empty
+    line is logged (count and first line numbers) and recorded: see :func:`parallel_stats`.
+    Text is kept verbatim (only a trailing ``\\r`` is removed).
+    """
+    return _aligned_dataset({"source": src_path, "target": tgt_path}, skip_empty)
+
+
+def parallel_stats(dataset: Dataset) -> ParallelStats | None:
+    """The :class:`ParallelStats` recorded by :func:`load_parallel_files` in ``dataset.info``."""
+    try:
+        payload = json.loads(dataset.info.description or "")["parallel_stats"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return ParallelStats(**payload)
+
+
+# --------------------------------------------------------------------------------------------
+# TSV / JSONL / Hub
+
+
+def _get_field(example: Mapping, name: str) -> object:
+    """``example[name]``, where ``a.b`` reads key ``b`` of the dict column ``a``."""
+    value: object = example
+    for part in name.split("."):
+        value = value[part]  # type: ignore[index]
+    return value
+
+
+def _check_fields(dataset: Dataset | IterableDataset, fields: Sequence[str], where: str) -> None:
+    columns = dataset.column_names
+    if columns is None:  # streaming without known features: checked on the first example
+        columns = list(next(iter(dataset)).keys())
+    for name in fields:
+        if name.split(".")[0] not in columns:
+            raise KeyError(f"column {name!r} not found in {where}; available columns: {columns}")
+
+
+def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDataset:
+    def convert(example: Mapping) -> dict[str, object]:
+        return {"source": _get_field(example, source), "target": _get_field(example, target)}
+
+    return dataset.map(convert).select_columns(["source", "target"])
+
+
+def load_tsv(
+    path: PathLike, source_column: str, target_column: str, cache_dir: PathLike | None = None
+) -> Dataset:
+    """Load a tab-separated file with a header row (``.gz`` allowed) as ``source``/``target``.
+
+    Quotes are not special (``csv.QUOTE_NONE``) and empty fields stay empty strings.
+
+    Raises:
+        KeyError: a column is missing (message names it, the file and the existing columns).
+    """
+    dataset = datasets.load_dataset(
+        "csv",
+        data_files=str(path),
+        delimiter="\t",
+        quoting=csv.QUOTE_NONE,
+        keep_default_na=False,
+        split="train",
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
+    _check_fields(dataset, [source_column, target_column], str(path))
+    return _to_source_target(dataset, source_column, target_column)
+
+
+def load_jsonl(
+    path: PathLike, source_field: str, target_field: str, cache_dir: PathLike | None = None
+) -> Dataset:
+    """Load a JSON-lines file (``.gz`` allowed) as ``source``/``target``.
+
+    A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``).
+
+    Raises:
+        KeyError: a field is missing (message names it, the file and the existing fields).
+    """
+    dataset = datasets.load_dataset(
+        "json", data_files=str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir)
+    )
+    _check_fields(dataset, [source_field, target_field], str(path))
+    return _to_source_target(dataset, source_field, target_field)
+
+
+_KNOWN_COLUMN_PAIRS: tuple[tuple[str, str], ...] = (("article", "highlights"), ("document", "summary"))
+
+
+def _hub_columns(columns: Sequence[str], source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
+    if "translation" in columns and source_lang and target_lang:
+        return f"translation.{source_lang}", f"translation.{target_lang}"
+    if source_lang and target_lang:
+        return source_lang, target_lang
+    for pair in _KNOWN_COLUMN_PAIRS:
+        if set(pair) <= set(columns):
+            return pair
+    raise ValueError(
+        f"cannot tell source/target columns among {list(columns)}: pass source_lang/target_lang "
+        "(languages of a 'translation' column, or column names)"
+    )
+
+
+def load_hub_dataset(
+    name: str,
+    config: str | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    split: str | None = None,
+    streaming: bool = False,
+    cache_dir: PathLike | None = None,
+) -> AnyDataset:
+    """Load a Hub dataset (or a local dataset folder) and map it to ``source``/``target``.
+
+    Column mapping: a ``translation`` dict column with ``source_lang``/``target_lang`` keys
+    (e.g. ``wmt14``/``de-en``); otherwise ``source_lang``/``target_lang`` are taken as column
+    names; with neither given, the known pairs ``article``/``highlights`` (``cnn_dailymail``
+    ``3.0.0``) and ``document``/``summary`` (``xsum``) are recognised.
+
+    Returns a :class:`Dataset` (``split`` given) or :class:`DatasetDict`, or their iterable
+    variants with ``streaming=True``.
+    """
+    dataset = datasets.load_dataset(
+        name,
+        config,
+        split=split,
+        streaming=streaming,
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
+    first = dataset if split is not None else next(iter(dataset.values()))
+    columns = first.column_names or list(next(iter(first)).keys())
+    source, target = _hub_columns(columns, source_lang, target_lang)
+    _check_fields(first, [source, target], f"dataset {name!r} (config {config!r})")
+    return _to_source_target(dataset, source, target)
+
+
+def split_for_node(
+    dataset: Dataset | IterableDataset, rank: int, world_size: int
+) -> Dataset | IterableDataset:
+    """The part of ``dataset`` for process ``rank`` of ``world_size`` (``split_dataset_by_node``).
+
+    For an :class:`IterableDataset` whose shard count is divisible by ``world_size`` whole
+    shards are assigned; otherwise each process keeps every ``world_size``-th example.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    return split_dataset_by_node(dataset, rank=rank, world_size=world_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared corpora
+
+
+def data_root(root: PathLike | None = None) -> Path:
+    """Shared data folder: ``root`` if given, else ``$ODE_DATA_DIR``, else ``../shared/data``."""
+    if root is not None:
+        return Path(root)
+    return Path(os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT)
+
+
+def _split_name(split: str, allowed: Mapping[str, str]) -> str:
+    if split not in allowed:
+        raise ValueError(f"unknown split {split!r}; choose one of {sorted(allowed)}")
+    return allowed[split]
+
+
+def multi30k(split: str, src: str = "en", tgt: str = "de", root: PathLike | None = None) -> Dataset:
+    """Multi30k Task 1, raw cased text: ``train`` (29,000), ``val`` (1,014), ``test_2016_flickr`` (1,000).
+
+    ``src``/``tgt`` are any two of ``en``, ``de``, ``fr``. ``validation``/``test`` are aliases.
+    """
+    name = _split_name(
+        split,
+        {
+            "train": "train",
+            "val": "val",
+            "validation": "val",
+            "test_2016_flickr": "test_2016_flickr",
+            "test": "test_2016_flickr",
+        },
+    )
+    folder = data_root(root) / "multi30k"
+    return load_parallel_files(folder / f"{name}.{src}.gz", folder / f"{name}.{tgt}.gz")
+
+
+_WMT_SETS = {("en-de", 2013), ("en-de", 2014), ("en-fr", 2014), ("en-ro", 2016)}
+
+
+def wmt_test(
+    pair: str, year: int, kind: Literal["newstest", "newsdev"] = "newstest", root: PathLike | None = None
+) -> Dataset:
+    """WMT news test set, detokenised, all lines kept (evaluation must stay aligned).
+
+    Available: ``en-de`` newstest2013 (3,000) / newstest2014 (3,003, the "full" set), ``en-fr``
+    newstest2014 (3,003), ``en-ro`` newsdev2016 / newstest2016 (1,999 each). The pair gives
+    the direction: ``de-en`` reads the same files with German as the source.
+    """
+    src, tgt = pair.split("-")
+    folder_pair = "-".join(sorted((src, tgt), key=lambda lang: lang != "en"))
+    if (folder_pair, year) not in _WMT_SETS or (kind == "newsdev" and folder_pair != "en-ro"):
+        raise ValueError(
+            f"no WMT {kind}{year} for {pair}; available: {sorted(_WMT_SETS)} (newsdev: en-ro 2016)"
+        )
+    folder = data_root(root) / "wmt" / folder_pair
+    return load_parallel_files(
+        folder / f"{kind}{year}.{src}.gz", folder / f"{kind}{year}.{tgt}.gz", skip_empty=False
+    )
+
+
+def cnndm(split: str, root: PathLike | None = None) -> Dataset:
+    """CNN/DailyMail summarisation (``source`` = article, ``target`` = summary sentences joined).
+
+    * ``train`` (15,981) / ``valid`` (2,000; alias ``validation``): a subset of the official
+      splits in See et al.'s preprocessing: LOWERCASED, PTB-tokenised.
+    * ``cased_val1000``: the first 1,000 examples of the HF ``cnn_dailymail`` 3.0.0 validation
+      split, cased and untokenised, with an extra ``id`` column.
+    """
+    name = _split_name(
+        split, {"train": "train", "valid": "valid", "validation": "valid", "cased_val1000": "cased_val1000"}
+    )
+    root_dir = data_root(root) / "summarization"
+    if name == "cased_val1000":
+        folder = root_dir / "cnndm_cased_val1000"
+        return _aligned_dataset(
+            {
+                "source": folder / "val.source.gz",
+                "target": folder / "val.target.gz",
+                "id": folder / "val.id.gz",
+            },
+            skip_empty=False,
+        )
+    folder = root_dir / "cnndm"
+    return load_parallel_files(folder / f"{name}.source.gz", folder / f"{name}.target.gz")
+
+
+def fce(split: str, root: PathLike | None = None) -> Dataset:
+    """FCE (BEA-2019 release v2.1) ``train`` (13,614 lines) / ``dev`` (1,081; alias ``validation``).
+
+    PARAGRAPH-aligned, untokenised: the essays of ``fce.{split}.json.gz`` (one JSON object per
+    essay: ``text`` plus character-offset ``edits`` ``[start, end, correction, type]``, with
+    ``correction`` null for detection-only edits) with the corrections applied, split into
+    paragraphs. Pairs with an empty side (2 in train: paragraphs deleted by the annotator)
+    are dropped with a warning.
+    """
+    name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev"})
+    folder = data_root(root) / "gec" / "fce"
+    return load_parallel_files(folder / f"fce.{name}.src.gz", folder / f"fce.{name}.tgt.gz")
+
+
+def wi_locness(split: str, root: PathLike | None = None) -> Dataset:
+    """BEA-2019 Write & Improve (A+B+C, no LOCNESS) ``train`` (34,308) / ``dev`` (3,396).
+
+    Sentence-aligned, spaCy-tokenised; the target applies annotator 0's edits of the M2 files
+    (``ABC.{split}.gold.bea19.m2.gz``). Pairs with an empty target (4 in train, 2 in dev:
+    sentences deleted entirely) are dropped with a warning. ``validation`` = ``dev``.
+    """
+    name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev"})
+    folder = data_root(root) / "gec" / "wi_locness"
+    return load_parallel_files(folder / f"{name}.src.gz", folder / f"{name}.tgt.gz")
+
+
+def jfleg_dev(root: PathLike | None = None) -> Dataset:
+    """JFLEG dev (754 tokenised sentences): ``source``, ``target`` (= reference 0) and
+    ``references`` (the 4 fluency references, for GLEU). All lines kept, text verbatim
+    (trailing spaces included)."""
+    folder = data_root(root) / "gec" / "jfleg"
+    refs = [f"ref{i}" for i in range(4)]
+    dataset = _aligned_dataset(
+        {"source": folder / "dev.src.gz", **{r: folder / f"dev.{r}.gz" for r in refs}}, skip_empty=False
+    )
+    dataset = dataset.map(lambda ex: {"target": ex["ref0"], "references": [ex[r] for r in refs]})
+    return dataset.select_columns(["source", "target", "references"])
+
+
+def conll2013_test(root: PathLike | None = None) -> tuple[Dataset, Path]:
+    """CoNLL-2013 test (1,381 tokenised sentences; the usual dev set for CoNLL-2014).
+
+    Returns the ``source``/``target`` dataset (target = the single annotator's edits applied;
+    all lines kept, one target is empty) and the path of the M2 file
+    (``conll2013.test.m2.gz``: blocks of an ``S`` tokenised sentence followed by
+    ``A start end|||type|||correction|||REQUIRED|||-NONE-|||annotator`` lines) for the M2
+    scorer, which needs one hypothesis per source line.
+    """
+    folder = data_root(root) / "gec" / "conll2013"
+    dataset = load_parallel_files(
+        folder / "conll2013.test.src.gz", folder / "conll2013.test.ref0.gz", skip_empty=False
+    )
+    return dataset, folder / "conll2013.test.m2.gz"
+
+
+def ptb(split: str, root: PathLike | None = None) -> Dataset:
+    """Penn Treebank (Mikolov's LM version): ``train`` (42,068 lines) / ``valid`` (3,370) / ``test`` (3,761).
+
+    Column ``text``: one sentence per line, lowercased, numbers as ``N``, rare words as
+    ``<unk>`` (10k vocabulary); the leading/trailing space of each original line is stripped.
+    """
+    name = _split_name(split, {"train": "train", "valid": "valid", "validation": "valid", "test": "test"})
+    path = data_root(root) / "ptb" / f"ptb.{name}.txt.gz"
+    columns, stats = _read_aligned({"text": path}, skip_empty=False)
+    info = DatasetInfo(description=json.dumps({"parallel_stats": asdict(stats)}))
+    return Dataset.from_dict({"text": [line.strip() for line in columns["text"]]}, info=info)
+
+
+def libreoffice(split: str, root: PathLike | None = None, src: str = "en", tgt: str = "de") -> Dataset:
+    """LibreOffice-help en-de corpus (``train``/``dev``/``test``, split by help module).
+
+    Built (or reused) by :func:`train.libreoffice_corpus.build_corpus` in ``root`` (default
+    ``.cache/libreoffice-help`` in the repo); ``validation`` = ``dev``.
+    """
+    name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev", "test": "test"})
+    folder = Path(root) if root is not None else DEFAULT_CACHE
+    build_corpus(folder)
+    return load_parallel_files(folder / f"{name}.{src}", folder / f"{name}.{tgt}")
+
+
+# --------------------------------------------------------------------------------------------
+# Data specs
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the data of a training run comes from.
+
+    Attributes:
+        kind: ``"shared"`` (a named shared corpus), ``"files"`` (local aligned files) or
+            ``"hub"`` (Hub id or local dataset folder, see :func:`load_hub_dataset`).
+        name: shared corpus name (``multi30k``, ``libreoffice``, ``cnndm``, ``wi_locness``,
+            ``fce``, ``ptb``) or Hub id / local dataset folder.
+        config: Hub configuration (e.g. ``de-en``, ``3.0.0``).
+        source_lang, target_lang: languages (Multi30k, LibreOffice, Hub ``translation``) or,
+            for the Hub, column names.
+        files: for ``kind="files"``: split -> ``(source file, target file)``.
+        root: data folder overriding the default of the shared corpora.
+    """
+
+    kind: Literal["shared", "files", "hub"]
+    name: str | None = None
+    config: str | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+    files: Mapping[str, tuple[str, str]] | None = None
+    root: str | None = None
+
+
+_SPLITS = ("train", "validation", "test")
+
+
+def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
+    src, tgt, root = spec.source_lang or "en", spec.target_lang or "de", spec.root
+    corpora: dict[str, dict[str, Callable[[], Dataset]]] = {
+        "multi30k": {s: (lambda s=s: multi30k(s, src, tgt, root)) for s in _SPLITS},
+        "libreoffice": {s: (lambda s=s: libreoffice(s, root, src, tgt)) for s in _SPLITS},
+        "cnndm": {s: (lambda s=s: cnndm(s, root)) for s in ("train", "validation")},
+        "wi_locness": {s: (lambda s=s: wi_locness(s, root)) for s in ("train", "validation")},
+        "fce": {s: (lambda s=s: fce(s, root)) for s in ("train", "validation")},
+        "ptb": {s: (lambda s=s: ptb(s, root)) for s in _SPLITS},
+    }
+    if spec.name not in corpora:
+        raise ValueError(f"unknown shared corpus {spec.name!r}; choose one of {sorted(corpora)}")
+    return corpora[spec.name]
+
+
+def load_task_data(task: Literal["seq2seq", "lm"], spec: DataSpec) -> DatasetDict:
+    """Build the ``train``/``validation``/``test`` :class:`DatasetDict` described by ``spec``.
+
+    Splits the source does not have are absent (e.g. ``cnndm`` has no test split here). Hub
+    splits named ``valid``/``dev`` are renamed ``validation``.
+
+    Raises:
+        ValueError: unknown kind/corpus, or columns that do not fit ``task`` (``lm`` needs
+            ``text``, ``seq2seq`` needs ``source`` and ``target``).
+    """
+    if spec.kind == "shared":
+        result = DatasetDict({split: read() for split, read in _shared_readers(spec).items()})
+    elif spec.kind == "files":
+        if not spec.files:
+            raise ValueError("DataSpec(kind='files') needs files={split: (source, target)}")
+        result = DatasetDict({split: load_parallel_files(s, t) for split, (s, t) in spec.files.items()})
+    elif spec.kind == "hub":
+        loaded = load_hub_dataset(spec.name, spec.config, spec.source_lang, spec.target_lang)
+        renames = {"valid": "validation", "dev": "validation"}
+        result = DatasetDict({renames.get(split, split): ds for split, ds in loaded.items()})
+    else:
+        raise ValueError(f"unknown DataSpec kind {spec.kind!r}; use 'shared', 'files' or 'hub'")
+    needed = {"text"} if task == "lm" else {"source", "target"}
+    for split, dataset in result.items():
+        if not needed <= set(dataset.column_names):
+            raise ValueError(
+                f"task {task!r} needs columns {sorted(needed)}; split {split!r} has {dataset.column_names}"
+            )
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Word dropout
+
+
+def word_dropout(
+    token_ids: Sequence[int] | torch.Tensor,
+    p: float,
+    unk_id: int | None = None,
+    generator: torch.Generator | None = None,
+    keep_ids: Sequence[int] = (),
+) -> list[int] | torch.Tensor:
+    """Randomly drop (``unk_id=None``) or replace by ``unk_id`` each token with probability ``p``.
+
+    The GEC setup of the paper applies it to the source side during training only. It works
+    on the ids of one unpadded sequence (subword tokens, i.e. before padding in a collator);
+    ids in ``keep_ids`` (e.g. ``</s>``) are never touched. Returns the same type as the input
+    (list or 1-D tensor).
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    hit = torch.rand(ids.shape, generator=generator) < p
+    if keep_ids:
+        hit &= ~torch.isin(ids, torch.tensor(list(keep_ids), dtype=torch.long))
+    out = ids[~hit] if unk_id is None else ids.masked_fill(hit, unk_id)
+    return out if isinstance(token_ids, torch.Tensor) else out.tolist()
