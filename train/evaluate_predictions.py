@@ -1,0 +1,169 @@
+"""Score a file of system outputs and print the metrics as JSON.
+
+Examples::
+
+    python -m train.evaluate_predictions --task translation --hyp out.de --ref newstest2014.de.gz \\
+        --tokenized-bleu
+    python -m train.evaluate_predictions --task summarization --hyp out.txt --ref val.target.gz
+    python -m train.evaluate_predictions --task gec --hyp out.txt --m2 conll2013.test.m2.gz
+    python -m train.evaluate_predictions --task gleu --hyp out.txt --src dev.src.gz \\
+        --ref dev.ref0.gz --ref dev.ref1.gz --ref dev.ref2.gz --ref dev.ref3.gz
+
+Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). Tasks:
+
+* ``translation``: SacreBLEU (``--tokenize``, default 13a) and chrF with their signatures;
+  ``--tokenized-bleu`` adds the paper's tokenized BLEU with compound splitting (Moses
+  tokenizer for ``--lang``, default ``de``).
+* ``summarization``: ROUGE-1/2/L/Lsum F1 (one ``--ref``).
+* ``gec``: M2 precision / recall / F0.5 against ``--m2`` (optionally ``--src`` is checked
+  against the M2 source sentences).
+* ``gleu``: JFLEG GLEU against ``--src`` and one or more ``--ref``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from train.metrics import (
+    chrf_score,
+    gleu_score,
+    m2_score,
+    parse_m2,
+    rouge_scores,
+    sacrebleu_score,
+    tokenized_bleu,
+)
+
+TASKS = ("translation", "summarization", "gec", "gleu")
+
+
+class UsageError(Exception):
+    """A problem with the command line or the input files, reported without a traceback."""
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``), without newlines."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no such file: {path}")
+    data = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+    text = data.decode("utf-8")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def _check_counts(hyp_path: str, hyps: list[str], others: dict[str, list]) -> None:
+    for path, items in others.items():
+        if len(items) != len(hyps):
+            raise UsageError(
+                f"line counts differ: {hyp_path} has {len(hyps)} lines but {path} has {len(items)}"
+            )
+
+
+def _require(args: argparse.Namespace, *names: str) -> None:
+    missing = [f"--{name}" for name in names if not getattr(args, name)]
+    if missing:
+        raise UsageError(f"--task {args.task} needs {' and '.join(missing)}")
+
+
+def _translation(args: argparse.Namespace, hyps: list[str]) -> dict:
+    _require(args, "ref")
+    refs = {path: read_lines(path) for path in args.ref}
+    _check_counts(args.hyp, hyps, refs)
+    streams = list(refs.values())
+    bleu = sacrebleu_score(hyps, streams, tokenize=args.tokenize)
+    chrf = chrf_score(hyps, streams)
+    metrics = {
+        "bleu": bleu["score"],
+        "bleu_signature": bleu["signature"],
+        "chrf": chrf["score"],
+        "chrf_signature": chrf["signature"],
+    }
+    if args.tokenized_bleu:
+        tok = tokenized_bleu(hyps, streams, lang=args.lang)
+        metrics |= {"tokenized_bleu": tok["score"], "tokenized_bleu_signature": tok["signature"]}
+    return metrics
+
+
+def _summarization(args: argparse.Namespace, hyps: list[str]) -> dict:
+    _require(args, "ref")
+    if len(args.ref) != 1:
+        raise UsageError("--task summarization takes exactly one --ref")
+    refs = read_lines(args.ref[0])
+    _check_counts(args.hyp, hyps, {args.ref[0]: refs})
+    return rouge_scores(hyps, refs)
+
+
+def _gec(args: argparse.Namespace, hyps: list[str]) -> dict:
+    _require(args, "m2")
+    sentences = parse_m2(read_lines(args.m2))
+    _check_counts(args.hyp, hyps, {args.m2: sentences})
+    if args.src:
+        sources = read_lines(args.src)
+        _check_counts(args.hyp, hyps, {args.src: sources})
+        for number, (line, sentence) in enumerate(zip(sources, sentences), start=1):
+            if line.split() != sentence.source:
+                raise UsageError(f"{args.src} line {number} differs from the source sentence in {args.m2}")
+    return m2_score(
+        hyps,
+        sentences,
+        beta=args.beta,
+        max_unchanged_words=args.max_unchanged_words,
+        ignore_case=args.ignore_case,
+    )
+
+
+def _gleu(args: argparse.Namespace, hyps: list[str]) -> dict:
+    _require(args, "src", "ref")
+    sources = read_lines(args.src)
+    refs = {path: read_lines(path) for path in args.ref}
+    _check_counts(args.hyp, hyps, {args.src: sources, **refs})
+    return gleu_score(sources, hyps, list(refs.values()))
+
+
+_RUNNERS = {"translation": _translation, "summarization": _summarization, "gec": _gec, "gleu": _gleu}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m train.evaluate_predictions",
+        description="Score system outputs (one segment per line; .gz accepted) and print JSON metrics.",
+    )
+    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--hyp", required=True, help="system outputs")
+    parser.add_argument("--ref", action="append", help="reference file (repeat for several references)")
+    parser.add_argument("--src", help="source sentences (gleu; for gec, checked against the M2 file)")
+    parser.add_argument("--m2", help="gold M2 file (gec)")
+    parser.add_argument("--tokenize", default="13a", help="sacrebleu tokenizer (translation)")
+    parser.add_argument("--tokenized-bleu", action="store_true", help="add tokenized BLEU, compound-split")
+    parser.add_argument("--lang", default="de", help="Moses tokenizer language for --tokenized-bleu")
+    parser.add_argument("--beta", type=float, default=0.5, help="F-beta of the M2 scorer")
+    parser.add_argument("--max-unchanged-words", type=int, default=2, help="M2 edit merging limit")
+    parser.add_argument("--ignore-case", action="store_true", help="case-insensitive M2 scoring")
+    parser.add_argument("--output", help="also write the JSON to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        hyps = read_lines(args.hyp)
+        metrics = _RUNNERS[args.task](args, hyps)
+    except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
+        print(f"evaluate_predictions: error: {error}", file=sys.stderr)
+        return 2
+    text = json.dumps(metrics, indent=2, ensure_ascii=False)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
