@@ -104,11 +104,14 @@ class ODETransformerEmbeddings(nn.Module):
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.max_positions = config.max_position_embeddings
         self.dropout = nn.Dropout(config.dropout)
-        table = sinusoidal_positions(config.max_position_embeddings + config.position_offset, config.d_model)
+        self.offset, self.dim = config.position_offset, config.d_model
         if config.use_absolute_positions:
-            self.register_buffer("positions", table[config.position_offset :], persistent=False)
+            self.register_buffer("positions", self.position_table(), persistent=False)
         else:
             self.positions = None
+
+    def position_table(self) -> torch.Tensor:
+        return sinusoidal_positions(self.max_positions + self.offset, self.dim)[self.offset :]
 
     def forward(self, inputs_embeds: torch.Tensor, past_length: int = 0) -> torch.Tensor:
         length = inputs_embeds.shape[1]
@@ -424,8 +427,7 @@ class LayerConnections(nn.Module):
         super().__init__()
         self.kind = kind
         if kind in ("dense", "learnable_dense"):
-            weight = torch.ones(num_layers + 1, num_layers + 1).tril()
-            weight = weight / weight.sum(dim=1, keepdim=True)
+            weight = self.mean_weights(num_layers)
             if kind == "learnable_dense":
                 self.weight = nn.Parameter(weight)
             else:
@@ -433,6 +435,12 @@ class LayerConnections(nn.Module):
             self.layer_norms = nn.ModuleList(nn.LayerNorm(hidden_size, eps=eps) for _ in range(num_layers))
         elif kind == "multistep":
             self.k = nn.Parameter(torch.empty(num_layers, hidden_size))
+
+    @staticmethod
+    def mean_weights(num_layers: int) -> torch.Tensor:
+        """Lower-triangular (L + 1) x (L + 1) weights whose rows are plain means of the states so far."""
+        weight = torch.ones(num_layers + 1, num_layers + 1).tril()
+        return weight / weight.sum(dim=1, keepdim=True)
 
     def _weighted_sum(self, history: list[torch.Tensor], row: int) -> torch.Tensor:
         weights = self.weight[row].to(history[0].dtype)
@@ -496,12 +504,17 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
             for table in (module.relative_keys, module.relative_values):
                 if table is not None:
                     init.xavier_uniform_(table)
-        elif isinstance(module, StageCoefficients) and module.mode == "learnable":
-            init.ones_(module.weight)
+        elif isinstance(module, ODETransformerEmbeddings) and module.positions is not None:
+            # Non-persistent buffers are not in checkpoints: rebuild them whenever a model is materialised.
+            init.copy_(module.positions, module.position_table())
+        elif isinstance(module, StageCoefficients):
+            if module.mode == "learnable":
+                init.ones_(module.weight)
+            elif hasattr(module, "fixed"):
+                init.copy_(module.fixed, module.fixed_values())
         elif isinstance(module, LayerConnections):
-            if module.kind == "learnable_dense":
-                weight = torch.ones_like(module.weight).tril()
-                init.copy_(module.weight, weight / weight.sum(dim=1, keepdim=True))
+            if module.kind in ("dense", "learnable_dense"):
+                init.copy_(module.weight, module.mean_weights(module.weight.shape[0] - 1))
             elif module.kind == "multistep":
                 init.uniform_(module.k, -1.0, 0.0)
 

@@ -181,6 +181,7 @@ class StageCoefficients(nn.Module):
     def __init__(self, mode: str, tableau: ButcherTableau, hidden_size: int):
         super().__init__()
         self.mode = mode
+        self.tableau = tableau
         num_stages = tableau.num_stages
         if mode == "learnable":
             self.weight = nn.Parameter(torch.ones(num_stages))
@@ -188,8 +189,12 @@ class StageCoefficients(nn.Module):
             num_logits = num_stages - 1 if mode == "gated" else num_stages
             self.gate = nn.Linear(num_stages * hidden_size, num_logits)
         else:
-            fixed = tableau.b if mode == "tableau" else (1.0,) * num_stages
-            self.register_buffer("fixed", torch.tensor(fixed), persistent=False)
+            self.register_buffer("fixed", self.fixed_values(), persistent=False)
+
+    def fixed_values(self) -> torch.Tensor:
+        """The constant gamma of the `tableau` (b) and `ones` modes."""
+        b = self.tableau.b
+        return torch.tensor(b if self.mode == "tableau" else (1.0,) * len(b))
 
     def forward(self, stages: Sequence[torch.Tensor]) -> torch.Tensor:
         """Returns gamma with shape (s,) for constant coefficients or (s, ..., 1) for gates."""

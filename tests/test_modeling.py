@@ -1,0 +1,295 @@
+"""Model behaviour: parameter counts, cached vs uncached decoding, attention backends, save/load, losses."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from modeling_ode import (
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+    ODETransformerModel,
+)
+
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+PAD = 1
+
+
+def tiny(**overrides):
+    return ODETransformerConfig.from_preset("tiny", **{**NO_DROPOUT, **overrides})
+
+
+def seq2seq(**overrides):
+    torch.manual_seed(0)
+    return ODETransformerForConditionalGeneration(tiny(**overrides)).eval()
+
+
+def source_batch():
+    ids = torch.randint(4, 99, (3, 9), generator=torch.Generator().manual_seed(1))
+    ids[1, 6:] = PAD
+    ids[2, 4:] = PAD
+    return ids, (ids != PAD).long()
+
+
+# Table "main-results": parameter counts with the paper's En-De joint BPE vocabulary (34040).
+@pytest.mark.parametrize("preset,millions", [("base", 61), ("deep", 118), ("big", 211), ("big_deep", 286)])
+def test_paper_parameter_counts(preset, millions):
+    counts = {}
+    for method, coefficients in [
+        ("euler", "tableau"),
+        ("rk2", "tableau"),
+        ("rk4", "tableau"),
+        ("rk2", "gated"),
+    ]:
+        config = ODETransformerConfig.from_preset(
+            preset, vocab_size=34040, encoder_ode_method=method, encoder_ode_coefficients=coefficients
+        )
+        with torch.device("meta"):
+            counts[method, coefficients] = ODETransformerForConditionalGeneration(config).num_parameters()
+    residual = counts["euler", "tableau"]
+    assert int(residual / 1e6) == millions  # the paper truncates: 61.6M -> "61M", 286.9M -> "286M"
+    assert (
+        counts["rk2", "tableau"] == counts["rk4", "tableau"] == residual
+    )  # stages share the block's weights
+    d, layers = config.d_model, config.encoder_layers
+    assert counts["rk2", "gated"] == residual + layers * (2 * d + 1)  # one Linear(2d -> 1) gate per block
+
+
+DECODER_VARIANTS = [
+    {},  # the paper: RK2-gated encoder, residual decoder, RPR, dense connections
+    {"decoder_ode_method": "rk2", "decoder_ode_coefficients": "gated"},
+    {
+        "decoder_ode_method": "rk4",
+        "decoder_ode_function": "sublayers",
+        "decoder_layer_connections": "residual",
+    },
+    {
+        "decoder_ode_method": "rk2",
+        "decoder_ode_function": "attention",
+        "decoder_layer_connections": "multistep",
+        "relative_position_values": True,
+    },
+    {
+        "decoder_ode_method": "polynet",
+        "ode_function_includes_residual": True,
+        "decoder_layer_connections": "leapfrog",
+    },
+]
+
+
+@pytest.mark.parametrize("overrides", DECODER_VARIANTS)
+def test_incremental_decoding_equals_full_forward(overrides):
+    model = seq2seq(**overrides)
+    ids, mask = source_batch()
+    target = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(2))
+    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
+    encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
+    past, steps = None, []
+    for t in range(target.shape[1]):
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=mask,
+            decoder_input_ids=target[:, t : t + 1],
+            past_key_values=past,
+            use_cache=True,
+        )
+        past, steps = out.past_key_values, steps + [out.logits]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+GREEDY, BEAM = {}, {"num_beams": 3, "length_penalty": 0.6}
+BEAM_RETURN_2 = {"num_beams": 3, "num_return_sequences": 2, "early_stopping": True}
+
+
+@pytest.mark.parametrize(
+    "overrides,decoding",
+    [(variant, GREEDY) for variant in DECODER_VARIANTS]
+    + [(DECODER_VARIANTS[0], BEAM), (DECODER_VARIANTS[1], BEAM_RETURN_2), (DECODER_VARIANTS[2], BEAM)],
+)
+def test_generate_same_tokens_with_and_without_cache(overrides, decoding):
+    model = seq2seq(**overrides)
+    ids, mask = source_batch()
+    kwargs = {"max_new_tokens": 10, "min_new_tokens": 10, **decoding}
+    cached = model.generate(ids, attention_mask=mask, use_cache=True, **kwargs)
+    uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
+    assert cached.shape == (3 * decoding.get("num_return_sequences", 1), 11)
+    assert torch.equal(cached, uncached)
+
+
+def test_sampling_is_reproducible_and_respects_the_cache():
+    model = seq2seq(decoder_ode_method="rk2")
+    ids, mask = source_batch()
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(3)
+        runs.append(
+            model.generate(
+                ids, attention_mask=mask, do_sample=True, top_k=20, max_new_tokens=8, use_cache=use_cache
+            )
+        )
+    assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"decoder_ode_method": "rk4"}, {"max_relative_position": 0}])
+def test_sdpa_and_eager_attention_agree(overrides):
+    ids, mask = source_batch()
+    target = torch.randint(4, 99, (3, 5))
+    logits = {}
+    for implementation in ("eager", "sdpa"):
+        model = seq2seq(**overrides)
+        model.set_attn_implementation(implementation)
+        logits[implementation] = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(logits["eager"], logits["sdpa"], rtol=1e-5, atol=1e-5)
+
+
+def test_save_load_round_trip_is_bit_exact(tmp_path):
+    model = seq2seq(
+        decoder_ode_method="rk2", decoder_ode_coefficients="learnable", ode_coefficient_scope="stack"
+    )
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        if name in weights:
+            assert torch.equal(weights[name], tensor), name
+    for auto in (AutoModelForSeq2SeqLM, ODETransformerForConditionalGeneration):
+        loaded = auto.from_pretrained(tmp_path).eval()
+        assert type(loaded) is ODETransformerForConditionalGeneration
+        for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+            assert torch.equal(a, b), name
+        ids, mask = source_batch()
+        assert torch.equal(
+            model(input_ids=ids, attention_mask=mask).logits,
+            loaded(input_ids=ids, attention_mask=mask).logits,
+        )
+    assert type(AutoConfig.from_pretrained(tmp_path)) is ODETransformerConfig
+    assert type(AutoModel.from_pretrained(tmp_path)) is ODETransformerModel
+
+
+def test_embeddings_are_tied_and_a_separate_source_vocabulary_is_possible():
+    model = seq2seq()
+    shared = model.model.shared.weight
+    assert model.lm_head.weight is shared
+    assert (
+        model.model.encoder.embed_tokens.weight is shared
+        and model.model.decoder.embed_tokens.weight is shared
+    )
+    separate = seq2seq(source_vocab_size=57, share_encoder_decoder_embeddings=False)
+    assert separate.model.encoder.embed_tokens.weight.shape == (57, 16)
+    assert separate.model.decoder.embed_tokens.weight is separate.lm_head.weight
+    ids = torch.randint(4, 57, (2, 5))
+    assert separate(input_ids=ids, decoder_input_ids=ids[:, :3]).logits.shape == (2, 3, 99)
+
+
+def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation():
+    model = seq2seq(label_smoothing=0.1)
+    ids, mask = source_batch()
+    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4))
+    labels[2, 3:] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    logp = out.logits.log_softmax(-1)
+    keep = labels != -100
+    nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    smooth = -logp.mean(-1)
+    expected = ((0.9 * nll + 0.1 * smooth)[keep]).mean()
+    torch.testing.assert_close(out.loss, expected)
+    # Two micro-batches with num_items_in_batch add up to the full batch's loss.
+    n = keep.sum()
+    parts = [
+        model(input_ids=ids[s], attention_mask=mask[s], labels=labels[s], num_items_in_batch=n).loss
+        for s in (slice(0, 2), slice(2, 3))
+    ]
+    torch.testing.assert_close(parts[0] + parts[1], out.loss)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    ids, mask = source_batch()
+    labels = torch.randint(4, 99, (3, 6))
+    grads = []
+    for checkpointing in (False, True):
+        model = seq2seq(decoder_ode_method="rk2").train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_autocast_trains():
+    model = seq2seq().train()
+    ids, mask = source_batch()
+    labels = torch.randint(4, 99, (3, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_output_ode_stages():
+    model = seq2seq(decoder_ode_method="rk4", decoder_ode_function="sublayers")
+    ids, mask = source_batch()
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4], output_ode_stages=True)
+    assert len(out.encoder_ode_stages) == 2  # one RK2 block per encoder layer
+    assert out.encoder_ode_stages[0].shape == (2, 3, 9, 16)
+    gate = out.encoder_ode_coefficients[0]
+    assert gate.shape == (2, 3, 9, 1)
+    torch.testing.assert_close(gate.sum(0), torch.ones_like(gate[0]))  # g and 1 - g
+    assert len(out.decoder_ode_stages) == 2 * 3  # three sublayer blocks per decoder layer
+    assert out.decoder_ode_stages[0].shape == (4, 3, 4, 16)
+    torch.testing.assert_close(out.decoder_ode_coefficients[0], torch.tensor([1, 2, 2, 1]) / 6)
+
+
+def test_causal_lm_cache_loss_and_auto_class(tmp_path):
+    torch.manual_seed(0)
+    config = tiny(
+        is_encoder_decoder=False,
+        decoder_ode_method="rk2",
+        decoder_ode_coefficients="gated",
+        label_smoothing=0.0,
+    )
+    model = ODETransformerForCausalLM(config).eval()
+    ids = torch.randint(4, 99, (2, 10))
+    out = model(input_ids=ids, labels=ids)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    cached = model.generate(ids[:, :3], max_new_tokens=8, min_new_tokens=8, use_cache=True)
+    uncached = model.generate(ids[:, :3], max_new_tokens=8, min_new_tokens=8, use_cache=False)
+    assert torch.equal(cached, uncached)
+    model.save_pretrained(tmp_path)
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is ODETransformerForCausalLM
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        ({"encoder_ode_method": "rk5"}, "encoder_ode_method"),
+        ({"decoder_ode_method": {"a": [[0.5], [1.0]], "b": [0.5, 0.5]}}, "explicit"),
+        ({"encoder_ode_method": {"a": [[], [0.5]], "b": [0.5, 0.5], "c": [0.0, 1.0]}}, "sum to c"),
+        ({"d_model": 16, "encoder_attention_heads": 3}, "encoder_attention_heads"),
+        ({"decoder_ode_coefficients": "gated"}, "single stage"),
+        ({"encoder_ode_coefficients": "sigmoid"}, "encoder_ode_coefficients"),
+        ({"encoder_ode_function": "san"}, "encoder_ode_function"),
+        ({"decoder_layer_connections": "highway"}, "decoder_layer_connections"),
+        ({"ode_coefficient_scope": "layer"}, "ode_coefficient_scope"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"source_vocab_size": 50}, "share_encoder_decoder_embeddings"),
+        ({"ode_step_size": 0}, "ode_step_size"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**overrides)
+
+
+def test_unknown_preset_and_too_long_input():
+    with pytest.raises(ValueError, match="available presets"):
+        ODETransformerConfig.from_preset("huge")
+    model = seq2seq()
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(
+            input_ids=torch.ones(1, 200, dtype=torch.long),
+            decoder_input_ids=torch.ones(1, 2, dtype=torch.long),
+        )
