@@ -1,0 +1,175 @@
+"""A Hub-ready folder with remote code: upload it as is and load it with `trust_remote_code=True` anywhere.
+
+    out_dir/
+      config.json              + auto_map -> the copied code (AutoConfig, AutoModel, AutoModelForSeq2SeqLM,
+                                 AutoModelForCausalLM)
+      model.safetensors        the weights (tied weights stored once)
+      generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
+      configuration_ode_transformer.py, modeling_ode_transformer.py, ode.py
+                               the package's three module files, flat, relative imports unchanged
+      tokenizer files          if a tokenizer is given or the model folder holds one
+      README.md                the model card (hub/model_card.py)
+
+`transformers` copies the module named in `auto_map` and its relative imports (`.ode`,
+`.configuration_ode_transformer`) into its dynamic-module cache, so the folder does not need the
+`ode-transformer` package to be installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import modeling_ode
+from modeling_ode import (
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+    ODETransformerPreTrainedModel,
+)
+
+from .model_card import METRICS_FILENAME, write_model_card
+
+__all__ = ["AUTO_MAP", "CODE_FILES", "PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
+
+CODE_FILES = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
+    "AutoModel": "modeling_ode_transformer.ODETransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_ode_transformer.ODETransformerForConditionalGeneration",
+    "AutoModelForCausalLM": "modeling_ode_transformer.ODETransformerForCausalLM",
+}
+# The paper's decoding for WMT En-De (beam 4, length penalty 0.6); En-Ro used beam 5, length penalty 1.3.
+PAPER_GENERATION_DEFAULTS = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "source.spm",
+    "target.spm",
+    "chat_template.jinja",
+)
+
+
+def _load_model(model_dir: Path) -> ODETransformerPreTrainedModel:
+    config = ODETransformerConfig.from_pretrained(model_dir)
+    cls = ODETransformerForConditionalGeneration if config.is_encoder_decoder else ODETransformerForCausalLM
+    return cls.from_pretrained(model_dir)
+
+
+def _copy_tokenizer(tokenizer: Any, source_dir: Path | None, out_dir: Path) -> list[str]:
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(out_dir))
+        return [name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
+    folder = Path(tokenizer) if tokenizer is not None else source_dir
+    if folder is None:
+        return []
+    if tokenizer is not None and not folder.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {folder} does not exist.")
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, out_dir / name)
+            copied.append(name)
+    if tokenizer is not None and not copied:
+        raise FileNotFoundError(f"{folder} holds none of the tokenizer files {list(TOKENIZER_FILES)}.")
+    return copied
+
+
+def _write_generation_config(model: ODETransformerPreTrainedModel, out_dir: Path, source_dir: Path | None):
+    """The model's generation config; for an encoder-decoder whose own config sets no beam search (i.e. none was
+    saved with the model), the paper's decoding defaults."""
+    generation = model.generation_config.to_diff_dict() if model.generation_config is not None else {}
+    has_own = source_dir is not None and (source_dir / "generation_config.json").is_file()
+    if model.config.is_encoder_decoder and not (has_own and generation.get("num_beams", 1) > 1):
+        generation = {**generation, **PAPER_GENERATION_DEFAULTS}
+    keys = ["bos_token_id", "eos_token_id", "pad_token_id"]
+    if model.config.is_encoder_decoder:
+        keys.append("decoder_start_token_id")
+    for key in keys:
+        generation.setdefault(key, getattr(model.config, key, None))
+    generation.pop("transformers_version", None)
+    generation.pop("_from_model_config", None)
+    generation = {k: v for k, v in generation.items() if v is not None}
+    from transformers import GenerationConfig
+
+    GenerationConfig(**generation).save_pretrained(out_dir)
+
+
+def export_for_hub(
+    model_dir_or_model: str | Path | ODETransformerPreTrainedModel,
+    out_dir: str | Path,
+    tokenizer: Any = None,
+    metrics: str | Path | Mapping[str, Any] | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
+
+    Args:
+        model_dir_or_model: a folder written by `save_pretrained` or an ODE Transformer model.
+        out_dir: the folder to write (created; existing files of the same names are replaced).
+        tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
+            default the tokenizer files of the model folder, if any.
+        metrics: a metrics JSON (path or dict, schema in hub/model_card.py) for the card; by default the model
+            folder's `hub_metrics.json`, else its README.md is copied, else a card without results is written.
+        repo_id: USER/NAME for the card's usage example.
+    Returns: out_dir.
+    """
+    source_dir = None
+    if isinstance(model_dir_or_model, ODETransformerPreTrainedModel):
+        model = model_dir_or_model
+    else:
+        source_dir = Path(model_dir_or_model)
+        model = _load_model(source_dir)
+    out_dir = Path(out_dir)
+    if source_dir is not None and out_dir.resolve() == source_dir.resolve():
+        raise ValueError("out_dir must differ from the model folder.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    model.save_pretrained(out_dir, safe_serialization=True)
+    config = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+    config["auto_map"] = dict(AUTO_MAP)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    package_dir = Path(modeling_ode.__file__).parent
+    for name in CODE_FILES:
+        shutil.copy2(package_dir / name, out_dir / name)
+
+    _write_generation_config(model, out_dir, source_dir)
+    _copy_tokenizer(tokenizer, source_dir, out_dir)
+
+    if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
+        metrics = source_dir / METRICS_FILENAME
+    if metrics is None and source_dir is not None and (source_dir / "README.md").is_file():
+        shutil.copy2(source_dir / "README.md", out_dir / "README.md")
+    else:
+        write_model_card(out_dir, metrics, repo_id)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hub.export",
+        description="Write a Hub-ready folder (safetensors, config with auto_map, remote code, card).",
+    )
+    parser.add_argument("model_dir", help="folder written by save_pretrained")
+    parser.add_argument("out_dir", help="folder to write")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder's)")
+    parser.add_argument("--metrics", default=None, help=f"metrics JSON (default: MODEL_DIR/{METRICS_FILENAME})")
+    parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
+    args = parser.parse_args(argv)
+    print(export_for_hub(args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id))
+
+
+if __name__ == "__main__":
+    main()

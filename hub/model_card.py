@@ -1,0 +1,505 @@
+"""Model cards for trained ODE Transformer folders.
+
+One entry point, :func:`write_model_card`, builds ``README.md`` in a model folder from the folder's
+``config.json`` and a metrics JSON written by the training/evaluation scripts (schema below). The card's YAML
+metadata (`ModelCardData` with a ``model-index`` built from `EvalResult`s) is what the Hub indexes; the body
+describes the ODE configuration in words, the results with their sacreBLEU signatures, the training data and
+recipe, intended use and limitations, how to load and generate, and the paper's citation.
+
+Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the weights)::
+
+    {
+      "task": "translation",              # required: Hub task id (translation, summarization,
+                                          #   text2text-generation, text-generation, ...)
+      "task_name": "Machine translation", # optional: human-readable task name
+      "language": ["en", "de"],           # optional: ISO 639-1 codes (source first)
+      "license": "apache-2.0",            # optional, default apache-2.0
+      "model_name": "ode-transformer-rk2-base-wmt14-en-de",  # optional, default repo name / folder name
+      "dataset": {                        # required: the default evaluation dataset of every result
+        "name": "WMT14 English-German",   #   required: human-readable name
+        "id": "wmt/wmt14",                #   required: Hub dataset id (model-index dataset.type)
+        "config": "de-en",                #   optional
+        "split": "test",                  #   required
+        "revision": null                  #   optional
+      },
+      "results": [                        # required, at least one
+        {"metric": "sacrebleu",           #   required: metric id (model-index metrics.type)
+         "name": "BLEU",                  #   optional: display name (default: the metric id)
+         "value": 29.03,                  #   required: a number
+         "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",  # optional (sacrebleu)
+         "dataset": {"name": "newstest2013", "split": "validation"}}  # optional: overrides keys of "dataset"
+      ],
+      "training": {                       # optional
+        "data": "WMT14 En-De, 4.5M sentence pairs, joint BPE (32k)",  # free text
+        "datasets": ["wmt/wmt14"],        # optional: Hub dataset ids of the training data (card metadata)
+        "recipe": {"optimizer": "Adam (0.9, 0.997)", "lr": 0.002, "warmup_updates": 16000},  # any key: value
+        "notes": "average of the last 5 checkpoints"  # optional free text
+      },
+      "decoding": {"num_beams": 4, "length_penalty": 0.6}  # optional: the decoding used for the results
+    }
+
+A signature is kept in the model-index as ``metrics[].args.signature`` and shown in the results table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.repocard_data import model_index_to_eval_results
+
+__all__ = [
+    "CITATION",
+    "METRICS_FILENAME",
+    "count_parameters",
+    "describe_ode",
+    "load_metrics",
+    "validate_card_locally",
+    "write_model_card",
+]
+
+METRICS_FILENAME = "hub_metrics.json"
+
+# Title and authors as in the paper's .tex (tests/test_hub.py checks them against it).
+PAPER_TITLE = "ODE Transformer: An Ordinary Differential Equation-Inspired Model for Sequence Generation"
+PAPER_AUTHORS = (
+    "Bei Li",
+    "Quan Du",
+    "Tao Zhou",
+    "Yi Jing",
+    "Shuhan Zhou",
+    "Xin Zeng",
+    "Tong Xiao",
+    "Jingbo Zhu",
+    "Xuebo Liu",
+    "Min Zhang",
+)
+
+
+def _bibtex_author(name: str) -> str:
+    first, last = name.rsplit(" ", 1)
+    return f"{last}, {first}"
+
+
+CITATION = f"""@inproceedings{{li-etal-2022-ode,
+    title = "{{ODE}} Transformer: An Ordinary Differential Equation-Inspired Model for Sequence Generation",
+    author = "{" and ".join(_bibtex_author(a) for a in PAPER_AUTHORS)}",
+    booktitle = "Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)",
+    month = may,
+    year = "2022",
+    address = "Dublin, Ireland",
+    publisher = "Association for Computational Linguistics",
+    url = "https://aclanthology.org/2022.acl-long.601",
+}}"""
+
+_PIPELINE_TAGS = {
+    "translation": "translation",
+    "summarization": "summarization",
+    "text2text-generation": "text2text-generation",
+    "text-generation": "text-generation",
+    "grammatical-error-correction": "text2text-generation",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Metrics JSON
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_metrics(metrics: str | Path | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Read (if a path) and check a metrics JSON; a ValueError names every missing or malformed field."""
+    if metrics is None:
+        return None
+    if isinstance(metrics, (str, Path)):
+        data = json.loads(Path(metrics).read_text(encoding="utf-8"))
+    else:
+        data = copy.deepcopy(dict(metrics))
+    problems = []
+    if not isinstance(data.get("task"), str):
+        problems.append("'task' (a string such as 'translation')")
+    dataset = data.get("dataset")
+    if not isinstance(dataset, Mapping):
+        problems.append("'dataset' (an object with 'name', 'id', 'split')")
+    results = data.get("results")
+    if not isinstance(results, list) or not results:
+        problems.append("'results' (a non-empty list)")
+    else:
+        for i, result in enumerate(results):
+            if not isinstance(result, Mapping):
+                problems.append(f"'results[{i}]' (an object)")
+                continue
+            if not isinstance(result.get("metric"), str):
+                problems.append(f"'results[{i}].metric'")
+            value = result.get("value")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(f"'results[{i}].value' (a number)")
+            merged = {**(dataset if isinstance(dataset, Mapping) else {}), **result.get("dataset", {})}
+            missing = [key for key in ("name", "id", "split") if not merged.get(key)]
+            if missing:
+                problems.append(f"'results[{i}]' dataset fields {missing}")
+    if problems:
+        raise ValueError(
+            "metrics JSON does not follow the schema in hub/model_card.py; missing or malformed: "
+            + "; ".join(problems)
+        )
+    return data
+
+
+def _eval_results(metrics: dict[str, Any]) -> list[EvalResult]:
+    out = []
+    for result in metrics["results"]:
+        dataset = {**metrics["dataset"], **result.get("dataset", {})}
+        signature = result.get("signature")
+        out.append(
+            EvalResult(
+                task_type=metrics["task"],
+                task_name=metrics.get("task_name"),
+                dataset_type=dataset["id"],
+                dataset_name=dataset["name"],
+                dataset_config=dataset.get("config"),
+                dataset_split=dataset["split"],
+                dataset_revision=dataset.get("revision"),
+                metric_type=result["metric"],
+                metric_name=result.get("name", result["metric"]),
+                metric_value=float(result["value"]),
+                metric_args={"signature": signature} if signature else None,
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The configuration in words
+# ----------------------------------------------------------------------------------------------------------
+
+_METHOD_NAMES = {
+    "euler": "a residual (first-order Euler) block",
+    "rk2": "a second-order Runge-Kutta block (improved Euler / Heun, 2 stages)",
+    "midpoint": "a second-order Runge-Kutta block (midpoint method, 2 stages)",
+    "ralston": "a second-order Runge-Kutta block (Ralston's method, 2 stages)",
+    "rk3": "a third-order Runge-Kutta block (Kutta's method, 3 stages)",
+    "rk4": "a fourth-order Runge-Kutta block (classical RK4, 4 stages)",
+    "rk4_38": "a fourth-order Runge-Kutta block (3/8 rule, 4 stages)",
+    "weight_sharing": "the same layer applied twice (weight sharing, 2 stages)",
+    "polynet": "a PolyNet block y + F(y) + F(F(y)) (2 stages)",
+}
+
+_FUNCTIONS = {
+    "layer": "the whole layer (self-attention and feed-forward network together, the paper's SAN+FFN)",
+    "attention": "the self-attention sublayer (the other sublayers stay residual)",
+    "ffn": "the feed-forward sublayer (the other sublayers stay residual)",
+    "sublayers": "each sublayer separately (every sublayer is its own ODE block)",
+}
+
+_CONNECTIONS = {
+    "residual": "plain stacking",
+    "dense": "dense layer connections with fixed mean weights (DLCL)",
+    "learnable_dense": "learnable dense layer connections (DLCL, Wang et al. 2019)",
+    "leapfrog": "leapfrog connections y_{t+1} = y_{t-1} + 2F(y_t)",
+    "multistep": "linear multistep connections with learnable k",
+}
+
+
+def _fraction(x: float) -> str:
+    from fractions import Fraction
+
+    f = Fraction(x).limit_denominator(12)
+    return str(f) if abs(float(f) - x) < 1e-9 else f"{x:g}"
+
+
+def _coefficients_in_words(mode: str, tableau, scope: str) -> str:
+    b = ", ".join(_fraction(x) for x in tableau.b)
+    owner = "one shared by all blocks of the stack" if scope == "stack" else "one per block"
+    if mode == "tableau":
+        return f"the method's own weights gamma = ({b})"
+    if mode == "ones":
+        return "gamma_i = 1 for every stage"
+    if mode == "learnable":
+        return f"learnable scalars gamma_i initialised to 1 ({owner})"
+    if mode == "gated":
+        return (
+            "a learned gate: g = sigmoid(W [F_1; F_2] + b), gamma = (g, 1 - g), one value per token "
+            f"(Eq. (learnable) of the paper; {owner})"
+            if tableau.num_stages == 2
+            else f"a learned softmax gate over the stages ({owner})"
+        )
+    if mode == "gated_independent":
+        return f"independent sigmoid gates gamma_i = sigmoid(W_i [F_1..F_s] + b_i) ({owner})"
+    return f"independent tanh gates gamma_i = tanh(W_i [F_1..F_s] + b_i) ({owner})"
+
+
+def describe_ode(config) -> list[str]:
+    """The ODE configuration of `config` as a list of Markdown bullet lines."""
+    lines = []
+    sides = ("encoder", "decoder") if config.is_encoder_decoder else ("decoder",)
+    for side in sides:
+        method = getattr(config, f"{side}_ode_method")
+        tableau = config.tableau(side)
+        name = _METHOD_NAMES.get(method, f"a user Butcher tableau {tableau.to_dict()}") if isinstance(
+            method, str
+        ) else f"a user Butcher tableau {tableau.to_dict()}"
+        layers = getattr(config, f"{side}_layers")
+        label = side.capitalize() if config.is_encoder_decoder else "Decoder (causal LM)"
+        text = f"**{label}**: {layers} layers; each layer is {name}"
+        if tableau.num_stages > 1:
+            coefficients = _coefficients_in_words(
+                getattr(config, f"{side}_ode_coefficients"), tableau, config.ode_coefficient_scope
+            )
+            text += f", combining its stages with {coefficients}"
+            text += f"; F is {_FUNCTIONS[getattr(config, f'{side}_ode_function')]}"
+            text += (
+                "; F includes the layer's residual connections (the authors' code: F(y) = L(y))"
+                if config.ode_function_includes_residual
+                else "; F(y) = G(LN(y)) without the residual (the paper's reading)"
+            )
+            if float(config.ode_step_size) != 1.0:
+                text += f"; step size h = {config.ode_step_size:g}"
+        text += f"; blocks are stacked with {_CONNECTIONS[getattr(config, f'{side}_layer_connections')]}."
+        lines.append(f"- {text}")
+    width = (
+        f"- **Width**: d_model {config.d_model}, feed-forward {config.encoder_ffn_dim}/{config.decoder_ffn_dim} "
+        f"(encoder/decoder), {config.encoder_attention_heads}/{config.decoder_attention_heads} attention heads, "
+        f"pre-norm, {config.activation_function} activation."
+        if config.is_encoder_decoder
+        else f"- **Width**: d_model {config.d_model}, feed-forward {config.decoder_ffn_dim}, "
+        f"{config.decoder_attention_heads} attention heads, pre-norm, {config.activation_function} activation."
+    )
+    lines.append(width)
+    positions = []
+    if config.use_absolute_positions:
+        positions.append(f"sinusoidal absolute positions (up to {config.max_position_embeddings})")
+    if config.max_relative_position > 0:
+        kind = "keys and values" if config.relative_position_values else "keys"
+        positions.append(
+            f"relative position representations (Shaw et al. 2018) on {kind}, clipping distance "
+            f"k = {config.max_relative_position}"
+        )
+    lines.append(f"- **Positions**: {'; '.join(positions) or 'none'}.")
+    vocab = f"{config.vocab_size} tokens"
+    if config.is_encoder_decoder:
+        vocab += (
+            ", shared by source and target"
+            if config.share_encoder_decoder_embeddings
+            else f" (target), {config.encoder_vocab_size} (source)"
+        )
+    if config.tie_word_embeddings:
+        vocab += "; output projection tied to the embeddings"
+    lines.append(f"- **Vocabulary**: {vocab}.")
+    return lines
+
+
+def count_parameters(config) -> dict[str, int]:
+    """Parameter counts computed from the config (model built on the meta device; tied weights counted once)."""
+    import torch
+
+    from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
+
+    cls = ODETransformerForConditionalGeneration if config.is_encoder_decoder else ODETransformerForCausalLM
+    with torch.device("meta"):
+        model = cls(config)
+    total = sum(p.numel() for p in model.parameters())
+    embedding_weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    embeddings = sum(w.numel() for w in embedding_weights.values())
+    return {"total": total, "non_embedding": total - embeddings}
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The card
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _results_table(metrics: dict[str, Any]) -> str:
+    rows = ["| Dataset | Split | Metric | Value | Signature |", "|---|---|---|---|---|"]
+    for result in metrics["results"]:
+        dataset = {**metrics["dataset"], **result.get("dataset", {})}
+        name = dataset["name"] + (f" ({dataset['config']})" if dataset.get("config") else "")
+        # A "|" inside a table cell must be escaped, even inside a code span (GitHub-flavoured Markdown).
+        signature = f"`{result['signature'].replace('|', chr(92) + '|')}`" if result.get("signature") else "-"
+        rows.append(
+            f"| {name} | {dataset['split']} | {result.get('name', result['metric'])} | "
+            f"{float(result['value']):.2f} | {signature} |"
+        )
+    return "\n".join(rows)
+
+
+def _training_section(metrics: dict[str, Any] | None) -> str:
+    training = (metrics or {}).get("training") or {}
+    if not training:
+        return "Not recorded for this model."
+    parts = []
+    if training.get("data"):
+        parts.append(f"**Data**: {training['data']}")
+    recipe = training.get("recipe") or {}
+    if recipe:
+        parts.append("| Setting | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in recipe.items()))
+    if training.get("notes"):
+        parts.append(str(training["notes"]))
+    return "\n\n".join(parts)
+
+
+def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]) -> str:
+    if not config.is_encoder_decoder:
+        return f"""```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{repo}")
+model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)
+inputs = tokenizer("The market", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0], skip_special_tokens=True))
+```"""
+    decoding = {**generation, **((metrics or {}).get("decoding") or {})}
+    beams = decoding.get("num_beams", 4)
+    lenpen = decoding.get("length_penalty", 0.6)
+    example = "A republican strategy to counter the re-election of Obama"
+    return f"""```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{repo}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{repo}", trust_remote_code=True).eval()
+inputs = tokenizer(["{example}"], return_tensors="pt")
+# generation_config.json holds the decoding of the results above (beam {beams}, length penalty {lenpen}).
+outputs = model.generate(**inputs, num_beams={beams}, length_penalty={lenpen}, max_new_tokens=256)
+print(tokenizer.batch_decode(outputs, skip_special_tokens=True))
+```
+
+The modeling code ships with the weights (`trust_remote_code=True`); with the `ode-transformer` package
+installed, `import modeling_ode` registers the same classes with the Auto classes and no remote code is needed."""
+
+
+def _load_config(model_dir: Path):
+    from modeling_ode import ODETransformerConfig
+
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json; pass a folder written by save_pretrained.")
+    data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    for key in ("auto_map", "architectures", "transformers_version", "model_type", "dtype", "torch_dtype"):
+        data.pop(key, None)
+    return ODETransformerConfig(**data)
+
+
+def _generation_defaults(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "generation_config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def build_model_card(
+    model_dir: str | Path, metrics: str | Path | Mapping[str, Any] | None, repo_id: str | None = None
+) -> ModelCard:
+    """The card as a `ModelCard` (see :func:`write_model_card`)."""
+    model_dir = Path(model_dir)
+    config = _load_config(model_dir)
+    data = load_metrics(metrics)
+    model_name = (data or {}).get("model_name") or (repo_id.split("/")[-1] if repo_id else model_dir.resolve().name)
+    task = (data or {}).get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
+    training = (data or {}).get("training") or {}
+    train_datasets = list(training.get("datasets") or [])
+    card_data = ModelCardData(
+        model_name=model_name,
+        language=(data or {}).get("language"),
+        license=(data or {}).get("license", "apache-2.0"),
+        library_name="transformers",
+        pipeline_tag=_PIPELINE_TAGS.get(task, "text2text-generation" if config.is_encoder_decoder else "text-generation"),
+        tags=["ode-transformer", "runge-kutta", "custom_code", task],
+        datasets=train_datasets or None,
+        metrics=sorted({r["metric"] for r in data["results"]}) if data else None,
+        eval_results=_eval_results(data) if data else None,
+    )
+    params = count_parameters(config)
+    repo = repo_id or f"path/to/{model_name}"
+    results = (
+        _results_table(data)
+        if data
+        else "No evaluation results were recorded for this model."
+    )
+    body = f"""
+# {model_name}
+
+An **ODE Transformer** (Li et al., ACL 2022): a pre-norm Transformer whose layers are Runge-Kutta solvers of
+the ODE dy/dt = F(y), for {task.replace("-", " ")}.
+
+## Model details
+
+{chr(10).join(describe_ode(config))}
+- **Parameters**: {params["total"]:,} ({_human(params["total"])}; {params["non_embedding"]:,} without embeddings).
+
+## Evaluation results
+
+{results}
+
+## Training data and recipe
+
+{_training_section(data)}
+
+## Intended use and limitations
+
+Intended for research on ODE-inspired architectures and for {task.replace("-", " ")} in the languages and
+domain of its training data. It is not suited to other languages or domains without fine-tuning and inherits
+the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
+errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
+Inputs longer than {config.max_position_embeddings} tokens are rejected; batches must be right-padded.
+
+## How to use
+
+{_usage(config, repo, data, _generation_defaults(model_dir))}
+
+## Citation
+
+```bibtex
+{CITATION}
+```
+"""
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
+
+
+def write_model_card(
+    model_dir: str | Path, metrics_path_or_dict: str | Path | Mapping[str, Any] | None, repo_id: str | None = None
+) -> Path:
+    """Write `model_dir/README.md` from the folder's config.json and a metrics JSON (path or dict, schema in
+    this module's docstring; None writes a card without results). Returns the card's path."""
+    card = build_model_card(model_dir, metrics_path_or_dict, repo_id)
+    path = Path(model_dir) / "README.md"
+    card.save(path)
+    validate_card_locally(path)
+    return path
+
+
+def validate_card_locally(path: str | Path) -> ModelCard:
+    """Offline validation: `ModelCard.validate()` posts to the Hub's /api/validate-yaml and needs the network,
+    so this parses the YAML metadata with `ModelCardData` and the model-index with huggingface_hub's own parser
+    (which raises on a malformed model-index) and checks every result has a numeric value."""
+    card = ModelCard.load(path)
+    metadata = yaml.safe_load(card.content.split("---")[1])
+    ModelCardData(**metadata)  # the metadata parses as model-card data
+    if "model-index" in metadata:
+        name, results = model_index_to_eval_results(metadata["model-index"])
+        if not name or not results:
+            raise ValueError(f"{path}: the model-index has no name or no results.")
+        for result in results:
+            if isinstance(result.metric_value, bool) or not isinstance(result.metric_value, (int, float)):
+                raise ValueError(f"{path}: metric {result.metric_type!r} has a non-numeric value.")
+    return card
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hub.model_card", description="Write README.md (model card) into a trained model folder."
+    )
+    parser.add_argument("model_dir", help="folder with config.json (and the weights)")
+    parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")
+    parser.add_argument("--repo-id", default=None, help="USER/NAME the card's usage example loads from")
+    args = parser.parse_args(argv)
+    print(write_model_card(args.model_dir, args.metrics_json, args.repo_id))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Model card, Hub export with remote code (loaded where `modeling_ode` cannot be imported), dry-run push."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from huggingface_hub import ModelCard  # noqa: E402
+
+import modeling_ode  # noqa: E402
+from hub import model_card, push  # noqa: E402
+from hub.export import AUTO_MAP, CODE_FILES, export_for_hub  # noqa: E402
+from hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
+from modeling_ode import (  # noqa: E402
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = Path("/work/shared/paper/ode_transformer_acl2022.tex")
+NEWSTEST = Path("/work/shared/data/wmt/en-de/newstest2014.de.gz")
+
+
+def tiny_seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset("tiny", **overrides)
+    return ODETransformerForConditionalGeneration(config).eval()
+
+
+def real_metrics() -> dict:
+    """A real sacreBLEU/chrF score: the first newstest2014 German references against a perturbed copy."""
+    sacrebleu = pytest.importorskip("sacrebleu")
+    if not NEWSTEST.is_file():
+        pytest.skip(f"{NEWSTEST} not available")
+    with gzip.open(NEWSTEST, "rt", encoding="utf-8") as f:
+        refs = [next(f).strip() for _ in range(20)]
+    hyps = [" ".join(w for j, w in enumerate(line.split()) if j % 4 != 3) for line in refs]  # drop every 4th word
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    return {
+        "task": "translation",
+        "language": ["en", "de"],
+        "dataset": {"name": "WMT14 English-German (newstest2014)", "id": "wmt/wmt14", "config": "de-en", "split": "test"},
+        "results": [
+            {"metric": "sacrebleu", "name": "BLEU", "value": round(bleu_score.score, 2),
+             "signature": bleu.get_signature().format()},
+            {"metric": "chrf", "name": "chrF", "value": round(chrf_score.score, 2),
+             "signature": chrf.get_signature().format()},
+        ],
+        "training": {"data": "WMT14 En-De", "recipe": {"optimizer": "Adam (0.9, 0.997)", "lr": 0.002}},
+        "decoding": {"num_beams": 4, "length_penalty": 0.6},
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model card
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_citation_matches_paper():
+    if not PAPER.is_file():
+        pytest.skip("paper source not available")
+    tex = PAPER.read_text(encoding="utf-8")
+    title = re.search(r"\\title\{(.+?)\}\n", tex).group(1)
+    assert title == model_card.PAPER_TITLE
+    assert title.replace("ODE Transformer", "{ODE} Transformer") in CITATION
+    author_block = re.search(r"\\author\{(.+?)\\\\\s*\$\^\{1\}\$School", tex, re.S).group(1)
+    for author in model_card.PAPER_AUTHORS:
+        assert author in author_block
+        first, last = author.rsplit(" ", 1)
+        assert f"{last}, {first}" in CITATION
+    assert "year = \"2022\"" in CITATION
+
+
+def test_model_card_round_trip(tmp_path):
+    metrics = real_metrics()
+    model = tiny_seq2seq(ode_coefficient_scope="stack")
+    model.save_pretrained(tmp_path)
+    (tmp_path / "hub_metrics.json").write_text(json.dumps(metrics))
+
+    path = write_model_card(tmp_path, tmp_path / "hub_metrics.json", repo_id="someone/ode-tiny")
+    card = ModelCard.load(path)
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "translation"
+    assert card.data.language == ["en", "de"] and card.data.model_name == "ode-tiny"
+    results = {r.metric_type: r for r in card.data.eval_results}
+    for expected in metrics["results"]:
+        result = results[expected["metric"]]
+        assert result.metric_value == expected["value"] and result.metric_value > 0
+        assert result.metric_args == {"signature": expected["signature"]}
+        assert (result.dataset_type, result.dataset_split, result.task_type) == ("wmt/wmt14", "test", "translation")
+        assert expected["signature"].replace("|", "\\|") in card.text
+    params = sum(p.numel() for p in model.parameters())
+    assert f"{params:,}" in card.text
+    assert "second-order Runge-Kutta" in card.text and "one shared by all blocks" in card.text
+    assert 'trust_remote_code=True' in card.text and "num_beams=4, length_penalty=0.6" in card.text
+    assert "@inproceedings{li-etal-2022-ode" in card.text and "Intended use and limitations" in card.text
+    validate_card_locally(path)
+
+    # the CLI writes the same card
+    path.unlink()
+    model_card.main([str(tmp_path), str(tmp_path / "hub_metrics.json"), "--repo-id", "someone/ode-tiny"])
+    assert ModelCard.load(path).data.eval_results[0].metric_value == metrics["results"][0]["value"]
+
+
+def test_metrics_schema_errors_name_the_fields():
+    with pytest.raises(ValueError, match=r"'task'.*'results\[0\]\.value'.*\['id'\]"):
+        load_metrics({"dataset": {"name": "x", "split": "test"}, "results": [{"metric": "bleu", "value": "high"}]})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Export with remote code
+# ----------------------------------------------------------------------------------------------------------
+
+PACKAGE_FREE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    REPO = sys.argv[1]
+    folders = json.loads(sys.argv[2])
+    # The editable install of `ode-transformer` puts a finder on sys.meta_path: remove it, drop the repository
+    # from sys.path, and block the names outright.
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", REPO, REPO + "/")]
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("modeling_ode", "hub"):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+            return None
+
+    sys.meta_path.insert(0, Block())
+    try:
+        import modeling_ode  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit("modeling_ode is importable")
+
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationConfig
+
+    torch.set_num_threads(1)
+    inputs = torch.load(folders["inputs"])
+    config = AutoConfig.from_pretrained(folders["seq2seq"], trust_remote_code=True)
+    assert type(config).__module__.startswith("transformers_modules."), type(config).__module__
+    model = AutoModelForSeq2SeqLM.from_pretrained(folders["seq2seq"], trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    assert "modeling_ode" not in sys.modules
+    base = AutoModel.from_pretrained(folders["seq2seq"], trust_remote_code=True)
+    assert type(base).__name__ == "ODETransformerModel"
+    lm = AutoModelForCausalLM.from_pretrained(folders["causal"], trust_remote_code=True).eval()
+    generation = GenerationConfig.from_pretrained(folders["seq2seq"])
+    with torch.no_grad():
+        out = {
+            "seq2seq": model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits,
+            "causal": lm(input_ids=inputs["src"]).logits,
+            "num_beams": generation.num_beams,
+            "length_penalty": generation.length_penalty,
+        }
+    torch.save(out, folders["outputs"])
+    """
+)
+
+
+def test_export_loads_with_remote_code_without_the_package(tmp_path):
+    seq2seq = tiny_seq2seq(encoder_ode_method="rk4", encoder_ode_coefficients="tableau")
+    seq2seq.save_pretrained(tmp_path / "trained")
+    out = export_for_hub(tmp_path / "trained", tmp_path / "ode-hub", repo_id="someone/ode-tiny")
+    torch.manual_seed(1)
+    causal = ODETransformerForCausalLM(
+        ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False, decoder_ode_method="rk2",
+                                         decoder_ode_coefficients="gated")
+    ).eval()
+    out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
+
+    files = sorted(p.name for p in out.iterdir())
+    assert set(CODE_FILES) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= set(files)
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == AUTO_MAP and config["model_type"] == "ode_transformer"
+    for name in CODE_FILES:  # flat copies, relative imports intact
+        assert (out / name).read_text() == (Path(modeling_ode.__file__).parent / name).read_text()
+    assert "from .ode import" in (out / "modeling_ode_transformer.py").read_text()
+
+    g = torch.Generator().manual_seed(2)
+    inputs = {"src": torch.randint(3, 99, (2, 7), generator=g), "tgt": torch.randint(3, 99, (2, 5), generator=g)}
+    torch.save(inputs, tmp_path / "inputs.pt")
+    folders = {"seq2seq": str(out), "causal": str(out_causal), "inputs": str(tmp_path / "inputs.pt"),
+               "outputs": str(tmp_path / "outputs.pt")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    env |= {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HOME": str(tmp_path / "hf")}
+    run = subprocess.run(
+        [sys.executable, "-c", PACKAGE_FREE, str(REPO), json.dumps(folders)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    remote = torch.load(tmp_path / "outputs.pt")
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            local = seq2seq(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits
+            local_causal = causal(input_ids=inputs["src"]).logits
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(remote["seq2seq"], local), (remote["seq2seq"] - local).abs().max()
+    assert torch.equal(remote["causal"], local_causal)
+    assert (remote["num_beams"], remote["length_penalty"]) == (4, 0.6)
+
+
+def test_export_keeps_own_generation_config_and_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "hallo": 4, "welt": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    model = tiny_seq2seq()
+    model.generation_config.num_beams = 5
+    model.generation_config.length_penalty = 1.3  # the paper's En-Ro decoding
+    model.save_pretrained(tmp_path / "trained")
+    tokenizer.save_pretrained(tmp_path / "trained")
+    out = export_for_hub(tmp_path / "trained", tmp_path / "hub")
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (5, 1.3)
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    assert ModelCard.load(out / "README.md").data.eval_results is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Push
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\0" * 1234)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "ode.cpython-312.pyc").write_bytes(b"x")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref")
+
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("dry run touched the Hub client")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", no_network)
+    push.main([str(folder), "--repo-id", "someone/ode-tiny", "--dry-run", "--private"])
+    printed = capsys.readouterr().out
+    assert "would upload 2 files" in printed and "(private)" in printed
+    assert re.search(r"\b2\s+config\.json", printed) and re.search(r"\b1234\s+model\.safetensors", printed)
+    assert "pyc" not in printed and ".git" not in printed
+    assert push.files_to_upload(folder) == [("config.json", 2), ("model.safetensors", 1234)]
+
+    # the module CLI, in a fresh interpreter, offline
+    run = subprocess.run(
+        [sys.executable, "-m", "hub.push", str(folder), "--repo-id", "someone/ode-tiny", "--dry-run"],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "model.safetensors" in run.stdout
