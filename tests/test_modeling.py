@@ -217,13 +217,14 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
 
 
-def test_bf16_autocast_trains():
-    model = seq2seq().train()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_trains(dtype):
+    model = seq2seq(decoder_ode_method="rk2").train()
     ids, mask = source_batch()
     labels = torch.randint(4, 99, (3, 6))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
-    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    assert out.logits.dtype == dtype and torch.isfinite(out.loss)
     out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
