@@ -1,0 +1,164 @@
+"""End-to-end tests of ``train.run`` on small slices of the shared corpora (CPU, tiny models)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from train.run import parse_arguments, run
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+
+TINY = [
+    "--preset", "tiny", "--vocab_size", "400", "--learning_rate", "0.004",
+    "--lr_scheduler_type", "inverse_sqrt", "--warmup_steps", "4", "--logging_steps", "3",
+    "--use_cpu", "true", "--bf16", "true", "--disable_tqdm", "true", "--report_to", "tensorboard",
+    "--save_strategy", "no", "--seed", "3",
+]  # fmt: skip
+SEQ2SEQ = [
+    "--max_tokens", "768", "--max_source_length", "48", "--max_target_length", "48",
+    "--predict_with_generate", "true", "--num_beams", "2", "--per_device_eval_batch_size", "16",
+    "--eval_strategy", "steps", "--eval_steps", "18", "--max_steps", "18",
+    "--max_eval_samples", "8", "--max_test_samples", "16",
+]  # fmt: skip
+
+
+def train_and_test(output_dir: Path, *flags: str) -> dict:
+    return run(parse_arguments([*TINY, "--output_dir", str(output_dir), *flags]))
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    return [entry["loss"] for entry in history if "loss" in entry]
+
+
+def check_outputs(output_dir: Path, document: dict, n_hyps: int | None) -> dict[str, float]:
+    """Loss fell, all files are there, every metric is finite; returns metric name -> value."""
+    losses = logged_losses(output_dir)
+    assert len(losses) >= 2 and losses[-1] < losses[0], losses
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "hub_metrics.json", "loss_curves.png", "README.md"):
+        assert (output_dir / name).is_file(), name
+    assert list((output_dir / "runs").rglob("events.out.tfevents*")), "no TensorBoard log"
+    assert json.loads((output_dir / "hub_metrics.json").read_text()) == document
+    if n_hyps is not None:
+        hyps = (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        assert len(hyps) == n_hyps  # a few steps of a tiny model: hypotheses may still be empty
+    values = {r.get("name", r["metric"]): r["value"] for r in document["results"]}
+    assert values and all(math.isfinite(v) for v in values.values()), values
+    return values
+
+
+@needs_data
+def test_translation_multi30k(tmp_path):
+    document = train_and_test(
+        tmp_path, "--task", "translation", "--dataset", "multi30k", "--source_lang", "en",
+        "--target_lang", "de", "--max_train_samples", "400", *SEQ2SEQ,
+    )  # fmt: skip
+    values = check_outputs(tmp_path, document, n_hyps=16)
+    assert 0 <= values["BLEU"] <= 100 and 0 <= values["chrF"] <= 100
+    assert document["results"][0]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (2, 0.6)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert any("eval_bleu" in entry for entry in state["log_history"])
+
+
+@needs_data
+def test_summarization_cnndm(tmp_path):
+    document = train_and_test(
+        tmp_path, "--task", "summarization", "--dataset", "cnndm", "--max_train_samples", "64",
+        *SEQ2SEQ, "--max_source_length", "96", "--max_target_length", "32", "--max_test_samples", "8",
+    )  # fmt: skip
+    values = check_outputs(tmp_path, document, n_hyps=8)
+    assert set(values) == {"ROUGE1", "ROUGE2", "ROUGEL", "ROUGELSUM"}
+    assert all(0 <= v <= 100 for v in values.values())
+    assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0}
+
+
+@needs_data
+def test_gec_wi_locness_m2_on_conll2013(tmp_path):
+    document = train_and_test(
+        tmp_path, "--task", "gec", "--dataset", "wi_locness", "--max_train_samples", "300",
+        "--word_dropout", "0.1", *SEQ2SEQ,
+    )  # fmt: skip
+    values = check_outputs(tmp_path, document, n_hyps=16)
+    assert set(values) == {"M2 precision", "M2 recall", "M2 F0.5"}
+    assert all(0 <= v <= 1 for v in values.values())
+    assert document["dataset"]["id"] == "conll2013"
+
+
+@needs_data
+def test_lm_ptb_perplexity(tmp_path):
+    document = train_and_test(
+        tmp_path, "--task", "lm", "--dataset", "ptb", "--max_train_samples", "300", "--max_tokens", "768",
+        "--max_target_length", "48", "--max_steps", "18", "--max_test_samples", "24",
+    )  # fmt: skip
+    values = check_outputs(tmp_path, document, n_hyps=None)
+    assert 1 < values["Subword perplexity"] < 400 * 1.5  # below a uniform guess over the vocabulary
+    assert values["Word perplexity"] > values["Subword perplexity"]
+    assert json.loads((tmp_path / "config.json").read_text())["label_smoothing"] == 0.0
+
+
+@needs_data
+def test_streaming_multi30k(tmp_path):
+    train_and_test(
+        tmp_path, "--task", "translation", "--dataset", "multi30k", "--source_lang", "en",
+        "--target_lang", "de", "--streaming", "true", "--max_steps", "4",
+        "--per_device_train_batch_size", "8", "--do_test", "false",
+    )  # fmt: skip
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+@needs_data
+def test_resume_gives_the_same_weights(tmp_path):
+    """Uninterrupted 12 steps == 7 steps, checkpoint, then a fresh trainer resuming to 12 (mid-epoch 2)."""
+    flags = [
+        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
+        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
+        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "7",
+        "--do_test", "false", "--report_to", "none",
+    ]  # fmt: skip
+    full = tmp_path / "full"
+    train_and_test(full, *flags)
+    checkpoint = full / "checkpoint-7"
+    epoch = json.loads((checkpoint / "trainer_state.json").read_text())["epoch"]
+    assert epoch > 1 and epoch != int(epoch), "the checkpoint should sit inside a later epoch"
+    resumed = tmp_path / "resumed"
+    train_and_test(
+        resumed, *flags, "--tokenizer_name", str(full / "tokenizer"), "--resume_from_checkpoint", str(checkpoint)
+    )
+    expected, actual = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_recipes_parse(recipe):
+    model_args, data_args, run_args, training_args = parse_arguments([str(RECIPES / recipe), "--use_cpu", "true"])
+    assert training_args.lr_scheduler_type.value == "inverse_sqrt"
+    assert (training_args.adam_beta1, training_args.weight_decay) == (0.9, 0.0)
+    assert data_args.max_tokens == 4096 and training_args.bf16
+    if recipe.startswith("wmt14_en_de"):
+        assert (training_args.learning_rate, training_args.warmup_steps, training_args.adam_beta2) == (0.002, 16000, 0.997)
+        assert (run_args.num_beams, run_args.length_penalty, training_args.save_total_limit) == (4, 0.6, 10)
+        assert training_args.max_steps == (100_000 if "big" in recipe else 50_000)
+        assert model_args.preset == recipe.removeprefix("wmt14_en_de_").removesuffix(".yaml")
+
+
+def test_cli_overrides_recipe():
+    _, data_args, _, training_args = parse_arguments(
+        [str(RECIPES / "multi30k_en_de_cpu.yaml"), "--max_steps", "7", "--max_tokens", "1000"]
+    )
+    assert (training_args.max_steps, data_args.max_tokens, training_args.warmup_steps) == (7, 1000, 400)
+    with pytest.raises(ValueError, match="needs --max_steps"):
+        parse_arguments(["--streaming", "true", "--use_cpu", "true"])

@@ -1,0 +1,65 @@
+"""Two CPU processes (gloo) under ``accelerate launch``: disjoint token-budget batches, a few steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import json, sys
+from train import run as train_run
+from train.trainer import TokenBudgetSeq2SeqTrainer
+
+seen = {}
+original = TokenBudgetSeq2SeqTrainer.get_train_dataloader
+
+def record(self):
+    loader = original(self)
+    seen["batches"] = [list(map(int, b)) for b in loader.batch_sampler]
+    seen["rank"], seen["world"] = self.args.process_index, self.args.world_size
+    return loader
+
+TokenBudgetSeq2SeqTrainer.get_train_dataloader = record
+train_run.main(sys.argv[2:])
+with open(f"{sys.argv[1]}/batches-{seen['rank']}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+def test_two_process_cpu_training(tmp_path):
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    script = tmp_path / "launch.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    command = [
+        accelerate, "launch", "--num_processes", "2", "--cpu", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", str(script), str(tmp_path),
+        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
+        "--preset", "tiny", "--vocab_size", "400", "--max_train_samples", "200", "--max_tokens", "512",
+        "--max_source_length", "32", "--max_target_length", "32", "--max_steps", "3", "--logging_steps", "1",
+        "--use_cpu", "true", "--save_strategy", "no", "--report_to", "none", "--do_test", "false",
+        "--output_dir", str(out), "--disable_tqdm", "true",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"batches-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    batches0, batches1 = ranks[0]["batches"], ranks[1]["batches"]
+    assert len(batches0) == len(batches1) > 0
+    indices0 = {i for b in batches0 for i in b}
+    indices1 = {i for b in batches1 for i in b}
+    assert not indices0 & indices1, "both processes got the same samples"
+    assert indices0 | indices1 == set(range(200)), "an epoch covers every sample once"
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3

@@ -1,0 +1,93 @@
+"""Checkpoint averaging (the paper evaluates the average of the last 5/10 checkpoints).
+
+``python -m train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
+the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
+config, generation config and tokenizer files are copied from the newest checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
+
+WEIGHTS = "model.safetensors"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def last_checkpoints(output_dir: str | Path, last: int) -> list[Path]:
+    """The ``last`` newest ``checkpoint-<step>`` folders of ``output_dir``, oldest first."""
+    found = [
+        (int(match.group(1)), path)
+        for path in Path(output_dir).iterdir()
+        if (match := _CHECKPOINT.match(path.name)) and (path / WEIGHTS).is_file()
+    ]
+    if not found:
+        raise FileNotFoundError(f"no checkpoint-<step> folders with {WEIGHTS} in {output_dir}")
+    return [path for _, path in sorted(found)[-last:]]
+
+
+def _weights_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path / WEIGHTS if path.is_dir() else path
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the tensors of several safetensors checkpoints (folders or files).
+
+    Floating-point tensors are averaged in float64 and cast back to their dtype; other tensors
+    (integer buffers) must be equal and are kept. All checkpoints need the same keys and shapes.
+    """
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    states = [load_file(str(_weights_file(p))) for p in paths]
+    keys = set(states[0])
+    for path, state in zip(paths[1:], states[1:]):
+        if set(state) != keys:
+            raise ValueError(f"{path} has different tensors than {paths[0]}: {sorted(keys ^ set(state))[:5]}")
+    averaged = {}
+    for key, first in states[0].items():
+        if first.is_floating_point():
+            total = torch.stack([state[key].to(torch.float64) for state in states]).mean(dim=0)
+            averaged[key] = total.to(first.dtype)
+        elif all(torch.equal(first, state[key]) for state in states[1:]):
+            averaged[key] = first
+        else:
+            raise ValueError(f"non-float tensor {key!r} differs between checkpoints")
+    return averaged
+
+
+def write_average(paths: Sequence[str | Path], out: str | Path) -> Path:
+    """Average ``paths`` into ``out``; the other files of the newest checkpoint are copied along."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    newest = Path(paths[-1])
+    if newest.is_dir():
+        for file in newest.iterdir():
+            if file.is_file() and file.name != WEIGHTS and not file.name.startswith(("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")):
+                shutil.copy2(file, out / file.name)
+    state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
+    save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m train.averaging", description=__doc__.split("\n\n")[0])
+    parser.add_argument("output_dir", help="training output folder with checkpoint-<step> subfolders")
+    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    parser.add_argument("--out", required=True, help="folder for the averaged model")
+    args = parser.parse_args(argv)
+    paths = last_checkpoints(args.output_dir, args.last)
+    write_average(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {args.out}")
+
+
+if __name__ == "__main__":
+    main()

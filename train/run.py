@@ -1,0 +1,610 @@
+"""Train and evaluate an ODE Transformer: ``python -m train.run [RECIPE.yaml] [--flag value ...]``.
+
+One entry point for the four tasks of the paper (``--task translation|summarization|gec|lm``) on
+:class:`~transformers.Seq2SeqTrainer` / :class:`~transformers.Trainer`. Arguments are the fields of
+:class:`ModelArguments`, :class:`DataArguments`, :class:`RunArguments` and
+:class:`~transformers.Seq2SeqTrainingArguments`, read by :class:`~transformers.HfArgumentParser`;
+a YAML/JSON recipe given first supplies defaults that flags on the command line override::
+
+    python -m train.run train/recipes/multi30k_en_de_cpu.yaml --max_steps 200
+    accelerate launch --num_processes 2 --cpu -m train.run train/recipes/multi30k_en_de_cpu.yaml
+
+A run: load the data (a shared corpus, local files or a Hub dataset, optionally streamed), train
+or reuse a joint BPE tokenizer, tokenise, build the model from a preset plus overrides, train
+with token-budget batches (resumable: ``--resume_from_checkpoint last``), optionally average the
+last checkpoints, then on the test split write the hypotheses, ``hub_metrics.json`` (the schema of
+:mod:`hub.model_card`), ``loss_curves.png`` and the model card. Everything lands in
+``--output_dir``: the model with its tokenizer and generation config (the paper's decoding
+defaults), checkpoints, TensorBoard logs (``runs/``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import yaml
+from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
+from transformers import (
+    HfArgumentParser,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    set_seed,
+)
+
+from modeling_ode import (
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+)
+from train import metrics
+from train.data import (
+    DataSpec,
+    conll2013_test,
+    load_hub_dataset,
+    load_jsonl,
+    load_parallel_files,
+    load_task_data,
+    load_tsv,
+)
+from train.evaluate_predictions import read_lines
+from train.tokenizer import load_or_train_tokenizer
+from train.trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("translation", "summarization", "gec", "lm")
+# The paper's decoding settings (Appendix, table "dataset"): beam, length penalty.
+DECODING_DEFAULTS: dict[str, tuple[int, float]] = {
+    "translation": (4, 0.6),
+    "summarization": (4, 2.0),
+    "gec": (6, 0.6),
+}
+HUB_TASKS = {
+    "translation": "translation",
+    "summarization": "summarization",
+    "gec": "text2text-generation",
+    "lm": "text-generation",
+}
+# Shared corpora as the model card names them: (display name, Hub id of the public original).
+CORPUS_CARDS: dict[str, tuple[str, str]] = {
+    "multi30k": ("Multi30k Task 1", "bentrevett/multi30k"),
+    "libreoffice": ("LibreOffice help (built locally)", "libreoffice-help"),
+    "cnndm": ("CNN/DailyMail (See et al. preprocessing)", "abisee/cnn_dailymail"),
+    "wi_locness": ("BEA-2019 Write & Improve", "wi_locness"),
+    "fce": ("FCE v2.1", "fce"),
+    "ptb": ("Penn Treebank (Mikolov)", "ptb_text_only"),
+    "conll2013": ("CoNLL-2013 test", "conll2013"),
+}
+TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+
+
+@dataclass
+class ModelArguments:
+    """The model: a preset of :class:`ODETransformerConfig` plus overrides, and the tokenizer."""
+
+    preset: str = field(default="base", metadata={"help": "tiny, base, deep, big, big_deep"})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "start from a saved model folder"})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"}
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "joint BPE size when a tokenizer is trained"})
+    d_model: int | None = None
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
+    encoder_ffn_dim: int | None = None
+    decoder_ffn_dim: int | None = None
+    encoder_attention_heads: int | None = None
+    decoder_attention_heads: int | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    label_smoothing: float | None = field(default=None, metadata={"help": "default 0.1; 0 for --task lm"})
+    encoder_ode_method: str | None = field(default=None, metadata={"help": "euler, rk2, rk4, ..."})
+    decoder_ode_method: str | None = None
+    encoder_ode_coefficients: str | None = field(default=None, metadata={"help": "tableau, gated, learnable, ..."})
+    decoder_ode_coefficients: str | None = None
+    encoder_ode_function: str | None = field(default=None, metadata={"help": "layer, attention, ffn, sublayers"})
+    decoder_ode_function: str | None = None
+    encoder_layer_connections: str | None = field(default=None, metadata={"help": "residual, dense, ..."})
+    decoder_layer_connections: str | None = None
+    max_relative_position: int | None = None
+    config_overrides: str | None = field(default=None, metadata={"help": "JSON object of further config fields"})
+
+    def overrides(self) -> dict:
+        """Config fields set on the command line / in the recipe (``None`` = preset value)."""
+        skip = {"preset", "model_name_or_path", "tokenizer_name", "vocab_size", "config_overrides"}
+        chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
+        return {**chosen, **json.loads(self.config_overrides or "{}")}
+
+
+@dataclass
+class DataArguments:
+    """Where the data comes from and how it is cut into batches."""
+
+    dataset: str | None = field(
+        default=None, metadata={"help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"}
+    )
+    hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
+    hub_config: str | None = None
+    source_lang: str | None = field(default=None, metadata={"help": "language (or column) of the source"})
+    target_lang: str | None = None
+    train_file: str | None = field(
+        default=None, metadata={"help": "'SRC,TGT' aligned text files, or a .tsv/.jsonl file (text file for lm)"}
+    )
+    validation_file: str | None = None
+    test_file: str | None = None
+    source_column: str = "source"
+    target_column: str = "target"
+    m2_file: str | None = field(
+        default=None, metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"}
+    )
+    streaming: bool = field(default=False, metadata={"help": "stream the training split (needs max_steps)"})
+    max_source_length: int = 256
+    max_target_length: int = 256
+    max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
+    word_dropout: float = field(default=0.0, metadata={"help": "source word dropout in training (GEC)"})
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    max_test_samples: int | None = None
+
+
+@dataclass
+class RunArguments:
+    """The task and what happens around training."""
+
+    task: str = field(default="translation", metadata={"help": "translation, summarization, gec, lm"})
+    num_beams: int | None = field(default=None, metadata={"help": "default per task (paper): 4 / 4 / 6"})
+    length_penalty: float | None = field(default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"})
+    average_last_checkpoints: int = field(default=0, metadata={"help": "average the last N checkpoints before testing"})
+    time_budget_minutes: float | None = field(default=None, metadata={"help": "stop training after this long"})
+    do_test: bool = field(default=True, metadata={"help": "predict and score the test split after training"})
+
+
+ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def parse_arguments(argv: list[str] | None = None) -> tuple:
+    """Parse ``[RECIPE.yaml|RECIPE.json] [--flag value ...]`` into the four argument dataclasses."""
+    parser = HfArgumentParser(ALL_ARGUMENTS)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
+        known = {action.dest for action in parser._actions}
+        unknown = sorted(set(recipe) - known)
+        if unknown:
+            raise ValueError(f"unknown recipe keys: {unknown}")
+        parser.set_defaults(**recipe)
+    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if run_args.task not in TASKS:
+        raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    return model_args, data_args, run_args, training_args
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+
+
+def _read_file(spec: str, task: str, data_args: DataArguments) -> Dataset:
+    """One split from ``SRC,TGT`` text files, a TSV/JSONL file, or (lm) one text file."""
+    if task == "lm":
+        return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
+    if "," in spec:
+        return load_parallel_files(*spec.split(",", 1))
+    name = spec.removesuffix(".gz")
+    if name.endswith(".tsv"):
+        return load_tsv(spec, data_args.source_column, data_args.target_column)
+    if name.endswith((".jsonl", ".json")):
+        return load_jsonl(spec, data_args.source_column, data_args.target_column)
+    raise ValueError(f"cannot read {spec!r}: give 'SRC,TGT' text files or a .tsv/.jsonl file")
+
+
+def _shared_corpus(names: str, task: str, data_args: DataArguments) -> DatasetDict:
+    """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
+    kind = "lm" if task == "lm" else "seq2seq"
+    parts = [
+        load_task_data(kind, DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang))
+        for name in names.split("+")
+    ]
+    result = parts[0]
+    if len(parts) > 1:
+        result["train"] = concatenate_datasets([part["train"] for part in parts])
+    return result
+
+
+def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
+    """Raw ``train``/``validation``/``test`` splits and, for GEC, the test split's M2 file.
+
+    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
+    """
+    if data_args.dataset:
+        raw = _shared_corpus(data_args.dataset, task, data_args)
+    elif data_args.hub_dataset:
+        raw = load_task_data(
+            "lm" if task == "lm" else "seq2seq",
+            DataSpec("hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang),
+        ) if not data_args.streaming else DatasetDict()
+    else:
+        raw = DatasetDict()
+    for split, spec in (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file)):
+        if spec:
+            raw[split] = _read_file(spec, task, data_args)
+    m2_file = data_args.m2_file
+    if task == "gec" and "test" not in raw:
+        raw["test"], conll_m2 = conll2013_test()
+        m2_file = m2_file or str(conll_m2)
+    if "test" not in raw and "validation" in raw:
+        raw["test"] = raw["validation"]
+    return raw, m2_file
+
+
+def _slice(dataset: Dataset, limit: int | None) -> Dataset:
+    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+
+
+def streaming_train_split(data_args: DataArguments, raw: DatasetDict, world_size: int) -> IterableDataset:
+    """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
+    if data_args.hub_dataset:
+        return load_hub_dataset(
+            data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang,
+            split="train", streaming=True,
+        )
+    return raw["train"].to_iterable_dataset(num_shards=max(world_size, 1))
+
+
+def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[str]:
+    columns = ("text",) if task == "lm" else ("source", "target")
+    for example in islice(iter(train), TOKENIZER_SAMPLE) if isinstance(train, IterableDataset) else train:
+        for column in columns:
+            yield example[column]
+
+
+def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments):
+    """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size)."""
+
+    def seq2seq(batch: dict) -> dict:
+        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)["input_ids"]
+        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)["input_ids"]
+        return {"input_ids": sources, "labels": targets, "length": [max(len(s), len(t)) for s, t in zip(sources, targets)]}
+
+    def lm(batch: dict) -> dict:
+        encoded = tokenizer(batch["text"], truncation=True, max_length=data_args.max_target_length - 1)["input_ids"]
+        ids = [[tokenizer.bos_token_id, *seq] for seq in encoded]
+        return {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
+
+    return lm if task == "lm" else seq2seq
+
+
+def tokenize_splits(splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments) -> dict:
+    """Tokenise every split, keeping only the model's columns and ``length``."""
+    function = tokenize_function(tokenizer, task, data_args)
+    out = {}
+    for name, dataset in splits.items():
+        columns = dataset.column_names or list(next(iter(dataset)).keys())
+        out[name] = dataset.map(function, batched=True, remove_columns=columns)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+
+def build_model(model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast):
+    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
+    model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
+    if model_args.model_name_or_path:
+        return model_class.from_pretrained(model_args.model_name_or_path)
+    overrides = model_args.overrides()
+    if task == "lm":
+        overrides = {"is_encoder_decoder": False, "label_smoothing": 0.0, **overrides}
+    preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
+    needed = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = ODETransformerConfig.from_preset(
+        model_args.preset,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=max(preset_positions, needed),
+        **overrides,
+    )
+    return model_class(config)
+
+
+def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments) -> dict:
+    """Write the paper's beam / length penalty for the task into ``model.generation_config``."""
+    beams, penalty = DECODING_DEFAULTS.get(run_args.task, (1, 1.0))
+    decoding = {
+        "num_beams": run_args.num_beams or beams,
+        "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
+        "max_length": data_args.max_target_length + 1,
+    }
+    if run_args.task != "lm":
+        for key, value in decoding.items():
+            setattr(model.generation_config, key, value)
+        model.generation_config.early_stopping = True
+    return decoding
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stop training (after the current step) once ``minutes`` have passed since training began."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = 60.0 * minutes
+        self.start = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self.start > self.seconds:
+            control.should_training_stop = True
+        return control
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def lm_negative_log_likelihood(model, dataset: Dataset, collator: PadCollator, batch_size: int) -> tuple[float, int]:
+    """Summed next-token NLL (nats, no label smoothing, fp32) over ``dataset`` and the token count."""
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(dataset), batch_size):
+        rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
+        batch = collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        targets = batch["labels"][:, 1:]
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        total += float(nll)
+        count += int((targets != -100).sum())
+    return total, count
+
+
+def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollator, batch_size: int) -> dict:
+    """Perplexity per subword token and per word (the sentence log-probability over words + ``</s>``)."""
+    total, count = lm_negative_log_likelihood(model, test, collator, batch_size)
+    words = sum(len(text.split()) + 1 for text in raw_test["text"])
+    return {
+        "nll_per_token": total / max(count, 1),
+        "perplexity": metrics.perplexity(total / max(count, 1)),
+        "word_perplexity": metrics.perplexity(total / words),
+        "tokens": count,
+        "words": words,
+    }
+
+
+def decode_predictions(tokenizer: PreTrainedTokenizerFast, predictions) -> list[str]:
+    """Generated ids (padded with -100 or pad) -> stripped strings."""
+    ids = np.asarray(predictions[0] if isinstance(predictions, tuple) else predictions)
+    ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
+    return [text.strip() for text in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)]
+
+
+def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file: str | None) -> list[dict]:
+    """Metric records (hub schema ``results``) of the test hypotheses against the raw references."""
+    refs = [text.strip() for text in raw_test["target"]]
+    if task == "summarization":
+        scores = metrics.rouge_scores(hyps, refs)
+        return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
+    if task == "gec" and m2_file:
+        sentences = metrics.parse_m2(read_lines(m2_file))[: len(hyps)]
+        m2 = metrics.m2_score(hyps, sentences)
+        return [
+            {"metric": "precision", "name": "M2 precision", "value": m2["precision"]},
+            {"metric": "recall", "name": "M2 recall", "value": m2["recall"]},
+            {"metric": "f0.5", "name": "M2 F0.5", "value": m2["f0.5"]},
+        ]
+    bleu, chrf = metrics.sacrebleu_score(hyps, refs), metrics.chrf_score(hyps, refs)
+    return [
+        {"metric": "sacrebleu", "name": "BLEU", "value": bleu["score"], "signature": bleu["signature"]},
+        {"metric": "chrf", "name": "chrF", "value": chrf["score"], "signature": chrf["signature"]},
+    ]
+
+
+def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> dict:
+    """The ``dataset`` entry of the metrics JSON for the test split."""
+    if task == "gec" and m2_file and not data_args.test_file:
+        name, hub_id = CORPUS_CARDS["conll2013"]
+    elif data_args.dataset:
+        first = data_args.dataset.split("+")[0]
+        name, hub_id = CORPUS_CARDS.get(first, (first, first))
+    else:
+        hub_id = data_args.hub_dataset or data_args.test_file or "local"
+        name = hub_id
+    card = {"name": name, "id": hub_id, "split": "test"}
+    if data_args.hub_config:
+        card["config"] = data_args.hub_config
+    return card
+
+
+def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict) -> dict:
+    """The metrics JSON in the schema of :mod:`hub.model_card`."""
+    model_args, data_args, run_args, training_args = args
+    document = {
+        "task": HUB_TASKS[run_args.task],
+        "dataset": dataset_card(data_args, run_args.task, m2_file),
+        "results": results,
+        "training": {
+            "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+            "recipe": {
+                "preset": model_args.preset,
+                **model_args.overrides(),
+                "optimizer": f"Adam ({training_args.adam_beta1}, {training_args.adam_beta2})",
+                "lr": training_args.learning_rate,
+                "lr_scheduler": str(training_args.lr_scheduler_type.value),
+                "warmup_steps": training_args.warmup_steps,
+                "max_tokens": data_args.max_tokens,
+                "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+                "steps": train_metrics.get("global_step"),
+                "bf16": training_args.bf16,
+            },
+            "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
+        },
+    }
+    if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
+        document["language"] = [data_args.source_lang, data_args.target_lang]
+    if run_args.task != "lm":
+        document["decoding"] = {k: decoding[k] for k in ("num_beams", "length_penalty")}
+    return document
+
+
+def write_card(output_dir: str, document: dict) -> None:
+    """Model card from ``hub.model_card`` (a clear message when that module is missing)."""
+    try:
+        from hub.model_card import write_model_card
+    except ImportError as error:
+        logger.warning("hub.model_card is not available (%s): no model card written", error)
+        return
+    path = write_model_card(output_dir, document)
+    logger.info("model card: %s", path)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
+    folder = model_args.tokenizer_name or model_args.model_name_or_path or str(Path(training_args.output_dir) / "tokenizer")
+    with training_args.main_process_first(desc="tokenizer"):
+        return load_or_train_tokenizer(folder, _tokenizer_texts(train, task), model_args.vocab_size)
+
+
+def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadCollator):
+    model_args, data_args, run_args, training_args = args
+    callbacks = [TimeBudgetCallback(run_args.time_budget_minutes)] if run_args.time_budget_minutes else []
+    common = {
+        "model": model,
+        "args": training_args,
+        "train_dataset": splits["train"],
+        "eval_dataset": splits.get("validation"),
+        "processing_class": tokenizer,
+        "data_collator": collator,
+        "callbacks": callbacks,
+        "max_tokens": data_args.max_tokens,
+    }
+    if run_args.task == "lm":
+        return TokenBudgetTrainer(**common)
+    compute = metrics.build_seq2seq_compute_metrics(tokenizer, run_args.task) if training_args.predict_with_generate else None
+    return TokenBudgetSeq2SeqTrainer(**common, compute_metrics=compute)
+
+
+def _resume_argument(value: str | None) -> str | bool | None:
+    return True if value in ("last", "latest", "true", "True") else value
+
+
+def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
+    """Metric records for the test split and the hypotheses (empty for lm)."""
+    task, training_args = args[2].task, args[3]
+    if task == "lm":
+        if not trainer.is_world_process_zero():
+            return [], []
+        scores = lm_test_results(trainer.model, test, raw_test, collator, training_args.per_device_eval_batch_size)
+        return [
+            {"metric": "perplexity", "name": "Word perplexity", "value": scores["word_perplexity"]},
+            {"metric": "perplexity", "name": "Subword perplexity", "value": scores["perplexity"]},
+        ], []
+    output = trainer.predict(test, metric_key_prefix="test")
+    hyps = decode_predictions(tokenizer, output.predictions)
+    return seq2seq_test_results(task, hyps, raw_test, m2_file), hyps
+
+
+def run(args: tuple) -> dict:
+    """Train and test as described in the module docstring; returns the metrics document."""
+    model_args, data_args, run_args, training_args = args
+    set_seed(training_args.seed)
+    raw, m2_file = load_raw_data(data_args, run_args.task)
+    raw["validation"] = _slice(raw["validation"], data_args.max_eval_samples) if "validation" in raw else None
+    raw["test"] = _slice(raw["test"], data_args.max_test_samples)
+    train = (
+        streaming_train_split(data_args, raw, training_args.world_size)
+        if data_args.streaming
+        else _slice(raw["train"], data_args.max_train_samples)
+    )
+    tokenizer = _prepare_tokenizer(model_args, training_args, train, run_args.task)
+    with training_args.main_process_first(desc="tokenize"):
+        splits = tokenize_splits(
+            {k: v for k, v in {"train": train, "validation": raw["validation"], "test": raw["test"]}.items() if v is not None},
+            tokenizer, run_args.task, data_args,
+        )
+    model = build_model(model_args, data_args, run_args.task, tokenizer)
+    decoding = set_decoding_defaults(model, run_args, data_args)
+    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id, data_args.word_dropout)
+    trainer = _make_trainer(args, model, tokenizer, splits, collator)
+    result = trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
+    train_metrics = {**result.metrics, "global_step": trainer.state.global_step}
+    if run_args.average_last_checkpoints > 1:
+        _load_average(trainer, run_args.average_last_checkpoints)
+    trainer.save_model()
+    trainer.save_state()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    if not run_args.do_test:
+        return {}
+    results, hyps = _test(args, trainer, tokenizer, splits["test"], raw["test"], m2_file, collator)
+    document = metrics_document(args, results, decoding, m2_file, train_metrics)
+    if trainer.is_world_process_zero():
+        _write_outputs(training_args.output_dir, trainer, document, hyps)
+    return document
+
+
+def _load_average(trainer, last: int) -> None:
+    """Replace the trained weights by the average of the last ``last`` checkpoints."""
+    from train.averaging import average_checkpoints, last_checkpoints
+
+    paths = last_checkpoints(trainer.args.output_dir, last)
+    state = average_checkpoints(paths)
+    missing, unexpected = trainer.model.load_state_dict(state, strict=False)
+    params = dict(trainer.model.named_parameters(remove_duplicate=False))
+    loaded = {params[key].data_ptr() for key in state if key in params}
+    untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
+    if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
+        raise ValueError(f"averaged checkpoint does not fit the model: missing {untied}, unexpected {unexpected}")
+    logger.info("averaged %d checkpoints: %s", len(paths), ", ".join(str(p) for p in paths))
+
+
+def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> None:
+    """Hypotheses, metrics JSON, loss curves and model card."""
+    from train.plots import plot_loss_curves
+
+    out = Path(output_dir)
+    if hyps:
+        (out / "test_hypotheses.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (out / "hub_metrics.json").write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
+    write_card(output_dir, document)
+    for record in document["results"]:
+        logger.info("test %s: %.4f", record.get("name", record["metric"]), record["value"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    datasets.disable_progress_bars()
+    document = run(parse_arguments(argv))
+    if document:
+        print(json.dumps({r.get("name", r["metric"]): r["value"] for r in document["results"]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
