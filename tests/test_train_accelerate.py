@@ -1,4 +1,9 @@
-"""Two CPU processes (gloo) under ``accelerate launch``: disjoint token-budget batches, a few steps."""
+"""Two CPU processes (gloo) under ``accelerate launch``: disjoint token-budget batches, a few steps.
+
+``accelerate launch --cpu --num_processes 2`` starts a single process unless mpirun is set up
+(accelerate's multi-CPU path); ``--multi_gpu --num_processes 2`` on a machine without GPUs starts
+two torchrun workers, which accelerate runs as MULTI_CPU with the gloo backend.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ def test_two_process_cpu_training(tmp_path):
     script.write_text(SCRIPT)
     out = tmp_path / "out"
     command = [
-        accelerate, "launch", "--num_processes", "2", "--cpu", "--num_machines", "1", "--mixed_precision", "no",
+        accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
         "--dynamo_backend", "no", str(script), str(tmp_path),
         "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
         "--preset", "tiny", "--vocab_size", "400", "--max_train_samples", "200", "--max_tokens", "512",

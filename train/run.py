@@ -7,7 +7,8 @@ One entry point for the four tasks of the paper (``--task translation|summarizat
 a YAML/JSON recipe given first supplies defaults that flags on the command line override::
 
     python -m train.run train/recipes/multi30k_en_de_cpu.yaml --max_steps 200
-    accelerate launch --num_processes 2 --cpu -m train.run train/recipes/multi30k_en_de_cpu.yaml
+    accelerate launch -m train.run train/recipes/wmt14_en_de_base.yaml   # GPUs; FSDP/DeepSpeed via accelerate config
+    accelerate launch --multi_gpu --num_processes 2 -m train.run RECIPE --use_cpu true  # 2 CPU processes, gloo
 
 A run: load the data (a shared corpus, local files or a Hub dataset, optionally streamed), train
 or reuse a joint BPE tokenizer, tokenise, build the model from a preset plus overrides, train
@@ -336,9 +337,12 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
         "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
         "max_length": data_args.max_target_length + 1,
     }
-    if run_args.task != "lm":
-        for key, value in decoding.items():
-            setattr(model.generation_config, key, value)
+    if run_args.task == "lm":
+        return decoding
+    model.generation_config.max_length = decoding["max_length"]
+    model.generation_config.num_beams = decoding["num_beams"]
+    if decoding["num_beams"] > 1:  # beam-only settings are refused by greedy generation configs
+        model.generation_config.length_penalty = decoding["length_penalty"]
         model.generation_config.early_stopping = True
     return decoding
 
