@@ -578,10 +578,18 @@ class _ODEStack(ODETransformerPreTrainedModel):
         self_attentions, cross_attentions = [], []
         trace = [] if output_ode_stages else None
         history = [hidden_states]
+        # Tensors that may need gradients go positionally: reentrant gradient checkpointing only sees `*args`.
+        attention_mask = layer_kwargs.pop("attention_mask", None)
+        encoder_hidden_states = layer_kwargs.pop("encoder_hidden_states", None)
         for index, layer in enumerate(self.layers):
             block_input = self.connections.layer_input(history, index)
             block_output, self_weights, cross_weights = layer(
-                block_input, coefficients=self._layer_coefficients(index), ode_trace=trace, **layer_kwargs
+                block_input,
+                attention_mask,
+                encoder_hidden_states,
+                coefficients=self._layer_coefficients(index),
+                ode_trace=trace,
+                **layer_kwargs,
             )
             self.connections.push(history, index, block_input, block_output)
             if output_hidden_states:
@@ -984,6 +992,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> ODECausalLMOutput | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -1001,10 +1010,13 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
         hidden = outputs.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None
-        if labels is not None:
-            # Next-token prediction: position t predicts label t + 1.
-            shifted = nnf.pad(labels[:, 1:], (0, 1), value=-100)
-            loss = label_smoothed_loss(logits, shifted, self.config.label_smoothing, num_items_in_batch)
+        if labels is not None or shift_labels is not None:
+            # Next-token prediction: position t predicts label t + 1. `shift_labels` are targets already aligned
+            # with the logits (shifted before the sequence was sharded, as under sequence/context parallelism);
+            # when given they replace `labels`.
+            if shift_labels is None:
+                shift_labels = nnf.pad(labels[:, 1:], (0, 1), value=-100)
+            loss = label_smoothed_loss(logits, shift_labels, self.config.label_smoothing, num_items_in_batch)
         output = ODECausalLMOutput(
             loss=loss,
             logits=logits,
