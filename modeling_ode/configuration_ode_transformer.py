@@ -113,6 +113,9 @@ class ODETransformerConfig(PreTrainedConfig):
       residual layer in both readings.
     - `ode_coefficient_scope`: `block` (each block owns its gate/coefficients) or `stack` (one shared by all
       blocks of a stack, as in the authors' code).
+    - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
+      (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
+      model's, for one extra forward of those stages.
     - `encoder_layer_connections` / `decoder_layer_connections`: `residual`, `dense`, `learnable_dense`,
       `leapfrog`, `multistep`.
 
@@ -165,6 +168,7 @@ class ODETransformerConfig(PreTrainedConfig):
     ode_step_size: float | int = 1.0
     ode_function_includes_residual: bool = False
     ode_coefficient_scope: str = "block"
+    ode_checkpoint_stages: bool = False
     encoder_layer_connections: str = "learnable_dense"
     decoder_layer_connections: str = "learnable_dense"
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as nnf
+import torch.utils.checkpoint
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -303,6 +304,18 @@ def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tupl
     return [((name,), name == ode_sublayer) for name in sublayers]
 
 
+def _checkpoint_later_stages(function: Callable) -> Callable:
+    """`ode_checkpoint_stages`: stages 2..s keep only their input for the backward pass and are recomputed there
+    (dropout masks included), so an s-stage block stores about the activations of a residual block."""
+
+    def checkpointed(x: torch.Tensor, stage: int) -> torch.Tensor:
+        if stage == 0:
+            return function(x, stage)
+        return torch.utils.checkpoint.checkpoint(function, x, stage, use_reentrant=False)
+
+    return checkpointed
+
+
 class ODETransformerLayer(GradientCheckpointingLayer):
     """A pre-norm layer (self-attention, optional cross-attention, FFN) whose sublayers form one or more ODE
     blocks. Paper reading: F(y) = G(LN(y)), summed over the sublayers of a block (each sublayer's input being
@@ -333,6 +346,7 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         self.tableau = config.tableau(side)
         self.step_size = float(config.ode_step_size)
         self.includes_residual = config.ode_function_includes_residual and self.tableau.num_stages > 1
+        self.checkpoint_stages = config.ode_checkpoint_stages and self.tableau.num_stages > 1
         self.groups = ode_groups(getattr(config, f"{side}_ode_function"), sublayers)
         self_attn_is_ode = next(is_ode for names, is_ode in self.groups if SELF_ATTENTION in names)
         # Every stage of an ODE block attends over its own cached states: slots layer * s + stage.
@@ -398,6 +412,8 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         for names, is_ode in self.groups:
             if is_ode:
                 function = self._function(names, self.includes_residual, context)
+                if self.checkpoint_stages and self.training and torch.is_grad_enabled():
+                    function = _checkpoint_later_stages(function)
                 hidden_states = ode_step(
                     hidden_states, function, self.tableau, next(ode_blocks), self.step_size, ode_trace
                 )
