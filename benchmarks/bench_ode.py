@@ -1,0 +1,560 @@
+"""Speed, memory and scaling of every ODE block against HF Marian, side by side, in one run.
+
+    .venv/bin/python -m benchmarks.bench_ode            # full run (base-like dims, ~10-15 min on 2 cores)
+    .venv/bin/python -m benchmarks.bench_ode --quick    # tiny dims, seconds (run by tests/test_benchmarks.py)
+
+Writes <out-dir>/<run-name>.json, <out-dir>/<run-name>.md and <out-dir>/<run-name>.png (default out-dir
+benchmarks/results, run-name `latest` plus a time-stamped copy of the JSON). Every ratio in the report is
+computed from the raw numbers stored next to it in the JSON. See benchmarks/README.md.
+
+Timing: training and scaling points run in fresh processes, one per point, which also gives each point its own
+peak memory (method: see benchmarks/common.py). Inference runs in this process, all models loaded, measured
+round-robin (model A, B, C, ... then again) so that load bursts on a shared machine hit every model alike.
+Every time is the minimum over the timed repetitions (the least disturbed one); all repetitions are stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import common
+from benchmarks.common import BASE_DIMS, INFERENCE_VARIANTS, STAGES, TINY_DIMS, VARIANTS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+FULL = {
+    "dims": BASE_DIMS,
+    "train": {"batch": 32, "src_len": 32, "tgt_len": 32, "warmup": 1, "reps": 2},
+    "infer": {"batch": 16, "src_len": 32, "new_tokens": 32, "warmup": 1, "reps": 3},
+    "scaling": {
+        "lengths": [16, 32, 64, 128, 256, 512],
+        "length_tokens": 512,
+        "depths": [6, 12, 24, 48],
+        "depth_batch": 8,
+        "depth_len": 32,
+        "methods": ["euler", "rk2", "rk4"],
+        "warmup": 1,
+        "reps": 1,
+    },
+    "matmul_n": 2048,
+}
+QUICK = {
+    "dims": TINY_DIMS,
+    "train": {"batch": 4, "src_len": 8, "tgt_len": 8, "warmup": 1, "reps": 1},
+    "infer": {"batch": 2, "src_len": 8, "new_tokens": 4, "warmup": 1, "reps": 1},
+    "scaling": {
+        "lengths": [8, 16],
+        "length_tokens": 32,
+        "depths": [2, 4],
+        "depth_batch": 2,
+        "depth_len": 8,
+        "methods": ["euler", "rk2", "rk4"],
+        "warmup": 0,
+        "reps": 1,
+    },
+    "matmul_n": 256,
+}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def in_fresh_process(ctx, function, spec: dict) -> dict:
+    with ctx.Pool(1, maxtasksperchild=1) as pool:
+        return pool.apply(function, (spec,))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_training(ctx, setup: dict, threads: int) -> dict:
+    dims, t = setup["dims"], setup["train"]
+    tokens = t["batch"] * t["tgt_len"]
+    out: dict = {"fp32": {}, "bf16": {}}
+    for dtype in ("fp32", "bf16"):
+        for name in VARIANTS:
+            spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, "threads": threads, **t}
+            result = in_fresh_process(ctx, common.train_worker, spec)
+            flops = common.train_flops(name, dims, t["batch"], t["src_len"], t["tgt_len"])
+            step = min(result["step_s_all"])
+            out[dtype][name] = {
+                **result,
+                "step_s": step,
+                "target_tokens_per_step": tokens,
+                "tokens_per_s": tokens / step,
+                "train_flops_per_step": flops["train_step"],
+                "encoder_flop_share": flops["encoder_share"],
+                "achieved_gflops": flops["train_step"] / step / 1e9,
+                "seconds_per_tflop": step / (flops["train_step"] / 1e12),
+            }
+            log(f"train {dtype:4s} {name:16s} {step:7.3f} s/step  {result['peak_mem_mb']:8.1f} MB")
+    return out
+
+
+def _time(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def bench_inference(setup: dict) -> dict:
+    dims, t = setup["dims"], setup["infer"]
+    batch = common.make_batch(t["batch"], t["src_len"], 1, dims.vocab_size, seed=1)
+    src = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    n = t["new_tokens"]
+    models = {}
+    for name in INFERENCE_VARIANTS:
+        torch.manual_seed(0)
+        models[name] = common.build_model(name, dims).eval()
+    gen = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "use_cache": True}
+    tasks = {
+        "beam4_s": lambda m: m.generate(**src, num_beams=4, **gen),
+        "greedy_s": lambda m: m.generate(**src, num_beams=1, **gen),
+        "encoder_forward_s": lambda m: m.get_encoder()(**src),
+    }
+    times: dict = {name: {task: [] for task in tasks} for name in models}
+    for rep in range(t["warmup"] + t["reps"]):
+        for name, model in models.items():
+            for task, run in tasks.items():
+                elapsed = _time(lambda run=run, model=model: run(model))
+                if rep >= t["warmup"]:
+                    times[name][task].append(elapsed)
+    out = {}
+    for name in models:
+        best = {task: min(values) for task, values in times[name].items()}
+        out[name] = {
+            **{f"{task}_all": values for task, values in times[name].items()},
+            **best,
+            "beam4_sentences_per_s": t["batch"] / best["beam4_s"],
+            "greedy_tokens_per_s": t["batch"] * n / best["greedy_s"],
+            "encoder_forward_ms": 1000 * best["encoder_forward_s"],
+        }
+        log(
+            f"infer {name:16s} beam4 {out[name]['beam4_sentences_per_s']:7.2f} sent/s  greedy "
+            f"{out[name]['greedy_tokens_per_s']:8.1f} tok/s  encoder {out[name]['encoder_forward_ms']:8.1f} ms"
+        )
+    return out
+
+
+def bench_scaling(ctx, setup: dict, threads: int) -> dict:
+    dims, s = setup["dims"], setup["scaling"]
+    base = {"dims": dims.as_dict(), "threads": threads, "warmup": s["warmup"], "reps": s["reps"]}
+    length_points, depth_points = [], []
+    for length in s["lengths"]:
+        batch = max(1, s["length_tokens"] // length)
+        for method in s["methods"]:
+            spec = {**base, "method": method, "layers": dims.encoder_layers, "length": length, "batch": batch}
+            result = in_fresh_process(ctx, common.encoder_worker, spec)
+            length_points.append(
+                {
+                    "method": method,
+                    "length": length,
+                    "batch": batch,
+                    "step_s": min(result["step_s_all"]),
+                    **result,
+                }
+            )
+            log(f"scale length {length:4d} {method:5s} {length_points[-1]['step_s']:.3f} s")
+    for layers in s["depths"]:
+        for method in s["methods"]:
+            spec = {
+                **base,
+                "method": method,
+                "layers": layers,
+                "length": s["depth_len"],
+                "batch": s["depth_batch"],
+            }
+            result = in_fresh_process(ctx, common.encoder_worker, spec)
+            depth_points.append(
+                {"method": method, "layers": layers, "step_s": min(result["step_s_all"]), **result}
+            )
+            log(f"scale depth {layers:3d} {method:5s} {depth_points[-1]['step_s']:.3f} s")
+    return {
+        "what": "encoder alone, forward + backward of mean(h^2), fp32, no optimizer; plain features",
+        "length_tokens_per_batch": s["length_tokens"],
+        "depth_batch": s["depth_batch"],
+        "depth_length": s["depth_len"],
+        "length": length_points,
+        "depth": depth_points,
+        "expected": "time and activation memory linear in depth; an s-stage encoder about s times the Euler one",
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Targets: each a ratio of two raw numbers of the JSON, addressed by path
+# ----------------------------------------------------------------------------------------------------------
+
+
+def lookup(results: dict, path: list):
+    value = results
+    for key in path:
+        value = value[key]
+    return value
+
+
+def targets(results: dict) -> list[dict]:
+    rows = []
+
+    def add(name, a, b, op, target):
+        ratio = lookup(results, a) / lookup(results, b)
+        met = ratio >= target if op == ">=" else ratio <= target
+        rows.append(
+            {"name": name, "a": a, "b": b, "ratio": ratio, "op": op, "target": target, "met": bool(met)}
+        )
+
+    tr, inf = "training", "inference"
+    add(
+        "residual vs Marian: training tokens/s (fp32)",
+        [tr, "fp32", "residual", "tokens_per_s"],
+        [tr, "fp32", "marian", "tokens_per_s"],
+        ">=",
+        1.0,
+    )
+    add(
+        "residual vs Marian: training tokens/s (bf16)",
+        [tr, "bf16", "residual", "tokens_per_s"],
+        [tr, "bf16", "marian", "tokens_per_s"],
+        ">=",
+        1.0,
+    )
+    add(
+        "residual vs Marian: beam-4 sentences/s",
+        [inf, "residual", "beam4_sentences_per_s"],
+        [inf, "marian", "beam4_sentences_per_s"],
+        ">=",
+        1.0,
+    )
+    add(
+        "residual vs Marian: peak training memory (fp32)",
+        [tr, "fp32", "residual", "peak_mem_mb"],
+        [tr, "fp32", "marian", "peak_mem_mb"],
+        "<=",
+        1.0,
+    )
+    add(
+        "residual vs Marian: peak training memory (bf16)",
+        [tr, "bf16", "residual", "peak_mem_mb"],
+        [tr, "bf16", "marian", "peak_mem_mb"],
+        "<=",
+        1.0,
+    )
+    add(
+        "RK2 vs residual: beam-4 sentences/s",
+        [inf, "rk2", "beam4_sentences_per_s"],
+        [inf, "residual", "beam4_sentences_per_s"],
+        ">=",
+        0.93,
+    )
+    add(
+        "RK4 vs residual: beam-4 sentences/s",
+        [inf, "rk4", "beam4_sentences_per_s"],
+        [inf, "residual", "beam4_sentences_per_s"],
+        ">=",
+        0.83,
+    )
+    for dtype in ("fp32", "bf16"):
+        for name in ("rk2", "rk2_gated", "rk4"):
+            add(
+                f"{name} training step time / FLOP prediction ({dtype})",
+                [tr, dtype, name, "seconds_per_tflop"],
+                [tr, dtype, "residual", "seconds_per_tflop"],
+                "<=",
+                1.05,
+            )
+    for dtype in ("fp32", "bf16"):
+        add(
+            f"RK2 vs residual: peak training memory ({dtype})",
+            [tr, dtype, "rk2", "peak_mem_mb"],
+            [tr, dtype, "residual", "peak_mem_mb"],
+            "<=",
+            1.25,
+        )
+        add(
+            f"RK2 + ode_checkpoint_stages vs residual: peak training memory ({dtype})",
+            [tr, dtype, "rk2_ckpt", "peak_mem_mb"],
+            [tr, dtype, "residual", "peak_mem_mb"],
+            "<=",
+            1.05,
+        )
+    for name in VARIANTS:
+        add(
+            f"{name}: bf16 autocast vs fp32 training tokens/s",
+            [tr, "bf16", name, "tokens_per_s"],
+            [tr, "fp32", name, "tokens_per_s"],
+            ">=",
+            1.7,
+        )
+    return rows
+
+
+def informative_ratios(results: dict) -> list[dict]:
+    """Ratios without a target: the cost of checkpointing and of the paper's features."""
+    rows = []
+    pairs = [
+        ("ode_checkpoint_stages speed cost: rk2_ckpt / rk2 step time", "step_s", "rk2_ckpt", "rk2"),
+        (
+            "paper features (RPR + dense): residual_paper / residual step time",
+            "step_s",
+            "residual_paper",
+            "residual",
+        ),
+        (
+            "paper features: residual_paper / residual peak memory",
+            "peak_mem_mb",
+            "residual_paper",
+            "residual",
+        ),
+        ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
+        ("paper model: rk2_gated_paper / residual peak memory", "peak_mem_mb", "rk2_gated_paper", "residual"),
+    ]
+    for dtype in ("fp32", "bf16"):
+        for name, metric, a, b in pairs:
+            pa, pb = ["training", dtype, a, metric], ["training", dtype, b, metric]
+            rows.append(
+                {
+                    "name": f"{name} ({dtype})",
+                    "a": pa,
+                    "b": pb,
+                    "ratio": lookup(results, pa) / lookup(results, pb),
+                }
+            )
+    for name in ("residual_paper", "rk2_gated_paper"):
+        pa, pb = (
+            ["inference", name, "beam4_sentences_per_s"],
+            ["inference", "residual", "beam4_sentences_per_s"],
+        )
+        rows.append(
+            {
+                "name": f"{name} vs residual: beam-4 sentences/s",
+                "a": pa,
+                "b": pb,
+                "ratio": lookup(results, pa) / lookup(results, pb),
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    m, st = results["machine"], results["settings"]
+    dims = st["dims"]
+    lines = [
+        f"# ODE Transformer benchmarks ({results['mode']} run, {results['timestamp']})",
+        "",
+        f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['torch_threads']} torch threads), "
+        f"{m['memory_gb']} GB, ISA {', '.join(m['isa'])}; torch {m['torch']}, transformers {m['transformers']}, "
+        f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}.",
+        "",
+        f"Dims: d_model {dims['d_model']}, ffn {dims['ffn_dim']}, {dims['heads']} heads, "
+        f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
+        f"{dims['dropout']}. Training batch: {st['train']['batch']} x {st['train']['src_len']} source (padded, "
+        f"lengths {st['train']['src_len'] // 2}..{st['train']['src_len']}) x {st['train']['tgt_len']} target tokens; "
+        "Adam; times are the minimum over the timed steps after a warm-up step.",
+        f"Hardware limit (torch.matmul {st['matmul_n']}x{st['matmul_n']}, same run): "
+        f"fp32 {results['matmul']['fp32_gflops']:.0f} GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.0f} GFLOP/s.",
+        "",
+        "## Targets",
+        "",
+        "| target | ratio | goal | met |",
+        "|---|---:|---:|:---:|",
+    ]
+    for row in results["targets"]:
+        lines.append(
+            f"| {row['name']} | {row['ratio']:.3f} | {row['op']} {row['target']} | "
+            f"{'yes' if row['met'] else '**no**'} |"
+        )
+    lines += ["", "| other ratio | value |", "|---|---:|"]
+    lines += [f"| {row['name']} | {row['ratio']:.3f} |" for row in results["informative"]]
+    lines += [
+        "",
+        "## Training (forward + backward + Adam step)",
+        "",
+        "| model | dtype | s/step | target tok/s | peak MB | train GFLOP/step | achieved GFLOP/s | % of matmul peak |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for dtype in ("fp32", "bf16"):
+        peak = results["matmul"][f"{dtype}_gflops"]
+        for name, r in results["training"][dtype].items():
+            lines.append(
+                f"| {name} | {dtype} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['peak_mem_mb']:.0f} | "
+                f"{r['train_flops_per_step'] / 1e9:.1f} | {r['achieved_gflops']:.1f} | "
+                f"{100 * r['achieved_gflops'] / peak:.1f} |"
+            )
+    inf = results["settings"]["infer"]
+    lines += [
+        "",
+        f"## Inference (fp32, batch {inf['batch']} x {inf['src_len']} source tokens, {inf['new_tokens']} new tokens, "
+        "KV cache)",
+        "",
+        "| model | beam-4 sentences/s | greedy tokens/s | encoder forward ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, r in results["inference"].items():
+        lines.append(
+            f"| {name} | {r['beam4_sentences_per_s']:.2f} | {r['greedy_tokens_per_s']:.1f} | "
+            f"{r['encoder_forward_ms']:.1f} |"
+        )
+    sc = results["scaling"]
+    lines += [
+        "",
+        f"## Scaling ({sc['what']})",
+        "",
+        f"Expected: {sc['expected']}.",
+        "",
+        f"Sequence length ({sc['length_tokens_per_batch']} tokens per batch):",
+        "",
+        "| length | method | batch | s/step | peak MB | time / Euler | memory / Euler |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, points in (("length", sc["length"]), ("layers", sc["depth"])):
+        if key == "layers":
+            lines += [
+                "",
+                f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
+                "",
+                "| layers | method | s/step | peak MB | time / Euler | memory / Euler | time / shallowest |",
+                "|---:|---|---:|---:|---:|---:|---:|",
+            ]
+        euler = {p[key]: p for p in points if p["method"] == "euler"}
+        first = {}
+        for p in points:
+            e = euler[p[key]]
+            first.setdefault(p["method"], p)
+            cells = [str(p[key]), p["method"]] + ([str(p["batch"])] if key == "length" else [])
+            cells += [
+                f"{p['step_s']:.3f}",
+                f"{p['peak_mem_mb']:.0f}",
+                f"{p['step_s'] / e['step_s']:.2f}",
+                f"{p['peak_mem_mb'] / e['peak_mem_mb']:.2f}",
+            ]
+            if key == "layers":
+                f = first[p["method"]]
+                cells.append(f"{p['step_s'] / f['step_s']:.2f} (linear: {p['layers'] / f['layers']:.0f})")
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## FLOP count",
+        "",
+        "```",
+        results["flop_formula"],
+        "```",
+        "",
+        f"Peak memory: {results['memory_method']}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    names = list(results["training"]["fp32"])
+    x = range(len(names))
+    for offset, dtype in ((-0.2, "fp32"), (0.2, "bf16")):
+        tr = results["training"][dtype]
+        axes[0, 0].bar([i + offset for i in x], [tr[n]["tokens_per_s"] for n in names], 0.4, label=dtype)
+        axes[0, 1].bar([i + offset for i in x], [tr[n]["peak_mem_mb"] for n in names], 0.4, label=dtype)
+    for ax, title in ((axes[0, 0], "training target tokens/s"), (axes[0, 1], "peak training memory (MB)")):
+        ax.set_xticks(list(x), names, rotation=35, ha="right")
+        ax.set_title(title)
+        ax.legend()
+    inf = results["inference"]
+    iname = list(inf)
+    axes[0, 2].bar(range(len(iname)), [inf[n]["beam4_sentences_per_s"] for n in iname])
+    axes[0, 2].set_xticks(range(len(iname)), iname, rotation=35, ha="right")
+    axes[0, 2].set_title("beam-4 sentences/s (fp32)")
+    sc = results["scaling"]
+    for method in sorted({p["method"] for p in sc["length"]}, key=lambda m: STAGES[m]):
+        pts = [p for p in sc["length"] if p["method"] == method]
+        axes[1, 0].plot([p["length"] for p in pts], [p["step_s"] for p in pts], "o-", label=method)
+        axes[1, 1].plot([p["length"] for p in pts], [p["peak_mem_mb"] for p in pts], "o-", label=method)
+        dpts = [p for p in sc["depth"] if p["method"] == method]
+        axes[1, 2].plot(
+            [p["layers"] for p in dpts], [p["step_s"] for p in dpts], "o-", label=f"{method} time"
+        )
+    axes[1, 0].set(
+        xscale="log", yscale="log", xlabel="sequence length", title="encoder step time (s), fixed tokens"
+    )
+    axes[1, 1].set(xscale="log", xlabel="sequence length", title="encoder peak memory (MB)")
+    axes[1, 2].set(xlabel="encoder layers", title="encoder step time (s) vs depth")
+    for ax in axes[1]:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny dims, a few seconds per section")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="latest", help="file stem of the .json/.md/.png")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+
+    setup = QUICK if args.quick else FULL
+    torch.set_num_threads(args.threads)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "transformers", "modeling_ode", "benchmarks.common"])
+    started = time.time()
+    results: dict = {
+        "mode": "quick" if args.quick else "full",
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": common.machine_info(),
+        "settings": {**{k: v for k, v in setup.items() if k != "dims"}, "dims": setup["dims"].as_dict()},
+        "memory_method": (common.__doc__.split("Peak memory method: ", 1)[1].replace("\n", " ").strip()),
+        "flop_formula": common.FLOP_FORMULA,
+    }
+    log("matmul throughput")
+    n = setup["matmul_n"]
+    results["matmul"] = {
+        "n": n,
+        "fp32_gflops": common.matmul_gflops(n, torch.float32),
+        "bf16_gflops": common.matmul_gflops(n, torch.bfloat16),
+    }
+    results["training"] = bench_training(ctx, setup, args.threads)
+    results["inference"] = bench_inference(setup)
+    results["scaling"] = bench_scaling(ctx, setup, args.threads)
+    results["targets"] = targets(results)
+    results["informative"] = informative_ratios(results)
+    results["wall_s"] = time.time() - started
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=1)
+    (args.out_dir / f"{args.name}.json").write_text(text)
+    (args.out_dir / f"{args.name}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    (args.out_dir / f"{args.name}.md").write_text(markdown(results))
+    if not args.no_plot:
+        plot(results, args.out_dir / f"{args.name}.png")
+    log(f"done in {results['wall_s']:.0f} s -> {args.out_dir}/{args.name}.{{json,md,png}}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Shared pieces of the benchmarks: model variants, the analytic FLOP count, the machine description and the
+measurement workers that run in fresh processes (one per measured point, so that peak memory is its own).
+
+Peak memory method: every measured point runs in a fresh process forked from a `forkserver` that has only
+imported torch/transformers/modeling_ode (no tensors, no threads started). The process records VmRSS from
+/proc/self/status before building anything and VmHWM (the kernel's resident-set high-water mark, reset at fork)
+after the last step; peak memory = VmHWM - VmRSS(start). It counts everything the step keeps resident: weights,
+gradients, Adam state, activations, autocast weight copies and allocator slack. tracemalloc cannot see torch's
+allocations, and the CPU has no allocator statistics like torch.cuda.max_memory_allocated.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+
+# ----------------------------------------------------------------------------------------------------------
+# Dimensions and variants
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dims:
+    d_model: int
+    ffn_dim: int
+    heads: int
+    encoder_layers: int
+    decoder_layers: int
+    vocab_size: int
+    dropout: float = 0.1
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+BASE_DIMS = Dims(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, vocab_size=8000)
+TINY_DIMS = Dims(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, vocab_size=128)
+
+# Plain Transformer features, to match Marian: residual stacking, no relative positions.
+PLAIN = {
+    "encoder_layer_connections": "residual",
+    "decoder_layer_connections": "residual",
+    "max_relative_position": 0,
+}
+# The paper's defaults: Shaw relative positions (k = 8) and learnable dense (DLCL) layer connections.
+PAPER = {
+    "encoder_layer_connections": "learnable_dense",
+    "decoder_layer_connections": "learnable_dense",
+    "max_relative_position": 8,
+}
+
+# name -> (encoder_ode_method, encoder_ode_coefficients, features, extra config fields); None = Marian.
+VARIANTS: dict[str, tuple | None] = {
+    "marian": None,
+    "residual": ("euler", "tableau", PLAIN, {}),
+    "rk2": ("rk2", "tableau", PLAIN, {}),
+    "rk2_gated": ("rk2", "gated", PLAIN, {}),
+    "rk4": ("rk4", "tableau", PLAIN, {}),
+    "rk2_ckpt": ("rk2", "tableau", PLAIN, {"ode_checkpoint_stages": True}),
+    "residual_paper": ("euler", "tableau", PAPER, {}),
+    "rk2_gated_paper": ("rk2", "gated", PAPER, {}),
+}
+INFERENCE_VARIANTS = [name for name in VARIANTS if name != "rk2_ckpt"]  # same as rk2 at inference
+STAGES = {"euler": 1, "rk2": 2, "rk4": 4}
+
+
+def ode_config(dims: Dims, method: str, coefficients: str, features: dict, extra: dict | None = None, **kw):
+    from modeling_ode import ODETransformerConfig
+
+    return ODETransformerConfig(
+        vocab_size=dims.vocab_size,
+        d_model=dims.d_model,
+        encoder_ffn_dim=dims.ffn_dim,
+        decoder_ffn_dim=dims.ffn_dim,
+        encoder_attention_heads=dims.heads,
+        decoder_attention_heads=dims.heads,
+        encoder_layers=dims.encoder_layers,
+        decoder_layers=dims.decoder_layers,
+        dropout=dims.dropout,
+        attention_dropout=dims.dropout,
+        activation_dropout=dims.dropout,
+        label_smoothing=0.0,  # Marian's loss is plain cross entropy
+        max_position_embeddings=1024,
+        encoder_ode_method=method,
+        encoder_ode_coefficients=coefficients,
+        decoder_ode_method="euler",
+        decoder_ode_coefficients="tableau",
+        **features,
+        **(extra or {}),
+        **kw,
+    )
+
+
+def build_model(name: str, dims: Dims) -> torch.nn.Module:
+    """The seq2seq model of a variant: ours, or transformers.MarianMTModel with the same dimensions."""
+    if VARIANTS[name] is None:
+        from transformers import MarianConfig, MarianMTModel
+
+        config = MarianConfig(
+            vocab_size=dims.vocab_size,
+            d_model=dims.d_model,
+            encoder_layers=dims.encoder_layers,
+            decoder_layers=dims.decoder_layers,
+            encoder_attention_heads=dims.heads,
+            decoder_attention_heads=dims.heads,
+            encoder_ffn_dim=dims.ffn_dim,
+            decoder_ffn_dim=dims.ffn_dim,
+            activation_function="relu",  # Marian's default is swish; ours is relu
+            dropout=dims.dropout,
+            attention_dropout=dims.dropout,
+            activation_dropout=dims.dropout,
+            max_position_embeddings=1024,
+            scale_embedding=True,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+        )
+        return MarianMTModel(config)
+    from modeling_ode import ODETransformerForConditionalGeneration
+
+    method, coefficients, features, extra = VARIANTS[name]
+    return ODETransformerForConditionalGeneration(ode_config(dims, method, coefficients, features, extra))
+
+
+def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0) -> dict:
+    """Random tokens; source lengths uniform in [src_len / 2, src_len] (right padding), full-length targets."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, vocab, (batch, src_len), generator=g)
+    lengths = torch.randint(max(1, src_len // 2), src_len + 1, (batch,), generator=g)
+    lengths[0] = src_len
+    attention_mask = (torch.arange(src_len)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, 1)
+    labels = torch.randint(3, vocab, (batch, tgt_len), generator=g)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Analytic FLOP count
+# ----------------------------------------------------------------------------------------------------------
+
+FLOP_FORMULA = """\
+Matmul FLOPs only (2 per multiply-add); B sentences, S source and T target tokens each, d model width,
+f FFN width, V vocabulary, s encoder stages, k relative-position clip (0 = none), L_e / L_d layers:
+  encoder, per layer and stage : 2BS(4d^2 + 2df) + 4BS^2 d            [+ 2BSd(2k+1) with RPR]
+  gate (gated coefficients)    : 2BS(s d)(s-1) per layer
+  decoder, per layer           : 2BT(6d^2 + 2df) + 4BSd^2 + 4BT^2 d + 4BTSd   [+ 2BTd(2k+1) with RPR]
+  output projection            : 2BTdV
+  forward F = L_e s (encoder) + L_e gate + L_d (decoder) + head
+  training step = 3F (backward = 2x forward) + recomputed forward of stages 2..s with ode_checkpoint_stages
+Attention is counted dense (the causal mask does not save work in either implementation)."""
+
+
+def forward_flops(dims: Dims, batch: int, src: int, tgt: int, stages: int, gated: bool, rpr: int) -> dict:
+    d, f, V = dims.d_model, dims.ffn_dim, dims.vocab_size
+    B, S, T = batch, src, tgt
+    enc_stage = (
+        2 * B * S * (4 * d * d + 2 * d * f)
+        + 4 * B * S * S * d
+        + (2 * B * S * d * (2 * rpr + 1) if rpr else 0)
+    )
+    gate = 2 * B * S * stages * d * (stages - 1) if gated else 0
+    dec = (
+        2 * B * T * (6 * d * d + 2 * d * f)
+        + 4 * B * S * d * d
+        + 4 * B * T * T * d
+        + 4 * B * T * S * d
+        + (2 * B * T * d * (2 * rpr + 1) if rpr else 0)
+    )
+    head = 2 * B * T * d * V
+    return {
+        "encoder_stage": dims.encoder_layers * enc_stage,
+        "encoder": dims.encoder_layers * (stages * enc_stage + gate),
+        "decoder": dims.decoder_layers * dec,
+        "head": head,
+    }
+
+
+def train_flops(name: str, dims: Dims, batch: int, src: int, tgt: int) -> dict:
+    spec = VARIANTS[name]
+    method, coefficients, features, extra = spec if spec is not None else ("euler", "tableau", PLAIN, {})
+    s = STAGES[method]
+    parts = forward_flops(
+        dims, batch, src, tgt, s, coefficients == "gated", features["max_relative_position"]
+    )
+    forward = parts["encoder"] + parts["decoder"] + parts["head"]
+    recompute = (s - 1) * parts["encoder_stage"] if extra.get("ode_checkpoint_stages") else 0
+    return {
+        "forward": forward,
+        "train_step": 3 * forward + recompute,
+        "encoder_share": parts["encoder"] / forward,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Machine and hardware limit
+# ----------------------------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    cpu, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name") and cpu == "unknown":
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    import transformers
+
+    return {
+        "cpu_model": cpu,
+        "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "isa": sorted(f for f in flags if f.startswith(("avx512_bf16", "amx", "avx512f", "avx2"))),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "load_average_at_start": list(os.getloadavg()),
+    }
+
+
+def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5) -> float:
+    """Best-of-`reps` throughput of an n x n @ n x n torch.matmul (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Workers (each call runs in a fresh forked process)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _autocast(dtype: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
+def train_worker(spec: dict) -> dict:
+    """Training steps (forward + backward + Adam step) of one variant: step times and peak memory."""
+    torch.set_num_threads(spec["threads"])
+    start_kb = _status_kb("VmRSS")
+    torch.manual_seed(0)
+    dims = Dims(**spec["dims"])
+    model = build_model(spec["model"], dims)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch = make_batch(spec["batch"], spec["src_len"], spec["tgt_len"], dims.vocab_size)
+    times = []
+    for step in range(spec["warmup"] + spec["reps"]):
+        begin = time.perf_counter()
+        with _autocast(spec["dtype"]):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= spec["warmup"]:
+            times.append(time.perf_counter() - begin)
+    return {
+        "step_s_all": times,
+        "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def encoder_worker(spec: dict) -> dict:
+    """Scaling point: one encoder alone, forward + backward of mean(h^2) (no optimizer)."""
+    from modeling_ode.modeling_ode_transformer import ODETransformerEncoder
+
+    torch.set_num_threads(spec["threads"])
+    start_kb = _status_kb("VmRSS")
+    torch.manual_seed(0)
+    dims = Dims(**{**spec["dims"], "encoder_layers": spec["layers"]})
+    config = ode_config(dims, spec["method"], "tableau", PLAIN)
+    encoder = ODETransformerEncoder(config)
+    encoder.train()
+    batch = make_batch(spec["batch"], spec["length"], 1, dims.vocab_size)
+    times = []
+    for step in range(spec["warmup"] + spec["reps"]):
+        begin = time.perf_counter()
+        hidden = encoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
+        hidden.float().square().mean().backward()
+        encoder.zero_grad(set_to_none=True)
+        if step >= spec["warmup"]:
+            times.append(time.perf_counter() - begin)
+    return {"step_s_all": times, "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024}

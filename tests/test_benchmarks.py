@@ -1,0 +1,98 @@
+"""The benchmark scripts in --quick mode (tiny dims): well-formed JSON and markdown, ratios that follow from the
+raw numbers. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import bench_ode, common
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    bench_ode.main(["--quick", "--out-dir", str(out), "--name", "quick", "--threads", "1"])
+    return out, json.loads((out / "quick.json").read_text())
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_files_written(quick_run):
+    out, _ = quick_run
+    assert (out / "quick.md").read_text().startswith("# ODE Transformer benchmarks")
+    assert (out / "quick.png").stat().st_size > 0
+    assert len(list(out.glob("quick-*.json"))) == 1
+
+
+def test_machine_and_settings(quick_run):
+    _, results = quick_run
+    assert results["mode"] == "quick"
+    for key in ("cpu_model", "logical_cores", "torch", "transformers"):
+        assert results["machine"][key]
+    assert _positive(results["matmul"]["fp32_gflops"]) and _positive(results["matmul"]["bf16_gflops"])
+    assert "VmHWM" in results["memory_method"]
+
+
+def test_training_numbers(quick_run):
+    _, results = quick_run
+    for dtype in ("fp32", "bf16"):
+        assert set(results["training"][dtype]) == set(common.VARIANTS)
+        for r in results["training"][dtype].values():
+            for key in ("step_s", "tokens_per_s", "peak_mem_mb", "train_flops_per_step", "achieved_gflops"):
+                assert _positive(r[key]), key
+            assert r["step_s"] == min(r["step_s_all"])
+            assert math.isclose(r["tokens_per_s"], r["target_tokens_per_step"] / r["step_s"])
+            assert math.isclose(r["achieved_gflops"], r["train_flops_per_step"] / r["step_s"] / 1e9)
+
+
+def test_inference_numbers(quick_run):
+    _, results = quick_run
+    settings = results["settings"]["infer"]
+    assert set(results["inference"]) == set(common.INFERENCE_VARIANTS)
+    for r in results["inference"].values():
+        assert math.isclose(r["beam4_sentences_per_s"], settings["batch"] / r["beam4_s"])
+        assert math.isclose(
+            r["greedy_tokens_per_s"], settings["batch"] * settings["new_tokens"] / r["greedy_s"]
+        )
+        assert _positive(r["encoder_forward_ms"])
+
+
+def test_scaling_points(quick_run):
+    _, results = quick_run
+    s = results["settings"]["scaling"]
+    assert len(results["scaling"]["length"]) == len(s["lengths"]) * len(s["methods"])
+    assert len(results["scaling"]["depth"]) == len(s["depths"]) * len(s["methods"])
+    for p in results["scaling"]["length"] + results["scaling"]["depth"]:
+        assert _positive(p["step_s"]) and _positive(p["peak_mem_mb"])
+
+
+def test_ratios_follow_from_raw_numbers(quick_run):
+    out, results = quick_run
+    assert results["targets"] and results["informative"]
+    markdown = (out / "quick.md").read_text()
+    for row in results["targets"] + results["informative"]:
+        expected = bench_ode.lookup(results, row["a"]) / bench_ode.lookup(results, row["b"])
+        assert math.isclose(row["ratio"], expected)
+        assert f"| {row['name']} | {row['ratio']:.3f} |" in markdown
+    for row in results["targets"]:
+        assert row["met"] == (
+            row["ratio"] >= row["target"] if row["op"] == ">=" else row["ratio"] <= row["target"]
+        )
+
+
+def test_flop_count_formula():
+    dims = common.TINY_DIMS
+    residual = common.train_flops("residual", dims, 2, 8, 8)
+    rk2 = common.train_flops("rk2", dims, 2, 8, 8)
+    rk4 = common.train_flops("rk4", dims, 2, 8, 8)
+    ckpt = common.train_flops("rk2_ckpt", dims, 2, 8, 8)
+    encoder = residual["encoder_share"] * residual["forward"]
+    assert math.isclose(rk2["forward"] - residual["forward"], encoder)
+    assert math.isclose(rk4["forward"] - residual["forward"], 3 * encoder)
+    assert math.isclose(ckpt["train_step"] - rk2["train_step"], encoder)
+    assert common.train_flops("marian", dims, 2, 8, 8) == residual
