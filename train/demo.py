@@ -1,10 +1,10 @@
 """The README's main job (``make demo``): train a small ODE Transformer on CPU and evaluate it.
 
-``python -m train.demo [--time_budget_minutes 14] [--max_steps 2000] [--output_dir DIR]``
+``python -m train.demo [--time_budget_minutes 17] [--max_steps 4000] [--output_dir DIR]``
 
 1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``, ~15 s);
 2. trains a joint BPE (8k) on its training split;
-3. trains an RK2-gated encoder / Euler decoder model (d 256, 3-3 layers, 4K-token batches, bf16
+3. trains an RK2-gated encoder / Euler decoder model (d 256, 3-3 layers, 2K-token batches, bf16
    autocast) with the recipe ``train/recipes/libreoffice_demo.yaml``, until ``--max_steps`` or the
    time budget, whichever comes first, with progress bars;
 4. translates the held-out test split (beam 4, length penalty 0.6) and scores it with
@@ -40,8 +40,10 @@ def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namesp
     """Demo flags; anything else is passed on to ``train.run`` (e.g. ``--preset tiny``)."""
     parser = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="outputs/libreoffice_demo")
-    parser.add_argument("--max_steps", type=int, default=2000, help="training updates at most")
-    parser.add_argument("--time_budget_minutes", type=float, default=14.0, help="training time at most")
+    parser.add_argument("--max_steps", type=int, default=4000, help="training updates at most")
+    # 17 minutes of training (~1,170 updates on an idle 2-core machine) + ~3 minutes of beam-4 decoding:
+    # the whole demo takes ~20 minutes and clearly beats the copy-the-source baseline (README).
+    parser.add_argument("--time_budget_minutes", type=float, default=17.0, help="training time at most")
     parser.add_argument("--max_test_samples", type=int, default=None, help="score only the first N test pairs")
     return parser.parse_known_args(argv)
 
