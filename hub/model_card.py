@@ -95,7 +95,9 @@ CITATION = f"""@inproceedings{{li-etal-2022-ode,
     year = "2022",
     address = "Dublin, Ireland",
     publisher = "Association for Computational Linguistics",
-    url = "https://aclanthology.org/2022.acl-long.601",
+    url = "https://aclanthology.org/2022.acl-long.571",
+    doi = "10.18653/v1/2022.acl-long.571",
+    pages = "8335--8351",
 }}"""
 
 _PIPELINE_TAGS = {
