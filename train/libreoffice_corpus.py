@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -271,11 +272,16 @@ def download_debs(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     missing = [pkg for pkg in PACKAGES.values() if _find_deb(folder, pkg) is None]
     if missing:
-        _run(
-            ["apt-get", "download", *missing],
-            folder,
-            "Is this a Debian/Ubuntu system with network? " + _DEBS_HINT,
-        )
+        command = ["apt-get", "download", *missing]
+        hint = "Is this a Debian/Ubuntu system with network? " + _DEBS_HINT
+        try:
+            _run(command, folder, hint)
+        except CorpusError:
+            if not hasattr(os, "geteuid") or os.geteuid() != 0:
+                raise
+            # A fresh machine may have empty package lists: refresh them once (as root) and retry.
+            _run(["apt-get", "update", "-qq"], folder, hint)
+            _run(command, folder, hint)
     return _locate_debs(folder)
 
 
