@@ -7,9 +7,10 @@ Writes <out-dir>/<run-name>.json, <out-dir>/<run-name>.md and <out-dir>/<run-nam
 benchmarks/results, run-name `latest` plus a time-stamped copy of the JSON). Every ratio in the report is
 computed from the raw numbers stored next to it in the JSON. See benchmarks/README.md.
 
-Timing: training and scaling points run in fresh processes, one per point, which also gives each point its own
-peak memory (method: see benchmarks/common.py). Inference runs in this process, all models loaded, measured
-round-robin (model A, B, C, ... then again) so that load bursts on a shared machine hit every model alike.
+Timing: training steps and inference run in this process, all models loaded, measured round-robin (model A, B,
+C, ... then again) so that load bursts and allocator or frequency drift hit every model alike. Peak memory needs
+a process per point: each training variant (and each scaling point, which is timed there too) runs once more in
+a fresh process (method: see benchmarks/common.py); those step times are kept as `fresh_process_step_s_all`.
 Every time is the minimum over the timed repetitions (the least disturbed one); all repetitions are stored.
 """
 
@@ -32,8 +33,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 FULL = {
     "dims": BASE_DIMS,
-    "train": {"batch": 32, "src_len": 32, "tgt_len": 32, "warmup": 1, "reps": 2},
-    "infer": {"batch": 16, "src_len": 32, "new_tokens": 32, "warmup": 1, "reps": 3},
+    "train": {"batch": 32, "src_len": 32, "tgt_len": 32, "warmup": 1, "reps": 2, "round_robin_reps": 4},
+    "infer": {"batch": 16, "src_len": 32, "new_tokens": 32, "warmup": 1, "reps": 5},
     "scaling": {
         "lengths": [16, 32, 64, 128, 256, 512],
         "length_tokens": 512,
@@ -48,7 +49,7 @@ FULL = {
 }
 QUICK = {
     "dims": TINY_DIMS,
-    "train": {"batch": 4, "src_len": 8, "tgt_len": 8, "warmup": 1, "reps": 1},
+    "train": {"batch": 4, "src_len": 8, "tgt_len": 8, "warmup": 1, "reps": 1, "round_robin_reps": 1},
     "infer": {"batch": 2, "src_len": 8, "new_tokens": 4, "warmup": 1, "reps": 1},
     "scaling": {
         "lengths": [8, 16],
@@ -78,18 +79,41 @@ def in_fresh_process(ctx, function, spec: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def train_round_robin(setup: dict) -> dict:
+    """Training step times of every variant and dtype, all models in this process, timed in turn."""
+    dims, t = setup["dims"], setup["train"]
+    batch = common.make_batch(t["batch"], t["src_len"], t["tgt_len"], dims.vocab_size)
+    models, optimizers = {}, {}
+    for name in VARIANTS:
+        torch.manual_seed(0)
+        models[name] = common.build_model(name, dims).train()
+        optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=1e-4)
+    times = {dtype: {name: [] for name in VARIANTS} for dtype in ("fp32", "bf16")}
+    for rep in range(t["warmup"] + t["round_robin_reps"]):
+        for dtype in times:
+            for name in VARIANTS:
+                elapsed = common.train_step(models[name], optimizers[name], batch, dtype)
+                if rep >= t["warmup"]:
+                    times[dtype][name].append(elapsed)
+    return times
+
+
 def bench_training(ctx, setup: dict, threads: int) -> dict:
     dims, t = setup["dims"], setup["train"]
     tokens = t["batch"] * t["tgt_len"]
+    round_robin = train_round_robin(setup)
     out: dict = {"fp32": {}, "bf16": {}}
     for dtype in ("fp32", "bf16"):
         for name in VARIANTS:
             spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, "threads": threads, **t}
             result = in_fresh_process(ctx, common.train_worker, spec)
             flops = common.train_flops(name, dims, t["batch"], t["src_len"], t["tgt_len"])
-            step = min(result["step_s_all"])
+            step = min(round_robin[dtype][name])
             out[dtype][name] = {
-                **result,
+                "step_s_all": round_robin[dtype][name],
+                "fresh_process_step_s_all": result["step_s_all"],
+                "peak_mem_mb": result["peak_mem_mb"],
+                "params": result["params"],
                 "step_s": step,
                 "target_tokens_per_step": tokens,
                 "tokens_per_s": tokens / step,
@@ -365,7 +389,7 @@ def markdown(results: dict) -> str:
         f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
         f"{dims['dropout']}. Training batch: {st['train']['batch']} x {st['train']['src_len']} source (padded, "
         f"lengths {st['train']['src_len'] // 2}..{st['train']['src_len']}) x {st['train']['tgt_len']} target tokens; "
-        "Adam; times are the minimum over the timed steps after a warm-up step.",
+        "Adam; times are the minimum over the timed steps after a warm-up step, all models timed in turn in one process.",
         f"Hardware limit (torch.matmul {st['matmul_n']}x{st['matmul_n']}, same run): "
         f"fp32 {results['matmul']['fp32_gflops']:.0f} GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.0f} GFLOP/s.",
         "",

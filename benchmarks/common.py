@@ -256,6 +256,17 @@ def _autocast(dtype: str):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict, dtype: str) -> float:
+    """One forward + backward + Adam step; returns its wall time in seconds."""
+    begin = time.perf_counter()
+    with _autocast(dtype):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - begin
+
+
 def train_worker(spec: dict) -> dict:
     """Training steps (forward + backward + Adam step) of one variant: step times and peak memory."""
     torch.set_num_threads(spec["threads"])
@@ -268,14 +279,9 @@ def train_worker(spec: dict) -> dict:
     batch = make_batch(spec["batch"], spec["src_len"], spec["tgt_len"], dims.vocab_size)
     times = []
     for step in range(spec["warmup"] + spec["reps"]):
-        begin = time.perf_counter()
-        with _autocast(spec["dtype"]):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        elapsed = train_step(model, optimizer, batch, spec["dtype"])
         if step >= spec["warmup"]:
-            times.append(time.perf_counter() - begin)
+            times.append(elapsed)
     return {
         "step_s_all": times,
         "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024,
