@@ -190,9 +190,7 @@ class ODETransformerAttention(nn.Module):
     """Multi-head attention. Self-attention has a fused q/k/v projection (fairseq's `in_proj`) and optional Shaw
     relative position tables shared by all heads; cross-attention projects q and the fused k/v separately."""
 
-    def __init__(
-        self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool, is_causal: bool
-    ):
+    def __init__(self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
@@ -326,15 +324,11 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         super().__init__()
         d, eps = config.d_model, config.layer_norm_eps
         heads = getattr(config, f"{side}_attention_heads")
-        self.self_attn = ODETransformerAttention(
-            config, heads, is_cross_attention=False, is_causal=side == "decoder"
-        )
+        self.self_attn = ODETransformerAttention(config, heads, is_cross_attention=False)
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=eps)
         sublayers = (SELF_ATTENTION,)
         if has_cross_attention:
-            self.encoder_attn = ODETransformerAttention(
-                config, heads, is_cross_attention=True, is_causal=False
-            )
+            self.encoder_attn = ODETransformerAttention(config, heads, is_cross_attention=True)
             self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=eps)
             sublayers += (CROSS_ATTENTION,)
         self.ffn = ODETransformerFeedForward(config, getattr(config, f"{side}_ffn_dim"))
