@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from transformers import GenerationConfig
+
 import modeling_ode
 from modeling_ode import (
     ODETransformerConfig,
@@ -101,8 +103,6 @@ def _write_generation_config(model: ODETransformerPreTrainedModel, out_dir: Path
     generation.pop("transformers_version", None)
     generation.pop("_from_model_config", None)
     generation = {k: v for k, v in generation.items() if v is not None}
-    from transformers import GenerationConfig
-
     GenerationConfig(**generation).save_pretrained(out_dir)
 
 
