@@ -127,14 +127,18 @@ class ODETransformerEmbeddings(nn.Module):
         return self.dropout(hidden)
 
 
+def additive_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean "may not attend" -> additive mask: 0 where allowed, the dtype's minimum where blocked."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill(
+        blocked, torch.finfo(dtype).min
+    )
+
+
 def padding_mask(mask: torch.Tensor | None, dtype: torch.dtype, query_length: int) -> torch.Tensor | None:
     """(batch, keys) 1/0 mask -> additive (batch, 1, query_length, keys) mask, or None when nothing is masked."""
     if mask is None or bool(mask.all()):
         return None
-    blocked = (mask[:, None, None, :] == 0).expand(-1, 1, query_length, -1)
-    return torch.zeros(blocked.shape, dtype=dtype, device=mask.device).masked_fill(
-        blocked, torch.finfo(dtype).min
-    )
+    return additive_mask((mask[:, None, None, :] == 0).expand(-1, 1, query_length, -1), dtype)
 
 
 def causal_mask(
@@ -145,7 +149,7 @@ def causal_mask(
     blocked = (keys[None, :] > (keys[past:, None]))[None, None].expand(batch, 1, length, past + length)
     if mask is not None:
         blocked = blocked | (mask[:, None, None, -(past + length) :] == 0)
-    return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill(blocked, torch.finfo(dtype).min)
+    return additive_mask(blocked, dtype)
 
 
 def relative_position_index(query_length: int, key_length: int, max_distance: int, device) -> torch.Tensor:
