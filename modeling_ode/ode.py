@@ -183,25 +183,20 @@ class StageCoefficients(nn.Module):
         self.mode = mode
         self.tableau = tableau
         num_stages = tableau.num_stages
+        # Constant gamma stays a tuple of Python floats: ode_step then fuses each term into one add.
+        self.constant = tableau.b if mode == "tableau" else (1.0,) * num_stages if mode == "ones" else None
         if mode == "learnable":
             self.weight = nn.Parameter(torch.ones(num_stages))
         elif mode in GATED_MODES:
             num_logits = num_stages - 1 if mode == "gated" else num_stages
             self.gate = nn.Linear(num_stages * hidden_size, num_logits)
-        else:
-            self.register_buffer("fixed", self.fixed_values(), persistent=False)
 
-    def fixed_values(self) -> torch.Tensor:
-        """The constant gamma of the `tableau` (b) and `ones` modes."""
-        b = self.tableau.b
-        return torch.tensor(b if self.mode == "tableau" else (1.0,) * len(b))
-
-    def forward(self, stages: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Returns gamma with shape (s,) for constant coefficients or (s, ..., 1) for gates."""
+    def forward(self, stages: Sequence[torch.Tensor]) -> tuple[float, ...] | torch.Tensor:
+        """gamma: the constant floats, the learnable weights (s,), or a gate's output (s, ..., 1)."""
+        if self.constant is not None:
+            return self.constant
         if self.mode == "learnable":
             return self.weight
-        if self.mode not in GATED_MODES:
-            return self.fixed
         logits = self.gate(torch.cat(list(stages), dim=-1))
         if self.mode == "gated":
             gamma = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1), dim=-1)
@@ -235,15 +230,16 @@ def ode_step(
         x = y if y_weight == 1.0 else y * y_weight
         for a_ij, stage in zip(row, stages):
             if a_ij != 0.0:
-                x = x + a_ij * stage
+                x = x.add(stage, alpha=a_ij)
         value = function(x, i)
         stages.append(value if step_size == 1.0 else step_size * value)
     gamma = coefficients(stages)
     if trace is not None:
-        trace.append((torch.stack(stages), gamma))
-    if coefficients.mode in ("tableau", "ones") and tableau.num_stages == 1 and tableau.b[0] == 1.0:
-        return y + stages[0]  # the plain residual block: skip a multiply by 1
+        trace.append((torch.stack(stages), gamma if torch.is_tensor(gamma) else y.new_tensor(gamma)))
     out = y
-    for i, stage in enumerate(stages):
-        out = out + gamma[i] * stage
+    for gamma_i, stage in zip(gamma, stages):
+        if torch.is_tensor(gamma_i):
+            out = torch.addcmul(out, gamma_i, stage)
+        elif gamma_i != 0.0:  # e.g. the midpoint method's b = (0, 1)
+            out = out.add(stage, alpha=gamma_i)
     return out

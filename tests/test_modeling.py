@@ -117,6 +117,30 @@ def test_generate_same_tokens_with_and_without_cache(overrides, decoding):
     assert torch.equal(cached, uncached)
 
 
+class ReorderingEverything(ODETransformerForConditionalGeneration):
+    def _reorder_cache(self, past_key_values, beam_idx):
+        past_key_values.reorder_cache(beam_idx)  # transformers' default: the cross-attention states too
+        return past_key_values
+
+
+def test_beam_search_reorders_only_the_self_attention_cache():
+    """The premise of `_reorder_cache`: the cross-attention states of all beams of one source are equal, so only the
+    self-attention states need reordering; the result equals transformers' default (reorder everything)."""
+    model = seq2seq(decoder_ode_method="rk2")
+    reference = ReorderingEverything(model.config).eval()
+    reference.load_state_dict(model.state_dict())
+    ids, mask = source_batch()
+    beams = 3
+    kwargs = {"max_new_tokens": 6, "num_beams": beams, "return_dict_in_generate": True, "output_scores": True}
+    ours = model.generate(ids, attention_mask=mask, **kwargs)
+    for layer in ours.past_key_values.cross_attention_cache.layers:
+        keys = layer.keys.view(ids.shape[0], beams, *layer.keys.shape[1:])
+        assert torch.equal(keys, keys[:, :1].expand_as(keys))
+    default = reference.generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(ours.sequences, default.sequences)
+    assert torch.equal(ours.sequences_scores, default.sequences_scores)
+
+
 def test_sampling_is_reproducible_and_respects_the_cache():
     model = seq2seq(decoder_ode_method="rk2")
     ids, mask = source_batch()
