@@ -184,7 +184,7 @@ class StageCoefficients(nn.Module):
         self.tableau = tableau
         num_stages = tableau.num_stages
         # Constant gamma stays a tuple of Python floats: ode_step then fuses each term into one add.
-        self.constant = tableau.b if mode == "tableau" else (1.0,) * num_stages if mode == "ones" else None
+        self.constant = {"tableau": tableau.b, "ones": (1.0,) * num_stages}.get(mode)
         if mode == "learnable":
             self.weight = nn.Parameter(torch.ones(num_stages))
         elif mode in GATED_MODES:
