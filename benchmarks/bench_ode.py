@@ -33,8 +33,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 FULL = {
     "dims": BASE_DIMS,
-    "train": {"batch": 32, "src_len": 32, "tgt_len": 32, "warmup": 1, "reps": 2, "round_robin_reps": 4},
-    "infer": {"batch": 16, "src_len": 32, "new_tokens": 32, "warmup": 1, "reps": 5},
+    "train": {"batch": 32, "src_len": 32, "tgt_len": 32, "warmup": 1, "reps": 2, "round_robin_reps": 8},
+    "infer": {"batch": 16, "src_len": 32, "new_tokens": 32, "warmup": 1, "reps": 8},
     "scaling": {
         "lengths": [16, 32, 64, 128, 256, 512],
         "length_tokens": 512,
@@ -43,7 +43,7 @@ FULL = {
         "depth_len": 32,
         "methods": ["euler", "rk2", "rk4"],
         "warmup": 1,
-        "reps": 1,
+        "reps": 2,
     },
     "matmul_n": 2048,
 }
@@ -98,14 +98,14 @@ def train_round_robin(setup: dict) -> dict:
     return times
 
 
-def bench_training(ctx, setup: dict, threads: int) -> dict:
+def bench_training(ctx, setup: dict, process: dict) -> dict:
     dims, t = setup["dims"], setup["train"]
     tokens = t["batch"] * t["tgt_len"]
     round_robin = train_round_robin(setup)
     out: dict = {"fp32": {}, "bf16": {}}
     for dtype in ("fp32", "bf16"):
         for name in VARIANTS:
-            spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, "threads": threads, **t}
+            spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, **process, **t}
             result = in_fresh_process(ctx, common.train_worker, spec)
             flops = common.train_flops(name, dims, t["batch"], t["src_len"], t["tgt_len"])
             step = min(round_robin[dtype][name])
@@ -113,6 +113,7 @@ def bench_training(ctx, setup: dict, threads: int) -> dict:
                 "step_s_all": round_robin[dtype][name],
                 "fresh_process_step_s_all": result["step_s_all"],
                 "peak_mem_mb": result["peak_mem_mb"],
+                "tensor_peak_mb": result["tensor_peak_mb"],
                 "params": result["params"],
                 "step_s": step,
                 "target_tokens_per_step": tokens,
@@ -172,9 +173,9 @@ def bench_inference(setup: dict) -> dict:
     return out
 
 
-def bench_scaling(ctx, setup: dict, threads: int) -> dict:
+def bench_scaling(ctx, setup: dict, process: dict) -> dict:
     dims, s = setup["dims"], setup["scaling"]
-    base = {"dims": dims.as_dict(), "threads": threads, "warmup": s["warmup"], "reps": s["reps"]}
+    base = {"dims": dims.as_dict(), **process, "warmup": s["warmup"], "reps": s["reps"]}
     length_points, depth_points = [], []
     for length in s["lengths"]:
         batch = max(1, s["length_tokens"] // length)
@@ -262,15 +263,15 @@ def targets(results: dict) -> list[dict]:
     )
     add(
         "residual vs Marian: peak training memory (fp32)",
-        [tr, "fp32", "residual", "peak_mem_mb"],
-        [tr, "fp32", "marian", "peak_mem_mb"],
+        [tr, "fp32", "residual", "tensor_peak_mb"],
+        [tr, "fp32", "marian", "tensor_peak_mb"],
         "<=",
         1.0,
     )
     add(
         "residual vs Marian: peak training memory (bf16)",
-        [tr, "bf16", "residual", "peak_mem_mb"],
-        [tr, "bf16", "marian", "peak_mem_mb"],
+        [tr, "bf16", "residual", "tensor_peak_mb"],
+        [tr, "bf16", "marian", "tensor_peak_mb"],
         "<=",
         1.0,
     )
@@ -300,15 +301,15 @@ def targets(results: dict) -> list[dict]:
     for dtype in ("fp32", "bf16"):
         add(
             f"RK2 vs residual: peak training memory ({dtype})",
-            [tr, dtype, "rk2", "peak_mem_mb"],
-            [tr, dtype, "residual", "peak_mem_mb"],
+            [tr, dtype, "rk2", "tensor_peak_mb"],
+            [tr, dtype, "residual", "tensor_peak_mb"],
             "<=",
             1.25,
         )
         add(
             f"RK2 + ode_checkpoint_stages vs residual: peak training memory ({dtype})",
-            [tr, dtype, "rk2_ckpt", "peak_mem_mb"],
-            [tr, dtype, "residual", "peak_mem_mb"],
+            [tr, dtype, "rk2_ckpt", "tensor_peak_mb"],
+            [tr, dtype, "residual", "tensor_peak_mb"],
             "<=",
             1.05,
         )
@@ -336,12 +337,20 @@ def informative_ratios(results: dict) -> list[dict]:
         ),
         (
             "paper features: residual_paper / residual peak memory",
-            "peak_mem_mb",
+            "tensor_peak_mb",
             "residual_paper",
             "residual",
         ),
         ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
-        ("paper model: rk2_gated_paper / residual peak memory", "peak_mem_mb", "rk2_gated_paper", "residual"),
+        (
+            "paper model: rk2_gated_paper / residual peak memory",
+            "tensor_peak_mb",
+            "rk2_gated_paper",
+            "residual",
+        ),
+        ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
+        ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
+        ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
     ]
     for dtype in ("fp32", "bf16"):
         for name, metric, a, b in pairs:
@@ -383,13 +392,15 @@ def markdown(results: dict) -> str:
         "",
         f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['torch_threads']} torch threads), "
         f"{m['memory_gb']} GB, ISA {', '.join(m['isa'])}; torch {m['torch']}, transformers {m['transformers']}, "
-        f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}.",
+        f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}; CPU time stolen by the "
+        f"VM host during the run {100 * m.get('cpu_steal_fraction', 0.0):.1f}%.",
         "",
         f"Dims: d_model {dims['d_model']}, ffn {dims['ffn_dim']}, {dims['heads']} heads, "
         f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
         f"{dims['dropout']}. Training batch: {st['train']['batch']} x {st['train']['src_len']} source (padded, "
         f"lengths {st['train']['src_len'] // 2}..{st['train']['src_len']}) x {st['train']['tgt_len']} target tokens; "
-        "Adam; times are the minimum over the timed steps after a warm-up step, all models timed in turn in one process.",
+        "Adam; times are the minimum over the timed steps after a warm-up step, all models timed in turn in one process. "
+        f"glibc malloc policy: {st.get('malloc', 'default')} (see benchmarks/README.md).",
         f"Hardware limit (torch.matmul {st['matmul_n']}x{st['matmul_n']}, same run): "
         f"fp32 {results['matmul']['fp32_gflops']:.0f} GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.0f} GFLOP/s.",
         "",
@@ -409,14 +420,16 @@ def markdown(results: dict) -> str:
         "",
         "## Training (forward + backward + Adam step)",
         "",
-        "| model | dtype | s/step | target tok/s | peak MB | train GFLOP/step | achieved GFLOP/s | % of matmul peak |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | dtype | s/step | target tok/s | peak MB (RSS) | live-tensor peak MB | train GFLOP/step | "
+        "achieved GFLOP/s | % of matmul peak |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype in ("fp32", "bf16"):
         peak = results["matmul"][f"{dtype}_gflops"]
         for name, r in results["training"][dtype].items():
             lines.append(
                 f"| {name} | {dtype} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['peak_mem_mb']:.0f} | "
+                f"{r['tensor_peak_mb']:.0f} | "
                 f"{r['train_flops_per_step'] / 1e9:.1f} | {r['achieved_gflops']:.1f} | "
                 f"{100 * r['achieved_gflops'] / peak:.1f} |"
             )
@@ -443,7 +456,7 @@ def markdown(results: dict) -> str:
         "",
         f"Sequence length ({sc['length_tokens_per_batch']} tokens per batch):",
         "",
-        "| length | method | batch | s/step | peak MB | time / Euler | memory / Euler |",
+        "| length | method | batch | s/step | peak MB (RSS) | time / Euler | memory / Euler |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for key, points in (("length", sc["length"]), ("layers", sc["depth"])):
@@ -452,7 +465,7 @@ def markdown(results: dict) -> str:
                 "",
                 f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
                 "",
-                "| layers | method | s/step | peak MB | time / Euler | memory / Euler | time / shallowest |",
+                "| layers | method | s/step | peak MB (RSS) | time / Euler | memory / Euler | time / shallowest |",
                 "|---:|---|---:|---:|---:|---:|---:|",
             ]
         euler = {p[key]: p for p in points if p["method"] == "euler"}
@@ -539,19 +552,30 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--name", default="latest", help="file stem of the .json/.md/.png")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--malloc",
+        choices=common.MALLOC_POLICIES,
+        default="keep-freed",
+        help="glibc malloc policy of every process (see benchmarks/common.py: configure_process)",
+    )
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
 
     setup = QUICK if args.quick else FULL
-    torch.set_num_threads(args.threads)
+    process = {"threads": args.threads, "malloc": args.malloc}
+    common.configure_process(**process)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "transformers", "modeling_ode", "benchmarks.common"])
-    started = time.time()
+    started, ticks_at_start = time.time(), common.cpu_ticks()
     results: dict = {
         "mode": "quick" if args.quick else "full",
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": common.machine_info(),
-        "settings": {**{k: v for k, v in setup.items() if k != "dims"}, "dims": setup["dims"].as_dict()},
+        "settings": {
+            **{k: v for k, v in setup.items() if k != "dims"},
+            "dims": setup["dims"].as_dict(),
+            "malloc": args.malloc,
+        },
         "memory_method": (common.__doc__.split("Peak memory method: ", 1)[1].replace("\n", " ").strip()),
         "flop_formula": common.FLOP_FORMULA,
     }
@@ -562,12 +586,17 @@ def main(argv: list[str] | None = None) -> dict:
         "fp32_gflops": common.matmul_gflops(n, torch.float32),
         "bf16_gflops": common.matmul_gflops(n, torch.bfloat16),
     }
-    results["training"] = bench_training(ctx, setup, args.threads)
+    results["training"] = bench_training(ctx, setup, process)
     results["inference"] = bench_inference(setup)
-    results["scaling"] = bench_scaling(ctx, setup, args.threads)
+    results["scaling"] = bench_scaling(ctx, setup, process)
     results["targets"] = targets(results)
     results["informative"] = informative_ratios(results)
     results["wall_s"] = time.time() - started
+    ticks = common.cpu_ticks()
+    total = ticks["total"] - ticks_at_start["total"]
+    results["machine"]["cpu_steal_fraction"] = (
+        (ticks["steal"] - ticks_at_start["steal"]) / total if total else 0.0
+    )
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(results, indent=1)

@@ -2,15 +2,20 @@
 measurement workers that run in fresh processes (one per measured point, so that peak memory is its own).
 
 Peak memory method: every measured point runs in a fresh process forked from a `forkserver` that has only
-imported torch/transformers/modeling_ode (no tensors, no threads started). The process records VmRSS from
-/proc/self/status before building anything and VmHWM (the kernel's resident-set high-water mark, reset at fork)
-after the last step; peak memory = VmHWM - VmRSS(start). It counts everything the step keeps resident: weights,
-gradients, Adam state, activations, autocast weight copies and allocator slack. tracemalloc cannot see torch's
-allocations, and the CPU has no allocator statistics like torch.cuda.max_memory_allocated.
+imported torch/transformers/modeling_ode (no tensors, no threads started). Two figures per training variant:
+- live-tensor peak (the memory targets; the CPU analogue of torch.cuda.max_memory_allocated): the bytes that stay
+  allocated between steps (weights, buffers, Adam state) plus the highest running sum of the allocations and frees
+  torch.profiler records during one more training step;
+- process RSS peak: VmHWM (the kernel's resident-set high-water mark, reset at fork) after the last step minus
+  VmRSS before the model is built. It adds what the C allocator keeps: fragmentation and slack, thread pools and
+  library buffers, which depend on the order of allocations more than on the model.
+tracemalloc cannot see torch's allocations, and the CPU has no allocator statistics of its own.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 import time
@@ -227,6 +232,17 @@ def machine_info() -> dict:
     }
 
 
+def cpu_ticks() -> dict:
+    """Machine-wide CPU time from /proc/stat (clock ticks): total, and `steal`, the time a virtual machine's
+    host gave to others. A run with steal (or a busy machine) has disturbed timings."""
+    try:
+        with open("/proc/stat") as handle:
+            values = [int(v) for v in handle.readline().split()[1:]]
+    except OSError:
+        return {"total": 0, "steal": 0}
+    return {"total": sum(values[:8]), "steal": values[7] if len(values) > 7 else 0}
+
+
 def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5) -> float:
     """Best-of-`reps` throughput of an n x n @ n x n torch.matmul (2 n^3 FLOPs)."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
@@ -237,6 +253,37 @@ def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5) -> float:
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e9
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Process set-up: threads and the C allocator
+# ----------------------------------------------------------------------------------------------------------
+
+MALLOC_POLICIES = ("keep-freed", "default")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt options, from glibc's malloc.h
+
+
+def configure_process(threads: int, malloc: str) -> None:
+    """Torch threads and the glibc malloc policy of this process (the main one and every worker alike).
+
+    `keep-freed` raises glibc's mmap and trim thresholds to 1 GiB, so freed tensor memory stays in the process
+    and is reused, as PyTorch's CUDA caching allocator does by design. With glibc's defaults (`default`) the
+    heap is trimmed and refilled every step once activations pass a few hundred MB: the RK4 training step of the
+    full run took ~130k minor page faults (~500 MB re-zeroed, ~0.6 s of system time) per step while the residual
+    and RK2 models took none, which put RK4 13% above its FLOP prediction. Users get the same with
+    MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 in the environment.
+    """
+    if malloc not in MALLOC_POLICIES:
+        raise ValueError(f"malloc policy {malloc!r} is not one of {MALLOC_POLICIES}")
+    torch.set_num_threads(threads)
+    if malloc == "default":
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None or not all(
+        mallopt(option, 1 << 30) for option in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD)
+    ):
+        raise RuntimeError("this C library has no glibc mallopt; run the benchmark with --malloc default")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -269,7 +316,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
 def train_worker(spec: dict) -> dict:
     """Training steps (forward + backward + Adam step) of one variant: step times and peak memory."""
-    torch.set_num_threads(spec["threads"])
+    configure_process(spec["threads"], spec["malloc"])
     start_kb = _status_kb("VmRSS")
     torch.manual_seed(0)
     dims = Dims(**spec["dims"])
@@ -282,18 +329,50 @@ def train_worker(spec: dict) -> dict:
         elapsed = train_step(model, optimizer, batch, spec["dtype"])
         if step >= spec["warmup"]:
             times.append(elapsed)
+    peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024
     return {
         "step_s_all": times,
-        "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024,
+        "peak_mem_mb": peak_mem_mb,
+        "tensor_peak_mb": tensor_peak_bytes(model, optimizer, batch, spec["dtype"]) / 2**20,
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def tensor_peak_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict, dtype: str
+) -> int:
+    """Peak bytes of live tensors in one more training step: what stays allocated between steps (weights, buffers,
+    Adam state) plus the highest sum of the allocations and frees the profiler records during the step. Unlike
+    the RSS peak it leaves out the C allocator's fragmentation and slack."""
+    from torch.profiler import ProfilerActivity, profile
+
+    resident = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()
+    }
+    for state in optimizer.state.values():
+        resident.update(
+            {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in state.values()}
+        )
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        train_step(model, optimizer, batch, dtype)
+    # The raw allocator events (`nbytes` < 0 for a free) behind torch.profiler's memory timeline.
+    events = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return sum(resident.values()) + peak
 
 
 def encoder_worker(spec: dict) -> dict:
     """Scaling point: one encoder alone, forward + backward of mean(h^2) (no optimizer)."""
     from modeling_ode.modeling_ode_transformer import ODETransformerEncoder
 
-    torch.set_num_threads(spec["threads"])
+    configure_process(spec["threads"], spec["malloc"])
     start_kb = _status_kb("VmRSS")
     torch.manual_seed(0)
     dims = Dims(**{**spec["dims"], "encoder_layers": spec["layers"]})

@@ -36,18 +36,27 @@ def test_machine_and_settings(quick_run):
         assert results["machine"][key]
     assert _positive(results["matmul"]["fp32_gflops"]) and _positive(results["matmul"]["bf16_gflops"])
     assert "VmHWM" in results["memory_method"]
+    assert results["settings"]["malloc"] == "keep-freed"
+
+
+def test_unknown_malloc_policy_is_refused():
+    with pytest.raises(ValueError, match="keep-freed"):
+        common.configure_process(1, "jemalloc")
 
 
 def test_training_numbers(quick_run):
     _, results = quick_run
     for dtype in ("fp32", "bf16"):
         assert set(results["training"][dtype]) == set(common.VARIANTS)
-        for r in results["training"][dtype].values():
+        for name, r in results["training"][dtype].items():
             for key in ("step_s", "tokens_per_s", "peak_mem_mb", "train_flops_per_step", "achieved_gflops"):
                 assert _positive(r[key]), key
             assert r["step_s"] == min(r["step_s_all"])
             assert math.isclose(r["tokens_per_s"], r["target_tokens_per_step"] / r["step_s"])
             assert math.isclose(r["achieved_gflops"], r["train_flops_per_step"] / r["step_s"] / 1e9)
+            # Live tensors never fall below the fp32 weights plus Adam's two moments: 12 bytes per parameter
+            # (Marian's frozen sinusoidal position table is a parameter without Adam state).
+            assert r["tensor_peak_mb"] * 2**20 > (4 if name == "marian" else 12) * r["params"]
 
 
 def test_inference_numbers(quick_run):
