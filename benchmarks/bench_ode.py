@@ -393,14 +393,14 @@ def markdown(results: dict) -> str:
         f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['torch_threads']} torch threads), "
         f"{m['memory_gb']} GB, ISA {', '.join(m['isa'])}; torch {m['torch']}, transformers {m['transformers']}, "
         f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}; CPU time stolen by the "
-        f"VM host during the run {100 * m.get('cpu_steal_fraction', 0.0):.1f}%.",
+        f"VM host during the run {100 * m['cpu_steal_fraction']:.1f}%.",
         "",
         f"Dims: d_model {dims['d_model']}, ffn {dims['ffn_dim']}, {dims['heads']} heads, "
         f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
         f"{dims['dropout']}. Training batch: {st['train']['batch']} x {st['train']['src_len']} source (padded, "
         f"lengths {st['train']['src_len'] // 2}..{st['train']['src_len']}) x {st['train']['tgt_len']} target tokens; "
         "Adam; times are the minimum over the timed steps after a warm-up step, all models timed in turn in one process. "
-        f"glibc malloc policy: {st.get('malloc', 'default')} (see benchmarks/README.md).",
+        f"glibc malloc policy: {st['malloc']} (see benchmarks/README.md).",
         f"Hardware limit (torch.matmul {st['matmul_n']}x{st['matmul_n']}, same run): "
         f"fp32 {results['matmul']['fp32_gflops']:.0f} GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.0f} GFLOP/s.",
         "",

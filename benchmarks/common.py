@@ -329,7 +329,7 @@ def train_worker(spec: dict) -> dict:
         elapsed = train_step(model, optimizer, batch, spec["dtype"])
         if step >= spec["warmup"]:
             times.append(elapsed)
-    peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024
+    peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024  # read before the profiled step below adds its own
     return {
         "step_s_all": times,
         "peak_mem_mb": peak_mem_mb,
@@ -346,13 +346,9 @@ def tensor_peak_bytes(
     the RSS peak it leaves out the C allocator's fragmentation and slack."""
     from torch.profiler import ProfilerActivity, profile
 
-    resident = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()
-    }
-    for state in optimizer.state.values():
-        resident.update(
-            {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in state.values()}
-        )
+    kept = [*model.state_dict().values(), *(t for state in optimizer.state.values() for t in state.values())]
+    # Keyed by storage, so tied weights count once.
+    resident = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         train_step(model, optimizer, batch, dtype)
     # The raw allocator events (`nbytes` < 0 for a free) behind torch.profiler's memory timeline.

@@ -41,8 +41,8 @@ def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namesp
     parser = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="outputs/libreoffice_demo")
     parser.add_argument("--max_steps", type=int, default=4000, help="training updates at most")
-    # 17 minutes of training (~1,170 updates on an idle 2-core machine) + ~3 minutes of beam-4 decoding:
-    # the whole demo takes ~20 minutes and clearly beats the copy-the-source baseline (README).
+    # 17 minutes of training (~1,350 updates on an idle 2-core machine) + ~2 minutes of corpus, BPE and beam-4
+    # decoding: the whole demo takes ~19 minutes and clearly beats the copy-the-source baseline (README).
     parser.add_argument("--time_budget_minutes", type=float, default=17.0, help="training time at most")
     parser.add_argument("--max_test_samples", type=int, default=None, help="score only the first N test pairs")
     return parser.parse_known_args(argv)
