@@ -526,6 +526,14 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = False
 
+    def _loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Label-smoothed cross entropy in training mode (`config.label_smoothing`, the paper's 0.1); in eval
+        mode the plain NLL, so `eval_loss` and the perplexities derived from it are the model's true ones."""
+        smoothing = self.config.label_smoothing if self.training else 0.0
+        return label_smoothed_loss(logits, labels, smoothing, num_items_in_batch)
+
     def _init_weights(self, module: nn.Module) -> None:
         """fairseq init: xavier-uniform linears with zero bias, N(0, d^-0.5) embeddings with a zero padding row."""
         std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
@@ -910,7 +918,7 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
 
 class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, GenerationMixin):
     """Encoder-decoder with a language-model head tied to the target embeddings; the loss is label-smoothed
-    cross entropy (`config.label_smoothing`, the paper's 0.1)."""
+    cross entropy (`config.label_smoothing`, the paper's 0.1) in training mode and the NLL in eval mode."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
@@ -970,7 +978,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
+            loss = self._loss(logits, labels, num_items_in_batch)
         output = ODESeq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -1039,9 +1047,11 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> ODECausalLMOutput | tuple:
+        # `shift_labels` comes through kwargs, as in Llama: a second label argument in the signature would make
+        # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
+        shift_labels = kwargs.pop("shift_labels", None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids=input_ids,
@@ -1063,7 +1073,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
             # when given they replace `labels`.
             if shift_labels is None:
                 shift_labels = nnf.pad(labels[:, 1:], (0, 1), value=-100)
-            loss = label_smoothed_loss(logits, shift_labels, self.config.label_smoothing, num_items_in_batch)
+            loss = self._loss(logits, shift_labels, num_items_in_batch)
         output = ODECausalLMOutput(
             loss=loss,
             logits=logits,

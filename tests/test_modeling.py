@@ -206,7 +206,7 @@ def test_embeddings_are_tied_and_a_separate_source_vocabulary_is_possible():
 
 
 def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation():
-    model = seq2seq(label_smoothing=0.1)
+    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT).train()  # smoothing is a training-time regulariser
     ids, mask = source_batch()
     labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4))
     labels[2, 3:] = -100
@@ -224,6 +224,27 @@ def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation():
         for s in (slice(0, 2), slice(2, 3))
     ]
     torch.testing.assert_close(parts[0] + parts[1], out.loss)
+
+
+def test_eval_loss_is_the_nll_without_label_smoothing():
+    """Validation loss must be the model's NLL (issue 11.7): smoothing applies in training mode only."""
+    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4))
+    labels[2, 3:] = -100
+    ids, mask = source_batch()
+    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    logp = out.logits.double().log_softmax(-1)
+    keep = labels != -100
+    nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep].mean()
+    torch.testing.assert_close(out.loss.double(), nll, rtol=1e-6, atol=1e-6)
+    smooth = -logp.mean(-1)[keep].mean()
+    train_loss = model.train()(input_ids=ids, attention_mask=mask, labels=labels).loss  # no dropout: same logits
+    torch.testing.assert_close(train_loss.double(), 0.9 * nll + 0.1 * smooth, rtol=1e-6, atol=1e-6)
+    lm = ODETransformerForCausalLM(tiny(is_encoder_decoder=False, label_smoothing=0.1, **NO_DROPOUT)).eval()
+    lm_out = lm(input_ids=ids, labels=ids)
+    lm_logp = lm_out.logits[:, :-1].double().log_softmax(-1)
+    lm_nll = -lm_logp.gather(-1, ids[:, 1:, None])[..., 0].mean()
+    torch.testing.assert_close(lm_out.loss.double(), lm_nll, rtol=1e-6, atol=1e-6)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():

@@ -98,3 +98,32 @@ def test_load_or_train_trains_and_saves(tmp_path):
         load_or_train_tokenizer(tmp_path / "absent", None, 300)
     with pytest.raises(ValueError, match="no room"):
         train_tokenizer(texts, 100)
+
+
+def test_word_level_vocabulary_is_dense_and_keeps_literal_unk():
+    """kind="word": specials 0-3, then words by frequency (ties alphabetical); a literal ``<unk>`` in the
+    text (as in PTB) is the special ``<unk>``, not a second entry; words beyond the size map to ``<unk>``."""
+    texts = ["the cat sat", "the dog <unk> sat", "the <unk> ran"]
+    tokenizer = train_tokenizer(texts, vocab_size=len(SPECIAL_TOKENS) + 3, min_frequency=1, kind="word")
+    vocab = tokenizer.get_vocab()
+    assert sorted(vocab.values()) == list(range(len(vocab)))  # no holes: ids < len(tokenizer)
+    assert [vocab[t] for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    assert vocab["the"] == 4 and vocab["sat"] == 5 and vocab["cat"] == 6  # the 3, sat 2; cat/dog/ran 1
+    assert tokenizer("the dog <unk> sat")["input_ids"] == [4, 3, 3, 5, 2]  # dog is cut: <unk>; then </s>
+    assert tokenizer.decode([4, 6, 5, 2], skip_special_tokens=True) == "the cat sat"
+
+
+def test_word_level_ptb_has_every_word(tmp_path):
+    lines = _read_gz(DATA / "ptb" / "ptb.train.txt.gz")
+    train_tokenizer(lines, vocab_size=20_000, min_frequency=1, kind="word", save_to=tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    words = {w for line in lines for w in line.split()}
+    assert len(words) == 9999  # Mikolov's PTB: 10k types counting </s>
+    assert len(tokenizer) == len(words) - 1 + len(SPECIAL_TOKENS)  # <unk> is a special
+    ids = tokenizer(lines[0])["input_ids"]
+    assert len(ids) == len(lines[0].split()) + 1 and tokenizer.unk_token_id not in ids[:-1] or "<unk>" in lines[0]
+
+
+def test_unknown_tokenizer_kind_is_refused():
+    with pytest.raises(ValueError, match="tokenizer kind must be one of"):
+        train_tokenizer(["a b"], 100, kind="sentencepiece")

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
+from modeling_ode import ODETransformerForCausalLM
+from train.data import ptb
 from train.run import parse_arguments, run
+from train.trainer import PadCollator, lm_negative_log_likelihood
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
@@ -104,6 +109,37 @@ def test_lm_ptb_perplexity(tmp_path):
     assert 1 < values["Subword perplexity"] < 400 * 1.5  # below a uniform guess over the vocabulary
     assert values["Word perplexity"] > values["Subword perplexity"]
     assert json.loads((tmp_path / "config.json").read_text())["label_smoothing"] == 0.0
+
+
+@needs_data
+def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
+    """Every evaluation logs the token-weighted validation NLL and perplexity (issue 11.8), and
+    load_best_model_at_end restores the epoch with the lowest one, which the test split then uses."""
+    document = train_and_test(
+        tmp_path, "--task", "lm", "--dataset", "ptb", "--tokenizer_type", "word", "--vocab_size", "2000",
+        "--max_train_samples", "200", "--max_eval_samples", "40", "--max_test_samples", "40", "--max_tokens", "1024",
+        "--max_target_length", "48", "--num_train_epochs", "3", "--eval_strategy", "epoch", "--save_strategy", "epoch",
+        "--load_best_model_at_end", "true", "--metric_for_best_model", "loss",
+    )  # fmt: skip
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    evals = [e for e in state["log_history"] if "eval_loss" in e]
+    assert [e["epoch"] for e in evals] == [1, 2, 3]
+    for entry in evals:
+        assert entry["eval_perplexity"] == pytest.approx(math.exp(entry["eval_loss"]))
+    best = min(evals, key=lambda e: e["eval_loss"])
+    assert state["best_metric"] == pytest.approx(best["eval_loss"])
+    # The best model is the one tested: its validation NLL, recomputed, is the best epoch's.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    model = ODETransformerForCausalLM.from_pretrained(tmp_path)
+    texts = ptb("validation")["text"][:40]
+    rows = [{"input_ids": [tokenizer.bos_token_id, *ids], "labels": [tokenizer.bos_token_id, *ids]}
+            for ids in tokenizer(texts)["input_ids"]]
+    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id)
+    total, count = lm_negative_log_likelihood(model, Dataset.from_list(rows), collator, 16)
+    assert count == best["eval_tokens"] == sum(len(t.split()) + 1 for t in texts)  # word level: words + </s>
+    assert total / count == pytest.approx(best["eval_loss"], rel=1e-5)
+    values = {r["name"]: r["value"] for r in document["results"]}
+    assert values["Word perplexity"] == pytest.approx(values["Subword perplexity"])  # one token per word
 
 
 @needs_data

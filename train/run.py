@@ -32,7 +32,6 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-import torch
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import (
@@ -60,7 +59,12 @@ from train.data import (
 )
 from train.evaluate_predictions import read_lines
 from train.tokenizer import load_or_train_tokenizer
-from train.trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+from train.trainer import (
+    PadCollator,
+    TokenBudgetSeq2SeqTrainer,
+    TokenBudgetTrainer,
+    lm_negative_log_likelihood,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +103,10 @@ class ModelArguments:
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"}
     )
-    vocab_size: int = field(default=8000, metadata={"help": "joint BPE size when a tokenizer is trained"})
+    vocab_size: int = field(default=8000, metadata={"help": "vocabulary size (specials included) when a tokenizer is trained"})
+    tokenizer_type: str = field(
+        default="bpe", metadata={"help": "bpe (joint byte-level BPE) or word (word-level, e.g. Penn Treebank's 10k words)"}
+    )
     d_model: int | None = None
     encoder_layers: int | None = None
     decoder_layers: int | None = None
@@ -124,7 +131,7 @@ class ModelArguments:
 
     def overrides(self) -> dict:
         """Config fields set on the command line / in the recipe (``None`` = preset value)."""
-        skip = {"preset", "model_name_or_path", "tokenizer_name", "vocab_size", "config_overrides"}
+        skip = {"preset", "model_name_or_path", "tokenizer_name", "vocab_size", "tokenizer_type", "config_overrides"}
         chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
         return {**chosen, **json.loads(self.config_overrides or "{}")}
 
@@ -368,24 +375,6 @@ class TimeBudgetCallback(TrainerCallback):
 # Evaluation
 
 
-@torch.no_grad()
-def lm_negative_log_likelihood(model, dataset: Dataset, collator: PadCollator, batch_size: int) -> tuple[float, int]:
-    """Summed next-token NLL (nats, no label smoothing, fp32) over ``dataset`` and the token count."""
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(dataset), batch_size):
-        rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
-        batch = collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        targets = batch["labels"][:, 1:]
-        nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
-        )
-        total += float(nll)
-        count += int((targets != -100).sum())
-    return total, count
-
-
 def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollator, batch_size: int) -> dict:
     """Perplexity per subword token and per word (the sentence log-probability over words + ``</s>``)."""
     total, count = lm_negative_log_likelihood(model, test, collator, batch_size)
@@ -492,7 +481,9 @@ def write_card(output_dir: str, document: dict) -> None:
 def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
     folder = model_args.tokenizer_name or model_args.model_name_or_path or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
-        return load_or_train_tokenizer(folder, _tokenizer_texts(train, task), model_args.vocab_size)
+        return load_or_train_tokenizer(
+            folder, _tokenizer_texts(train, task), model_args.vocab_size, kind=model_args.tokenizer_type
+        )
 
 
 def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadCollator):

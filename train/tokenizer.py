@@ -11,6 +11,10 @@ Design:
 * ``vocab_size`` is the final vocabulary size (specials + 256 bytes + merges): the paper's
   32K merges correspond to ``vocab_size`` ~ 32.3K; use a few thousand for small corpora.
 
+``kind="word"`` builds a word-level vocabulary instead (whitespace-split words, the most frequent
+``vocab_size`` symbols including the specials, everything else ``<unk>``): the paper's Penn Treebank
+setting, whose text is already tokenised, lower-cased and ``<unk>``-replaced to 10k words.
+
 The result is a :class:`transformers.PreTrainedTokenizerFast` with pad/bos/eos/unk set and
 ``clean_up_tokenization_spaces=False`` (tokenised GEC text like ``word .`` must round-trip).
 """
@@ -18,6 +22,7 @@ The result is a :class:`transformers.PreTrainedTokenizerFast` with pad/bos/eos/u
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,11 +30,13 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "load_or_train_tokenizer", "train_tokenizer", "training_texts"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "load_or_train_tokenizer", "train_tokenizer", "training_texts"]
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk>")
 """Special tokens, in id order (fairseq dictionary order)."""
 BOS, PAD, EOS, UNK = SPECIAL_TOKENS
+TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "word")
+"""``bpe``: joint byte-level BPE; ``word``: word-level vocabulary of whitespace-split words."""
 
 
 def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target")) -> Iterator[str]:
@@ -38,7 +45,7 @@ def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target
         yield from dataset[column]
 
 
-def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+def _build_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -51,6 +58,29 @@ def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int) ->
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def _build_word_level(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+    # The vocabulary is counted here rather than by `trainers.WordLevelTrainer`, which counts a literal
+    # special token in the text (PTB's `<unk>`) as a word again and leaves a hole at the special's id.
+    counts = Counter(word for text in texts for word in text.split())
+    words = [w for w, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if n >= min_frequency]
+    words = [w for w in words if w not in SPECIAL_TOKENS][: max(vocab_size - len(SPECIAL_TOKENS), 0)]
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # no decoder: decode joins words with spaces
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+_BUILDERS = {"bpe": _build_bpe, "word": _build_word_level}
+
+
+def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str) -> Tokenizer:
+    if kind not in _BUILDERS:
+        raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
+    tokenizer = _BUILDERS[kind](texts, vocab_size, min_frequency)
     eos_id = tokenizer.token_to_id(EOS)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
@@ -63,18 +93,20 @@ def train_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     save_to: str | os.PathLike | None = None,
+    kind: str = "bpe",
 ) -> PreTrainedTokenizerFast:
-    """Train a joint byte-level BPE on ``texts`` (see the module docstring for the design).
+    """Train a joint byte-level BPE (or, ``kind="word"``, a word-level vocabulary) on ``texts``.
 
     Args:
         texts: training sentences (source and target sides together).
-        vocab_size: final vocabulary size, special tokens and the 256 byte symbols included.
-        min_frequency: minimum pair frequency for a merge.
+        vocab_size: final vocabulary size, special tokens (and for BPE the 256 byte symbols) included.
+        min_frequency: minimum pair frequency for a merge (BPE), minimum word count (word level).
         save_to: folder to save it in (``save_pretrained``), loadable with ``AutoTokenizer``.
+        kind: ``"bpe"`` or ``"word"`` (see the module docstring).
     """
-    if vocab_size <= len(SPECIAL_TOKENS) + 256:
+    if kind == "bpe" and vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges (specials + 256 bytes)")
-    backend = _build_backend(texts, vocab_size, min_frequency)
+    backend = _build_backend(texts, vocab_size, min_frequency, kind)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -93,8 +125,9 @@ def load_or_train_tokenizer(
     texts: Iterable[str] | None,
     vocab_size: int,
     min_frequency: int = 2,
+    kind: str = "bpe",
 ) -> PreTrainedTokenizerFast:
-    """Load the tokenizer saved in ``folder`` if there is one, else train it on ``texts``.
+    """Load the tokenizer saved in ``folder`` if there is one, else train it (``kind``) on ``texts``.
 
     A newly trained tokenizer is saved in ``folder`` when a folder is given, so the next call
     reuses it (``texts`` and ``vocab_size`` are then ignored).
@@ -103,4 +136,4 @@ def load_or_train_tokenizer(
         return AutoTokenizer.from_pretrained(str(folder))
     if texts is None:
         raise ValueError(f"no tokenizer in {folder} and no texts to train one on")
-    return train_tokenizer(texts, vocab_size, min_frequency, save_to=folder)
+    return train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind)

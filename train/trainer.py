@@ -20,6 +20,7 @@ run sees exactly the batches the uninterrupted run would have seen.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -27,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 
+from train import metrics
 from train.batching import TokenBudgetBatchSampler
 from train.data import word_dropout
 
@@ -35,6 +37,7 @@ __all__ = [
     "SamplerEpochCallback",
     "TokenBudgetSeq2SeqTrainer",
     "TokenBudgetTrainer",
+    "lm_negative_log_likelihood",
 ]
 
 
@@ -144,8 +147,54 @@ class TokenBudgetSeq2SeqTrainer(_TokenBudgetMixin, Seq2SeqTrainer):
 
 
 class TokenBudgetTrainer(_TokenBudgetMixin, Trainer):
-    """:class:`~transformers.Trainer` (language modelling) with token-budget training batches."""
+    """:class:`~transformers.Trainer` (language modelling) with token-budget training batches.
+
+    Evaluation logs the validation NLL per token (``eval_loss``, nats, fp32) and its perplexity
+    (``eval_perplexity``): the generic evaluation loop averages per-batch means weighted by
+    sentences, which is not the per-token NLL when sentences differ in length. With
+    ``load_best_model_at_end`` and ``metric_for_best_model: loss`` the best validation perplexity wins.
+    """
 
     def __init__(self, *args, max_tokens: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        start = time.monotonic()
+        total, count = lm_negative_log_likelihood(
+            self.model, dataset, self.data_collator, self.args.per_device_eval_batch_size
+        )
+        nll = total / max(count, 1)
+        results = {
+            f"{metric_key_prefix}_loss": nll,
+            f"{metric_key_prefix}_perplexity": metrics.perplexity(nll),
+            f"{metric_key_prefix}_tokens": count,
+            f"{metric_key_prefix}_runtime": round(time.monotonic() - start, 4),
+        }
+        self.log(results)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, results)
+        return results
+
+
+@torch.no_grad()
+def lm_negative_log_likelihood(model, dataset, collator: PadCollator, batch_size: int) -> tuple[float, int]:
+    """Summed next-token NLL (nats, no label smoothing, fp32) over ``dataset`` and the token count."""
+    model.eval()
+    # The class's forward, with autocast off: under bf16/fp16 training accelerate replaces the instance's
+    # `forward` by one that runs in autocast, and the NLL must not depend on the training precision.
+    forward = type(model).forward
+    total, count = 0.0, 0
+    for start in range(0, len(dataset), batch_size):
+        rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
+        batch = collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
+        batch = {key: value.to(model.device) for key, value in batch.items()}
+        with torch.autocast(model.device.type, enabled=False):
+            logits = forward(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        targets = batch["labels"][:, 1:]
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        total += float(nll)
+        count += int((targets != -100).sum())
+    return total, count
