@@ -1,0 +1,262 @@
+"""Run a study: ``python -m experiments.run STUDY [--size cpu|paper] [--seeds 0 1 2] [--only VARIANT ...]``.
+
+Every run is one ``python -m train.run`` subprocess (its own process: a crash or a kill loses that
+run only) writing into ``WORK_DIR/<study>/<size>/<run id>/`` (checkpoints, logs; git-ignored), and
+leaves one result file, ``results/<study>/<size>/<variant>-<depth>-seed<k>.json``: the flags, the
+trained model's config, seed, data (files and SHA-256), git commit, device, wall time, steps, every
+test metric, the validation and training curves, and for seq2seq tasks the test hypotheses.
+
+Resuming: a run whose result file exists is skipped; a run that was interrupted resumes from its
+last complete checkpoint. Runs go seed by seed (all variants of seed 0 first), so an interrupted
+study has its first seed complete before the next one starts. ``--parallel N`` runs N at a time
+(``--threads`` intra-op threads each): independent runs side by side on one machine or one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.studies import STUDIES, Study, run_id
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+WORK = REPO / "runs" / "experiments"
+# glibc keeps freed memory instead of trimming and re-faulting it every step (benchmarks/README.md).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+# Where each shared corpus lives under the data root (recorded with checksums in every result).
+CORPUS_FOLDERS = {
+    "ptb": "ptb",
+    "multi30k": "multi30k",
+    "cnndm": "summarization/cnndm",
+    "wi_locness": "gec/wi_locness",
+    "fce": "gec/fce",
+    "libreoffice": "libreoffice",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    study: Study
+    size: str
+    variant: str
+    depth: int
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return run_id(self.variant, self.depth, self.seed)
+
+    def result_path(self, results: Path) -> Path:
+        return results / self.study.name / self.size / f"{self.id}.json"
+
+    def work_dir(self, work: Path) -> Path:
+        return work / self.study.name / self.size / self.id
+
+
+def plan(study: Study, size: str, seeds: list[int], variants: list[str], depths: list[int]) -> list[Run]:
+    """All runs of a study, seed-major: every variant and depth of the first seed comes first."""
+    return [Run(study, size, v, d, s) for s in seeds for d in depths for v in variants]
+
+
+def to_argv(flags: dict[str, Any]) -> list[str]:
+    """``{"bf16": True, "seed": 0}`` -> ``["--bf16", "true", "--seed", "0"]``."""
+    argv = []
+    for key, value in flags.items():
+        argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return argv
+
+
+def has_checkpoint(folder: Path) -> bool:
+    return any((path / "trainer_state.json").is_file() for path in folder.glob("checkpoint-*"))
+
+
+def train_command(run: Run, work: Path, device: str) -> list[str]:
+    flags = run.study.flags(run.variant, run.depth, run.seed, run.size)
+    if device == "cpu":
+        flags["use_cpu"] = True
+    else:
+        flags.pop("use_cpu", None)
+    out = run.work_dir(work)
+    flags.update({"output_dir": str(out), "report_to": "none", "disable_tqdm": True})
+    if has_checkpoint(out):
+        flags["resume_from_checkpoint"] = True
+    return [sys.executable, "-m", "train.run", *to_argv(flags)]
+
+
+# --------------------------------------------------------------------------------------------
+# What a result records
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def device_info(device: str, threads: int) -> dict[str, Any]:
+    import torch
+
+    info = {"device": device, "threads": threads, "torch": torch.__version__, "python": platform.python_version()}
+    if device == "cpu":
+        cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor())
+        info.update(name=cpu, cores=os.cpu_count())
+    elif torch.cuda.is_available():
+        info.update(name=torch.cuda.get_device_name(0))
+    return info
+
+
+def _cpuinfo() -> list[str]:
+    path = Path("/proc/cpuinfo")
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def data_info(flags: dict[str, Any], data_root: Path) -> dict[str, Any]:
+    """The corpus names, the data root and the SHA-256 of every file of the shared corpora used."""
+    files = {}
+    for name in str(flags.get("dataset", "")).split("+"):
+        folder = data_root / CORPUS_FOLDERS.get(name, name)
+        for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+            if path.is_file():
+                files[str(path.relative_to(data_root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"dataset": flags.get("dataset"), "data_root": str(data_root), "files": files}
+
+
+def curves(log_history: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(validation curve, training curve) from the trainer's log history."""
+    validation = [
+        {k: e[k] for k in ("epoch", "step", "eval_loss", "eval_perplexity") if k in e} for e in log_history if "eval_loss" in e
+    ]
+    training = [{k: e[k] for k in ("epoch", "step", "loss", "learning_rate") if k in e} for e in log_history if "loss" in e]
+    return validation, training
+
+
+def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict) -> dict[str, Any]:
+    """The result record of a finished run (see the module docstring)."""
+    document = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
+    state = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))
+    validation, training = curves(state["log_history"])
+    hypotheses = out / "test_hypotheses.txt"
+    return {
+        "study": run.study.name,
+        "size": run.size,
+        "variant": run.variant,
+        "variant_label": run.study.variants[run.variant].label,
+        "depth": run.depth,
+        "seed": run.seed,
+        "flags": flags,
+        "command": argv[1:],
+        "config": json.loads((out / "config.json").read_text(encoding="utf-8")),
+        **environment,
+        "steps": state["global_step"],
+        "epochs": state.get("epoch"),
+        "best_metric": state.get("best_metric"),
+        "best_checkpoint": Path(state["best_model_checkpoint"]).name if state.get("best_model_checkpoint") else None,
+        "metrics": {r.get("name", r["metric"]): r["value"] for r in document["results"]},
+        "signatures": {r["name"]: r["signature"] for r in document["results"] if "signature" in r},
+        "validation_curve": validation,
+        "training_curve": training,
+        "test_hypotheses": hypotheses.read_text(encoding="utf-8").split("\n")[:-1] if hypotheses.is_file() else None,
+    }
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write aside, then rename: a kill never leaves a half-written result that would be skipped."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+def execute(run: Run, args: argparse.Namespace) -> str:
+    """Train, test and record one run; returns a one-line status."""
+    result = run.result_path(args.results)
+    if result.is_file():
+        return f"skip {run.id} (result exists)"
+    out = run.work_dir(args.work_dir)
+    argv = train_command(run, args.work_dir, args.device)
+    flags = run.study.flags(run.variant, run.depth, run.seed, run.size)
+    env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(args.threads), "ODE_DATA_DIR": str(args.data_root)}
+    if not has_checkpoint(out):  # nothing to resume: start from an empty folder
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(out.parent / f"{run.id}.log", "a", encoding="utf-8") as log:
+        code = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - start
+    if code != 0:
+        return f"FAILED {run.id} (exit {code}; log: {out.parent / f'{run.id}.log'})"
+    environment = {
+        "git": git_commit(),
+        "device": device_info(args.device, args.threads),
+        "data": data_info(flags, args.data_root),
+        "wall_time_s": round(wall, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(result, collect(run, out, flags, argv, environment))
+    return f"done {run.id} in {wall / 60:.1f} min"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--size", default="cpu", help="cpu (reduced, 2-core machine) or paper (GPU)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the study's seeds")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT", help="run these variants only")
+    parser.add_argument("--depths", type=int, nargs="+", help="default: the study's depths")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--data-root", type=Path, default=None, help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    parser.add_argument("--threads", type=int, help="intra-op threads per run (default: cores / parallel)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where result files go")
+    parser.add_argument("--work-dir", type=Path, default=WORK, help="checkpoints and logs (git-ignored)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
+    args = parser.parse_args(argv)
+    study = STUDIES[args.study]
+    unknown = sorted(set(args.only or ()) - set(study.variants))
+    if unknown:
+        parser.error(f"unknown variants {unknown} for study {study.name!r}; variants: {', '.join(study.variants)}")
+    if args.size not in study.sizes:
+        parser.error(f"study {study.name!r} has sizes {', '.join(study.sizes)}, not {args.size!r}")
+    from train.data import data_root
+
+    args.data_root = data_root(args.data_root).resolve()
+    args.threads = args.threads or max((os.cpu_count() or 1) // args.parallel, 1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    study = STUDIES[args.study]
+    runs = plan(study, args.size, args.seeds or list(study.seeds), args.only or list(study.variants), args.depths or list(study.depths))
+    if args.dry_run:
+        for run in runs:
+            state = "done" if run.result_path(args.results).is_file() else "todo"
+            print(state, run.id, " ".join(train_command(run, args.work_dir, args.device)[1:]))
+        return 0
+    failed = 0
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for status in pool.map(lambda run: execute(run, args), runs):
+            print(time.strftime("%H:%M:%S"), status, flush=True)
+            failed += status.startswith("FAILED")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

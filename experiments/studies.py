@@ -1,0 +1,350 @@
+"""The studies of the reproduction: small declarative tables of ``train.run`` flags.
+
+A study is ``variants x depths x seeds``; each cell is one ``python -m train.run`` with the study's
+common flags, its size's flags, the variant's flags, the depth and the seed. Sizes:
+
+* ``cpu``: reduced models that a 2-core machine trains in the background (the runs resume);
+* ``paper``: the paper's sizes and schedules, for a GPU.
+
+Every variant of a study gets the same data, budget, schedule and seeds: only its own flags differ.
+The paper's numbers (``paper``) are keyed by ``(variant, depth)`` and printed beside ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Flags = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model variant: a label for tables and the flags that make it."""
+
+    label: str
+    flags: Flags
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A test metric as ``train.run`` names it in ``hub_metrics.json`` (``results[].name``)."""
+
+    name: str
+    lower_is_better: bool = False
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    description: str
+    common: Flags
+    sizes: dict[str, Flags]
+    variants: dict[str, Variant]
+    depth_flags: tuple[str, ...]
+    depths: tuple[int, ...]
+    metrics: tuple[Metric, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    paper: dict[tuple[str, int], float] = field(default_factory=dict)
+    baseline: str = "residual"
+
+    def flags(self, variant: str, depth: int, seed: int, size: str) -> Flags:
+        """The ``train.run`` flags of one run (later entries override earlier ones)."""
+        if size not in self.sizes:
+            raise ValueError(f"study {self.name!r} has no size {size!r}; sizes: {', '.join(self.sizes)}")
+        depth_flags = dict.fromkeys(self.depth_flags, depth)
+        return {**self.common, **self.sizes[size], **self.variants[variant].flags, **depth_flags, "seed": seed}
+
+
+def run_id(variant: str, depth: int, seed: int) -> str:
+    """The file stem of one run's result: ``<variant>-<depth>-seed<k>``."""
+    return f"{variant}-{depth}-seed{seed}"
+
+
+# --------------------------------------------------------------------------------------------
+# Model variants. The paper's F is G(LN(y)); the authors' code evaluates the whole pre-norm layer
+# (F includes the layer's residual): `ode_function_includes_residual`.
+
+CODE_F = {"ode_function_includes_residual": True}
+
+
+def _lm_block(method: str, coefficients: str = "tableau") -> Flags:
+    return {"decoder_ode_method": method, "decoder_ode_coefficients": coefficients}
+
+
+def _encoder_block(method: str, coefficients: str = "tableau", **more: Any) -> Flags:
+    return {"encoder_ode_method": method, "encoder_ode_coefficients": coefficients, **more}
+
+
+def _both_readings(blocks: dict[str, tuple[str, Flags]]) -> dict[str, Variant]:
+    """Each RK block in the paper's reading of F and, suffixed ``_codeF``, the authors' code's."""
+    variants = {}
+    for key, (label, flags) in blocks.items():
+        variants[key] = Variant(label, flags)
+        if key != "residual":
+            variants[f"{key}_codeF"] = Variant(f"{label}, code F", {**flags, **CODE_F})
+    return variants
+
+
+# --------------------------------------------------------------------------------------------
+# ptb: truncation error (Table "truncate_error")
+
+PTB_BLOCKS = {
+    "residual": ("Residual-Block", _lm_block("euler")),
+    "rk2": ("RK2-block", _lm_block("rk2")),
+    "rk2_ones": ("RK2-block (gamma=1)", _lm_block("rk2", "ones")),
+    "rk2_gated": ("RK2-block (learnable gamma)", _lm_block("rk2", "gated")),
+    "rk4": ("RK4-block", _lm_block("rk4")),
+}
+
+PTB_COMMON: Flags = {
+    "task": "lm",
+    "dataset": "ptb",
+    # The paper's word-level vocabulary: every PTB word (9,999 types with <unk>) plus <s>, <pad>, </s>.
+    "tokenizer_type": "word",
+    "vocab_size": 10002,
+    # One sentence per sequence (<s> sentence </s>), the same for every variant; perplexity per word
+    # counts </s>, as Mikolov's PTB does.
+    "max_target_length": 128,
+    "preset": "base",
+    # Plain stacking: a 1-layer model is then exactly embedding -> ODE block -> LN -> softmax, the
+    # paper's truncation-error setting (no dense connections mixing the embedding into the output).
+    "decoder_layer_connections": "residual",
+    "label_smoothing": 0.0,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.98,
+    "weight_decay": 0.0,
+    "lr_scheduler_type": "inverse_sqrt",
+    "max_tokens": 4096,
+    "eval_strategy": "epoch",
+    "save_strategy": "epoch",
+    "save_total_limit": 1,
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "loss",
+    "per_device_eval_batch_size": 64,
+    "logging_steps": 50,
+}
+
+PTB = Study(
+    name="ptb",
+    description="Penn Treebank language model, 1 and 2 layers: test perplexity per word at the epoch of "
+    "the best validation perplexity (Table 'truncate_error').",
+    common=PTB_COMMON,
+    sizes={
+        "cpu": {
+            "d_model": 256, "decoder_ffn_dim": 1024, "decoder_attention_heads": 4,
+            "learning_rate": 1e-3, "warmup_steps": 300, "num_train_epochs": 5,
+            "use_cpu": True, "bf16": True,
+        },
+        "paper": {
+            "d_model": 512, "decoder_ffn_dim": 2048, "decoder_attention_heads": 8,
+            "learning_rate": 7e-4, "warmup_steps": 2000, "num_train_epochs": 20, "bf16": True,
+        },
+    },  # fmt: skip
+    variants=_both_readings(PTB_BLOCKS),
+    depth_flags=("decoder_layers",),
+    depths=(1, 2),
+    metrics=(Metric("Word perplexity", lower_is_better=True),),
+    paper={
+        ("residual", 1): 142.33, ("residual", 2): 136.07,
+        ("rk2", 1): 131.80, ("rk2", 2): 123.12,
+        ("rk2_ones", 1): 132.67, ("rk2_ones", 2): 123.90,
+        ("rk2_gated", 1): 128.48, ("rk2_gated", 2): 121.02,
+        ("rk4", 1): 126.89, ("rk4", 2): 119.46,
+    },  # fmt: skip
+)
+
+# --------------------------------------------------------------------------------------------
+# ptb_pilot: what put RK behind residual in the first pilot? One factor at a time from the pilot
+# (BPE 10k, DLCL connections, d 256, 3 epochs, lr 1e-3, warmup 300), every model variant alike.
+
+PILOT: Flags = {
+    **PTB_COMMON,
+    "tokenizer_type": "bpe",
+    "vocab_size": 10000,
+    "decoder_layer_connections": "learnable_dense",  # the preset's default, which the pilot used
+    **PTB.sizes["cpu"],
+    "num_train_epochs": 3,
+}
+PILOT_FACTORS: dict[str, tuple[str, Flags]] = {
+    "pilot": ("as the pilot", {}),
+    "word": ("word-level 10k vocabulary", {"tokenizer_type": "word", "vocab_size": 10002}),
+    "plain": ("plain stacking (no DLCL)", {"decoder_layer_connections": "residual"}),
+    "nodrop": ("no dropout", {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}),
+    "codeF": ("F = the whole layer (authors' code)", CODE_F),
+    "lr5e-4": ("learning rate 5e-4", {"learning_rate": 5e-4}),
+}
+PILOT_BLOCKS = {key: PTB_BLOCKS[key] for key in ("residual", "rk2_gated", "rk4")}
+
+PTB_PILOT = Study(
+    name="ptb_pilot",
+    description="The PTB pilot (BPE, DLCL, 3 epochs) and one factor changed at a time, 1 layer: test "
+    "perplexity per word at the best validation epoch.",
+    common=PILOT,
+    sizes={"cpu": {}},
+    variants={
+        f"{block}.{factor}": Variant(f"{label}, {factor_label}", {**block_flags, **factor_flags})
+        for factor, (factor_label, factor_flags) in PILOT_FACTORS.items()
+        for block, (label, block_flags) in PILOT_BLOCKS.items()
+        if not (block == "residual" and factor == "codeF")  # Euler has no stages to re-read
+    },
+    depth_flags=("decoder_layers",),
+    depths=(1,),
+    metrics=(Metric("Word perplexity", lower_is_better=True),),
+    seeds=(0,),
+    baseline="residual.pilot",
+)
+
+# --------------------------------------------------------------------------------------------
+# multi30k: translation En-De (Table "main-results" at a small scale)
+
+MULTI30K_COMMON: Flags = {
+    "task": "translation",
+    "dataset": "multi30k",
+    "source_lang": "en",
+    "target_lang": "de",
+    "preset": "base",
+    "vocab_size": 8000,
+    "max_source_length": 64,
+    "max_target_length": 64,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.997,
+    "weight_decay": 0.0,
+    "max_grad_norm": 0.0,
+    "lr_scheduler_type": "inverse_sqrt",
+    "save_strategy": "steps",
+    "save_total_limit": 5,
+    "average_last_checkpoints": 5,
+    "eval_strategy": "no",
+    "predict_with_generate": True,
+    "num_beams": 4,
+    "length_penalty": 0.6,
+    "per_device_eval_batch_size": 64,
+    "logging_steps": 50,
+}
+MULTI30K_BLOCKS = {
+    "residual": ("Residual", _encoder_block("euler")),
+    "rk2": ("RK2-block", _encoder_block("rk2")),
+    "rk2_gated": ("RK2-block (learnable gamma)", _encoder_block("rk2", "gated")),
+    "rk4": ("RK4-block", _encoder_block("rk4")),
+}
+MULTI30K_SIZES: dict[str, Flags] = {
+    # A good small baseline for 29k pairs: d 256, 4 heads, dropout 0.1 (0.3 over-regularises at this
+    # budget), label smoothing 0.1, 2K-token batches (updates are what a CPU budget buys), averaging.
+    "cpu": {
+        "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+        "max_tokens": 2048, "max_steps": 1500, "save_steps": 100, "learning_rate": 2e-3, "warmup_steps": 300,
+        "use_cpu": True, "bf16": True,
+    },
+    "paper": {
+        "max_tokens": 4096, "max_steps": 20000, "save_steps": 1000, "learning_rate": 2e-3, "warmup_steps": 4000,
+        "dropout": 0.3, "bf16": True,
+    },
+}  # fmt: skip
+
+MULTI30K = Study(
+    name="multi30k",
+    description="Multi30k En-De (29k pairs), test2016: sacreBLEU and chrF, beam 4, length penalty 0.6, "
+    "average of the last 5 checkpoints; RK blocks in the encoder, Euler decoder.",
+    common=MULTI30K_COMMON,
+    sizes=MULTI30K_SIZES,
+    variants=_both_readings(MULTI30K_BLOCKS),
+    depth_flags=("encoder_layers", "decoder_layers"),
+    depths=(3,),
+    metrics=(Metric("BLEU"), Metric("chrF")),
+)
+
+# --------------------------------------------------------------------------------------------
+# ablations on the Multi30k setting: Table "scale_function", Figure "components", Table "comparison"
+
+ABLATION_VARIANTS: dict[str, Variant] = {
+    "residual": Variant("Residual", _encoder_block("euler")),
+    # Table "scale_function"
+    "weight_sharing": Variant("Weight sharing (F twice, no RK)", _encoder_block("weight_sharing")),
+    "rk2": Variant("RK2 (gamma = 1/2)", _encoder_block("rk2")),
+    "rk2_ones": Variant("RK2 gamma = 1", _encoder_block("rk2", "ones")),
+    "rk2_learnable": Variant("RK2 learnable scalars", _encoder_block("rk2", "learnable")),
+    "rk2_sigmoid_sigmoid": Variant("RK2 sigmoid-sigmoid", _encoder_block("rk2", "gated_independent")),
+    "rk2_gated": Variant("RK2 gated (paper)", _encoder_block("rk2", "gated")),
+    "rk2_tanh_tanh": Variant("RK2 tanh-tanh", _encoder_block("rk2", "gated_tanh")),
+    # Figure "components": what F is, RK2-gated
+    "f_san": Variant("F = SAN", _encoder_block("rk2", "gated", encoder_ode_function="attention")),
+    "f_ffn": Variant("F = FFN", _encoder_block("rk2", "gated", encoder_ode_function="ffn")),
+    "f_san_and_ffn": Variant("F = SAN and FFN separately", _encoder_block("rk2", "gated", encoder_ode_function="sublayers")),
+    # Table "comparison": other ODE designs
+    "leapfrog": Variant("Leapfrog", {**_encoder_block("euler"), "encoder_layer_connections": "leapfrog"}),
+    "multistep": Variant("Multistep", {**_encoder_block("euler"), "encoder_layer_connections": "multistep"}),
+    "dlcl": Variant("DLCL (residual blocks)", {**_encoder_block("euler"), "encoder_layer_connections": "learnable_dense"}),
+    "polynet": Variant("PolyNet", _encoder_block("polynet")),
+    "rk4": Variant("RK4", _encoder_block("rk4")),
+}
+
+ABLATIONS = Study(
+    name="ablations",
+    description="Ablations on the Multi30k setting (cpu size), plain stacking unless the row says otherwise.",
+    common={**MULTI30K_COMMON, "encoder_layer_connections": "residual"},
+    sizes=MULTI30K_SIZES,
+    variants=ABLATION_VARIANTS,
+    depth_flags=("encoder_layers", "decoder_layers"),
+    depths=(3,),
+    metrics=(Metric("BLEU"), Metric("chrF")),
+    seeds=(0,),
+)
+
+# --------------------------------------------------------------------------------------------
+# gec and cnndm: residual vs RK4 at a small scale
+
+GEC = Study(
+    name="gec",
+    description="Grammatical error correction: W&I+FCE train, M2 F0.5 on CoNLL-2013 (small scale).",
+    common={
+        "task": "gec", "dataset": "wi_locness+fce", "preset": "base", "vocab_size": 8000,
+        "max_source_length": 96, "max_target_length": 96, "word_dropout": 0.1,
+        "adam_beta2": 0.997, "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no",
+        "save_strategy": "no", "predict_with_generate": True, "num_beams": 4, "logging_steps": 50,
+        "per_device_eval_batch_size": 32,
+    },
+    sizes={
+        "cpu": {
+            "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+            "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+            "max_tokens": 2048, "max_steps": 1500, "learning_rate": 2e-3, "warmup_steps": 300,
+            "use_cpu": True, "bf16": True, "max_test_samples": 500,
+        },
+        "paper": {"max_tokens": 4096, "max_steps": 20000, "learning_rate": 2e-3, "warmup_steps": 4000, "bf16": True},
+    },
+    variants={"residual": MULTI30K.variants["residual"], "rk4": MULTI30K.variants["rk4"]},
+    depth_flags=("encoder_layers", "decoder_layers"),
+    depths=(3,),
+    metrics=(Metric("M2 F0.5"), Metric("M2 precision"), Metric("M2 recall")),
+    seeds=(0,),
+)  # fmt: skip
+
+CNNDM = Study(
+    name="cnndm",
+    description="Summarization on the shared CNN/DailyMail subset: ROUGE-1/2/L (small scale).",
+    common={
+        "task": "summarization", "dataset": "cnndm", "preset": "base", "vocab_size": 8000,
+        "max_source_length": 400, "max_target_length": 100, "adam_beta2": 0.997,
+        "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no", "save_strategy": "no",
+        "predict_with_generate": True, "num_beams": 4, "length_penalty": 2.0, "logging_steps": 50,
+        "per_device_eval_batch_size": 16,
+    },
+    sizes={
+        "cpu": {
+            "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+            "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+            "max_tokens": 4096, "max_steps": 1000, "learning_rate": 2e-3, "warmup_steps": 300,
+            "use_cpu": True, "bf16": True, "max_test_samples": 300,
+        },
+        "paper": {"max_tokens": 4096, "max_steps": 30000, "learning_rate": 2e-3, "warmup_steps": 4000, "bf16": True},
+    },
+    variants={"residual": MULTI30K.variants["residual"], "rk4": MULTI30K.variants["rk4"]},
+    depth_flags=("encoder_layers", "decoder_layers"),
+    depths=(3,),
+    metrics=(Metric("ROUGE1"), Metric("ROUGE2"), Metric("ROUGEL")),
+    seeds=(0,),
+)  # fmt: skip
+
+STUDIES: dict[str, Study] = {study.name: study for study in (PTB, PTB_PILOT, MULTI30K, ABLATIONS, GEC, CNNDM)}
