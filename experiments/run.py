@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,15 @@ def plan(study: Study, size: str, seeds: list[int], variants: list[str], depths:
 
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
-    """``{"bf16": True, "seed": 0}`` -> ``["--bf16", "true", "--seed", "0"]``."""
+    """``{"bf16": True, "seed": 0}`` -> ``["--bf16", "true", "--seed", "0"]``; model config fields that are
+    not ``train.run`` flags (e.g. ``ode_function_includes_residual``) go into ``--config_overrides``."""
+    from train.run import ALL_ARGUMENTS
+
+    known = {f.name for arguments in ALL_ARGUMENTS for f in fields(arguments)}
+    config = {key: value for key, value in flags.items() if key not in known}
+    flags = {key: value for key, value in flags.items() if key in known}
+    if config:
+        flags["config_overrides"] = json.dumps({**json.loads(flags.get("config_overrides", "{}")), **config})
     argv = []
     for key, value in flags.items():
         argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
@@ -82,8 +90,13 @@ def has_checkpoint(folder: Path) -> bool:
     return any((path / "trainer_state.json").is_file() for path in folder.glob("checkpoint-*"))
 
 
-def train_command(run: Run, work: Path, device: str) -> list[str]:
-    flags = run.study.flags(run.variant, run.depth, run.seed, run.size)
+def run_flags(run: Run, overrides: dict[str, str]) -> dict[str, Any]:
+    """The run's flags with ``--set`` overrides, which apply to every run of the invocation alike."""
+    return {**run.study.flags(run.variant, run.depth, run.seed, run.size), **overrides}
+
+
+def train_command(run: Run, work: Path, device: str, overrides: dict[str, str]) -> list[str]:
+    flags = run_flags(run, overrides)
     if device == "cpu":
         flags["use_cpu"] = True
     else:
@@ -190,8 +203,8 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     if result.is_file():
         return f"skip {run.id} (result exists)"
     out = run.work_dir(args.work_dir)
-    argv = train_command(run, args.work_dir, args.device)
-    flags = run.study.flags(run.variant, run.depth, run.seed, run.size)
+    argv = train_command(run, args.work_dir, args.device, args.set)
+    flags = run_flags(run, args.set)
     env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(args.threads), "ODE_DATA_DIR": str(args.data_root)}
     if not has_checkpoint(out):  # nothing to resume: start from an empty folder
         shutil.rmtree(out, ignore_errors=True)
@@ -226,8 +239,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="intra-op threads per run (default: cores / parallel)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where result files go")
     parser.add_argument("--work-dir", type=Path, default=WORK, help="checkpoints and logs (git-ignored)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a train.run flag in every run (smoke tests; recorded in each result's flags)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes KEY=VALUE, e.g. --set max_steps=10")
+    args.set = dict(item.split("=", 1) for item in args.set)
     study = STUDIES[args.study]
     unknown = sorted(set(args.only or ()) - set(study.variants))
     if unknown:
@@ -248,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for run in runs:
             state = "done" if run.result_path(args.results).is_file() else "todo"
-            print(state, run.id, " ".join(train_command(run, args.work_dir, args.device)[1:]))
+            print(state, run.id, " ".join(train_command(run, args.work_dir, args.device, args.set)[1:]))
         return 0
     failed = 0
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
