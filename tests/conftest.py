@@ -15,3 +15,18 @@ _TRANSFORMERS_TEST_MARKERS = {
 def pytest_configure(config):
     for name, description in _TRANSFORMERS_TEST_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+
+
+# --- the shared corpora ------------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def shared_data():
+    """The shared corpora folder (`train.data.data_root()`: $ODE_DATA_DIR or ../shared/data); skips without it."""
+    from train.data import data_root
+
+    root = data_root()
+    if not root.is_dir():
+        pytest.skip(f"shared data not found at {root} (set ODE_DATA_DIR)")
+    return root

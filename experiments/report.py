@@ -1,0 +1,199 @@
+"""Aggregate a study: ``python -m experiments.report STUDY [--size cpu|paper]``.
+
+Reads every ``results/<study>/<size>/*.json`` and writes beside them ``README.md`` (a markdown table:
+mean +- std over seeds for each variant and depth, the paper's number beside ours, the gap to the
+baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
+
+Noise: a gap to the baseline counts as more than noise when it exceeds twice its standard error,
+``2 * sqrt(s_a^2/n_a + s_b^2/n_b)`` over seeds (needs two seeds or more on both sides). For
+translation, sacreBLEU's paired bootstrap (1,000 resamples) of each variant against the baseline of
+the same seed on the same test set gives a p-value per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from experiments.studies import STUDIES, Study
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+BOOTSTRAP_SAMPLES = 1000
+
+
+def load_results(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json")) if path.name != "summary.json"]
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def gap_verdict(ours: list[float], baseline: list[float]) -> str:
+    """``+1.23 (> noise)`` / ``(within noise)`` / ``(1 seed)`` for ``mean(ours) - mean(baseline)``."""
+    gap = statistics.fmean(ours) - statistics.fmean(baseline)
+    if len(ours) < 2 or len(baseline) < 2:
+        return f"{gap:+.2f} (1 seed)"
+    error = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(baseline) / len(baseline))
+    return f"{gap:+.2f} ({'> noise' if abs(gap) > 2 * error else 'within noise'})"
+
+
+def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: list[str]) -> float:
+    """sacreBLEU's paired bootstrap p-value of ``hypotheses`` against ``baseline`` (BLEU)."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest(
+        [("baseline", baseline), ("system", hypotheses)], {"BLEU": BLEU()}, [references],
+        test_type="bs", n_samples=BOOTSTRAP_SAMPLES,
+    )  # fmt: skip
+    _, scores = test()
+    return float(scores["BLEU"][1].p_value)
+
+
+def test_references(study: Study, size: str, n: int) -> list[str] | None:
+    """The test references of a translation study (from the same readers ``train.run`` uses)."""
+    from train.run import DataArguments, load_raw_data
+
+    flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
+    data_args = DataArguments(dataset=flags["dataset"], source_lang=flags.get("source_lang"), target_lang=flags.get("target_lang"))
+    raw, _ = load_raw_data(data_args, flags["task"])
+    references = [text.strip() for text in raw["test"]["target"]]
+    return references[:n] if len(references) >= n else None
+
+
+def aggregate(study: Study, results: list[dict[str, Any]], references: list[str] | None) -> list[dict[str, Any]]:
+    """One row per (variant, depth) present in ``results``, in the study's order."""
+    by_cell: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for result in results:
+        by_cell[(result["variant"], result["depth"])].append(result)
+    rows = []
+    for depth in study.depths:
+        baseline = {r["seed"]: r for r in by_cell.get((study.baseline, depth), [])}
+        for variant in study.variants:
+            runs = sorted(by_cell.get((variant, depth), []), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            row = {"variant": variant, "label": study.variants[variant].label, "depth": depth, "seeds": [r["seed"] for r in runs]}
+            for metric in study.metrics:
+                values = [r["metrics"][metric.name] for r in runs]
+                mean, std = mean_std(values)
+                row[metric.name] = {"values": values, "mean": mean, "std": std}
+                base_values = [r["metrics"][metric.name] for r in baseline.values()]
+                if variant != study.baseline and base_values:
+                    row[metric.name]["vs_baseline"] = gap_verdict(values, base_values)
+            row["paper"] = study.paper.get((variant, depth))
+            row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
+            row["steps"] = runs[0]["steps"]
+            if references and variant != study.baseline:
+                row["bootstrap_p"] = {
+                    r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
+                    for r in runs
+                    if r.get("test_hypotheses") and r["seed"] in baseline
+                }
+            rows.append(row)
+    return rows
+
+
+def _cell(stats: dict[str, Any]) -> str:
+    return f"{stats['mean']:.2f}" + (f" +- {stats['std']:.2f}" if stats["std"] is not None else "")
+
+
+def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
+    """The study's table: one line per variant and depth."""
+    primary = study.metrics[0]
+    head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs {study.baseline}"]
+    head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
+    head += ["steps", "min/run"]
+    lines = [f"# {study.name} ({size})", "", study.description, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
+        cells += [_cell(row[m.name]) for m in study.metrics]
+        cells.append(row[primary.name].get("vs_baseline", "baseline" if row["variant"] == study.baseline else ""))
+        cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
+        if "bootstrap p (per seed)" in head:
+            cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
+        cells += [str(row["steps"]), f"{row['wall_time_min']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    arrow = "lower" if primary.lower_is_better else "higher"
+    lines += [
+        "",
+        f"{primary.name}: {arrow} is better. mean +- sample std over seeds; '> noise': the gap to {study.baseline} "
+        "exceeds twice its standard error over seeds.",
+        f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]], path: Path) -> None:
+    """Bars (mean +- std, paper as markers) and, where runs evaluated every epoch, validation curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = [r for r in results if len(r.get("validation_curve") or []) > 1]
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(13 if curves else 7, 4.5), squeeze=False)
+    bars = axes[0][0]
+    primary = study.metrics[0].name
+    labels = [f"{r['variant']} ({r['depth']})" for r in rows]
+    bars.barh(labels, [r[primary]["mean"] for r in rows], xerr=[r[primary]["std"] or 0 for r in rows], color="tab:blue", label="ours")
+    paper = [(i, r["paper"]) for i, r in enumerate(rows) if r["paper"] is not None]
+    if paper:
+        bars.scatter([p for _, p in paper], [i for i, _ in paper], color="tab:red", marker="x", zorder=3, label="paper")
+    values = [r[primary]["mean"] for r in rows] + [p for _, p in paper]
+    low, high = min(values), max(values)
+    if high > low:  # zoom on the differences
+        bars.set_xlim(low - 0.5 * (high - low), high + 0.2 * (high - low))
+    bars.invert_yaxis()
+    bars.set_xlabel(primary)
+    bars.legend()
+    if curves:
+        ax = axes[0][1]
+        for result in curves:
+            points = result["validation_curve"]
+            ax.plot([p["epoch"] for p in points], [math.exp(p["eval_loss"]) for p in points], marker=".",
+                    label=f"{result['variant']} ({result['depth']}) s{result['seed']}")  # fmt: skip
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("validation perplexity")
+        ax.set_yscale("log")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{study.name}: {study.description}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[str, Any]]:
+    """Write README.md, summary.json and summary.png for one study and size; returns the rows."""
+    folder = results_dir / study.name / size
+    results = load_results(folder)
+    if not results:
+        raise FileNotFoundError(f"no results in {folder}: run `python -m experiments.run {study.name} --size {size}` first")
+    seq2seq = any(r.get("test_hypotheses") for r in results)
+    references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
+    rows = aggregate(study, results, references)
+    (folder / "README.md").write_text(markdown(study, size, rows), encoding="utf-8")
+    (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    plot(study, rows, results, folder / "summary.png")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--size", default="cpu")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    report(STUDIES[args.study], args.size, args.results)
+    print((args.results / args.study / args.size / "README.md").read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()

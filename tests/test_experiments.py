@@ -1,0 +1,116 @@
+"""The reproduction studies: each study's smallest configuration end to end (two tiny runs, the
+report, the resume-skip), and the runner's bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments import report as report_module
+from experiments import run as runner
+from experiments.studies import STUDIES, run_id
+
+TINY = {
+    "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2, "max_train_samples": 64, "max_steps": 4, "save_steps": 2,
+    "max_eval_samples": 8, "max_test_samples": 6, "vocab_size": 300, "max_source_length": 48,
+    "max_target_length": 32, "num_beams": 2,
+}  # fmt: skip
+
+
+def tiny_args(tmp_path, study: str, variants: list[str]) -> list[str]:
+    sets = [f"--set={key}={value}" for key, value in TINY.items()]
+    return [study, "--only", *variants, "--seeds", "0", "--results", str(tmp_path / "results"),
+            "--work-dir", str(tmp_path / "work"), "--parallel", "2", "--threads", "1", *sets]  # fmt: skip
+
+
+def smallest(study_name: str) -> tuple[list[str], int]:
+    """The baseline and one other variant at the smallest depth."""
+    study = STUDIES[study_name]
+    other = next(v for v in study.variants if v != study.baseline)
+    return [study.baseline, other], min(study.depths)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study_name", sorted(STUDIES))
+def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_data, capsys):
+    study = STUDIES[study_name]
+    variants, depth = smallest(study_name)
+    args = tiny_args(tmp_path, study_name, variants) + ["--depths", str(depth)]
+    assert runner.main(args) == 0
+    folder = tmp_path / "results" / study_name / "cpu"
+    results = {v: json.loads((folder / f"{run_id(v, depth, 0)}.json").read_text()) for v in variants}
+    for variant, result in results.items():
+        assert result["flags"] == {**study.flags(variant, depth, 0, "cpu"), **{k: str(v) for k, v in TINY.items()}}
+        assert result["seed"] == 0 and result["config"]["d_model"] == 16
+        assert result["steps"] == 4 and result["wall_time_s"] > 0
+        assert len(result["git"]["commit"]) == 40 and result["device"]["device"] == "cpu"
+        assert result["data"]["files"] and all(len(h) == 64 for h in result["data"]["files"].values())
+        for metric in study.metrics:
+            assert math.isfinite(result["metrics"][metric.name]), metric.name
+        layers = result["config"]["decoder_layers" if result["config"]["is_encoder_decoder"] is False else "encoder_layers"]
+        assert layers == depth
+    # The variants differ in exactly their own flags.
+    a, b = (results[v]["config"] for v in variants)
+    assert {k for k in a if a[k] != b.get(k)} - {"_name_or_path", "transformers_version"}
+    # Resume: a second invocation skips both runs and trains nothing.
+    capsys.readouterr()
+    assert runner.main(args) == 0
+    assert capsys.readouterr().out.count("skip ") == 2
+    # Report: a table row per variant, a summary and a plot.
+    rows = report_module.report(study, "cpu", tmp_path / "results")
+    assert [r["variant"] for r in rows] == variants
+    for row in rows:
+        values = [results[row["variant"]]["metrics"][study.metrics[0].name]]
+        assert row[study.metrics[0].name]["mean"] == pytest.approx(values[0])
+    table = (folder / "README.md").read_text()
+    assert all(study.variants[v].label in table for v in variants)
+    assert (folder / "summary.png").stat().st_size > 1000
+    if results[variants[0]]["test_hypotheses"] is not None:  # seq2seq: paired bootstrap against the baseline
+        assert 0.0 <= rows[1]["bootstrap_p"][0] <= 1.0
+
+
+def test_plan_is_seed_major_and_ids_name_variant_depth_seed():
+    study = STUDIES["ptb"]
+    runs = runner.plan(study, "cpu", [0, 1], ["residual", "rk4"], [1, 2])
+    assert [r.id for r in runs[:4]] == ["residual-1-seed0", "rk4-1-seed0", "residual-2-seed0", "rk4-2-seed0"]
+    assert {r.seed for r in runs[4:]} == {1}
+
+
+def test_every_variant_of_a_study_shares_every_other_flag():
+    """Same budget, data, schedule and seeds: two variants' flags differ only in the variants' own keys."""
+    for study in STUDIES.values():
+        for size in study.sizes:
+            flags = {v: study.flags(v, study.depths[0], 0, size) for v in study.variants}
+            own = {k for variant in study.variants.values() for k in variant.flags}
+            shared = [{k: v for k, v in f.items() if k not in own} for f in flags.values()]
+            assert all(s == shared[0] for s in shared), (study.name, size)
+
+
+def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
+    run = runner.plan(STUDIES["ptb"], "cpu", [0], ["rk2_codeF"], [1])[0]
+    out = run.work_dir(tmp_path)
+    (out / "checkpoint-5").mkdir(parents=True)
+    command = runner.train_command(run, tmp_path, "cpu", {})
+    assert "--resume_from_checkpoint" not in command  # no trainer_state.json: incomplete
+    (out / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    command = runner.train_command(run, tmp_path, "cpu", {})
+    assert command[command.index("--resume_from_checkpoint") + 1] == "true"
+    assert json.loads(command[command.index("--config_overrides") + 1]) == {"ode_function_includes_residual": True}
+
+
+def test_gap_verdict_compares_the_gap_with_its_standard_error():
+    assert report_module.gap_verdict([10.0, 10.2, 9.8], [12.0, 12.1, 11.9]) == "-2.00 (> noise)"
+    assert report_module.gap_verdict([10.0, 11.0, 9.0], [10.5, 9.5, 11.5]) == "-0.50 (within noise)"
+    assert report_module.gap_verdict([10.0], [11.0]) == "-1.00 (1 seed)"
+
+
+def test_unknown_variant_or_size_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["ptb", "--only", "rk5"])
+    assert "unknown variants ['rk5']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        runner.parse_args(["ptb_pilot", "--size", "paper"])
+    assert "has sizes cpu, not 'paper'" in capsys.readouterr().err
