@@ -75,23 +75,25 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
         by_cell[(result["variant"], result["depth"])].append(result)
     rows = []
     for depth in study.depths:
-        baseline = {r["seed"]: r for r in by_cell.get((study.baseline, depth), [])}
         for variant in study.variants:
             runs = sorted(by_cell.get((variant, depth), []), key=lambda r: r["seed"])
             if not runs:
                 continue
-            row = {"variant": variant, "label": study.variants[variant].label, "depth": depth, "seeds": [r["seed"] for r in runs]}
+            base_name = study.baseline_of(variant)
+            baseline = {r["seed"]: r for r in by_cell.get((base_name, depth), [])}
+            row = {"variant": variant, "label": study.variants[variant].label, "depth": depth, "baseline": base_name}
+            row["seeds"] = [r["seed"] for r in runs]
             for metric in study.metrics:
                 values = [r["metrics"][metric.name] for r in runs]
                 mean, std = mean_std(values)
                 row[metric.name] = {"values": values, "mean": mean, "std": std}
                 base_values = [r["metrics"][metric.name] for r in baseline.values()]
-                if variant != study.baseline and base_values:
+                if variant != base_name and base_values:
                     row[metric.name]["vs_baseline"] = gap_verdict(values, base_values)
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["steps"] = runs[0]["steps"]
-            if references and variant != study.baseline:
+            if references and variant != base_name:
                 row["bootstrap_p"] = {
                     r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
                     for r in runs
@@ -108,14 +110,14 @@ def _cell(stats: dict[str, Any]) -> str:
 def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
     """The study's table: one line per variant and depth."""
     primary = study.metrics[0]
-    head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs {study.baseline}"]
+    head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
     head += ["steps", "min/run"]
     lines = [f"# {study.name} ({size})", "", study.description, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
         cells += [_cell(row[m.name]) for m in study.metrics]
-        cells.append(row[primary.name].get("vs_baseline", "baseline" if row["variant"] == study.baseline else ""))
+        cells.append(row[primary.name].get("vs_baseline", "baseline" if row["variant"] == row["baseline"] else ""))
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
@@ -124,8 +126,8 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
     arrow = "lower" if primary.lower_is_better else "higher"
     lines += [
         "",
-        f"{primary.name}: {arrow} is better. mean +- sample std over seeds; '> noise': the gap to {study.baseline} "
-        "exceeds twice its standard error over seeds.",
+        f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
+        "(under the same factor where variants are BLOCK.FACTOR); '> noise': it exceeds twice its standard error over seeds.",
         f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
     ]
     return "\n".join(lines) + "\n"

@@ -48,6 +48,16 @@ class Study:
     paper: dict[tuple[str, int], float] = field(default_factory=dict)
     baseline: str = "residual"
 
+    def baseline_of(self, variant: str) -> str:
+        """The variant a gap is measured against: variants named ``BLOCK.FACTOR`` compare with the
+        baseline block under the same factor (``rk4.word`` with ``residual.word``), or under the first
+        factor where the factor does not apply to the baseline (``rk4.codeF`` with ``residual.pilot``)."""
+        factor = variant.partition(".")[2]
+        if not factor:
+            return self.baseline
+        same = f"{self.baseline}.{factor}"
+        return same if same in self.variants else next(v for v in self.variants if v.startswith(f"{self.baseline}."))
+
     def flags(self, variant: str, depth: int, seed: int, size: str) -> Flags:
         """The ``train.run`` flags of one run (later entries override earlier ones)."""
         if size not in self.sizes:
@@ -192,7 +202,6 @@ PTB_PILOT = Study(
     depths=(1,),
     metrics=(Metric("Word perplexity", lower_is_better=True),),
     seeds=(0,),
-    baseline="residual.pilot",
 )
 
 # --------------------------------------------------------------------------------------------

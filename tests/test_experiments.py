@@ -114,3 +114,12 @@ def test_unknown_variant_or_size_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(["ptb_pilot", "--size", "paper"])
     assert "has sizes cpu, not 'paper'" in capsys.readouterr().err
+
+
+def test_factor_variants_compare_with_the_baseline_under_the_same_factor():
+    pilot = STUDIES["ptb_pilot"]
+    assert pilot.baseline_of("rk4.word") == "residual.word" and pilot.baseline_of("residual.word") == "residual.word"
+    assert pilot.baseline_of("rk4.codeF") == "residual.pilot"  # code F does not apply to Euler
+    assert STUDIES["ptb"].baseline_of("rk4_codeF") == "residual"
+    for variant in pilot.variants:  # every factor has its residual run
+        assert pilot.baseline_of(variant) in pilot.variants
