@@ -237,3 +237,16 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
     assert all(torch.equal(actual[key], expected[key]) for key in expected)
     run_ids = {(out / name / "run_id.txt").read_text() for name in ("checkpoint-4", "checkpoint-8", "checkpoint-12")}
     assert len(run_ids) == 1  # one run, resumed: averaging accepts its checkpoints
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_gpu_recipes_say_so_in_header_and_readme(recipe):
+    """A recipe without use_cpu needs a GPU (bf16): its first line and the README must say so."""
+    text = (RECIPES / recipe).read_text()
+    readme = (RECIPES.parents[1] / "README.md").read_text()
+    if recipe in CPU_RECIPES:
+        assert "use_cpu: true" in text
+        return
+    assert text.startswith("# GPU recipe: bf16 training on CUDA GPUs.") and "--use_cpu true" in text.split("\n")[1]
+    lines = [line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line]
+    assert all("GPU" in line for line in lines), lines  # every README command that runs it
