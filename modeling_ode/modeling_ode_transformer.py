@@ -616,11 +616,12 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name."""
-        weights = Path(pretrained_model_name_or_path) / kwargs.get("subfolder", "") / "model.safetensors"
-        if weights.is_file():
-            check_safetensors_file(weights)
+        if pretrained_model_name_or_path is not None:
+            weights = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "") / "model.safetensors"
+            if weights.is_file():
+                check_safetensors_file(weights)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:

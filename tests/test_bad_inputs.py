@@ -212,3 +212,9 @@ def test_resume_with_another_model_config_names_the_fields(tmp_path):
         train(out, "--train_file", data, "--resume_from_checkpoint", "last", "--encoder_ode_method", "midpoint",
               "--max_steps", "4")  # fmt: skip
     assert "was trained with another model configuration (encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)" in str(raised.value)
+
+
+def test_missing_test_split_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="there is no test split to test on: pass --test_file or --validation_file"):
+        train(tmp_path / "out", "--train_file", ",".join(corpus(tmp_path / "data")), "--do_test", "true")
+    assert not (tmp_path / "out").exists()
