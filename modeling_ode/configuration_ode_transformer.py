@@ -88,8 +88,17 @@ def _check_positive(field: str, value: Any) -> None:
 
 
 def _check_probability(field: str, value: Any) -> None:
-    if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{field}` must be a number in [0, 1), got {value!r}; e.g. `{field}=0.1`.")
+
+
+def _check_token_id(field: str, value: Any, vocab_size: int) -> None:
+    ids = value if isinstance(value, list) else [value]
+    if any(i is not None and not 0 <= i < vocab_size for i in ids):
+        raise ValueError(
+            f"`{field}`={value!r} is not a token of the vocabulary (ids 0..{vocab_size - 1}); use the tokenizer's "
+            f"id or raise `vocab_size`."
+        )
 
 
 @strict
@@ -189,6 +198,11 @@ class ODETransformerConfig(PreTrainedConfig):
         self._check_fields()
         super().__post_init__(**kwargs)
 
+    def validate_ode_transformer(self) -> None:
+        """`@strict` class validator: the checks of construction, run again by `validate()`, which models call
+        when they are built and `save_pretrained` calls before it writes (fields may change after construction)."""
+        self._check_fields()
+
     def _check_fields(self) -> None:
         """Every field checked at construction; a ValueError names the field, the value and what is allowed."""
         for field in (
@@ -221,6 +235,8 @@ class ODETransformerConfig(PreTrainedConfig):
             self._check_ode_side(side)
         for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             _check_probability(field, getattr(self, field))
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
+            _check_token_id(field, getattr(self, field), self.vocab_size)
         if self.max_relative_position < 0:
             raise ValueError(
                 f"`max_relative_position` must be >= 0 (0 disables relative positions), got {self.max_relative_position}."

@@ -7,9 +7,13 @@ what F is (which sublayers, with which cache slot per stage) and hands it to `od
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as nnf
@@ -28,6 +32,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .configuration_ode_transformer import ODETransformerConfig
 from .ode import StageCoefficients, ode_step
@@ -40,6 +45,8 @@ __all__ = [
     "ODETransformerForConditionalGeneration",
     "ODETransformerForCausalLM",
 ]
+
+logger = logging.get_logger(__name__)
 
 SELF_ATTENTION, CROSS_ATTENTION, FFN = "self_attn", "encoder_attn", "ffn"
 
@@ -142,6 +149,8 @@ class ODETransformerEmbeddings(nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, past_length: int = 0) -> torch.Tensor:
         length = inputs_embeds.shape[1]
+        if length == 0:
+            raise ValueError("the input is empty (sequence length 0); give every sequence at least one token (e.g. `</s>`).")
         if past_length + length > self.max_positions:
             raise ValueError(
                 f"sequence of {past_length + length} positions exceeds `max_position_embeddings`="
@@ -151,6 +160,64 @@ class ODETransformerEmbeddings(nn.Module):
         if self.positions is not None:
             hidden = hidden + self.positions[past_length : past_length + length].to(hidden.dtype)
         return self.dropout(hidden)
+
+
+def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignore_index: int | None = None) -> None:
+    """Refuse ids outside the vocabulary before the embedding lookup fails with an anonymous IndexError (or a
+    device-side assert on GPU)."""
+    if ids is None:
+        return
+    valid = (ids >= 0) & (ids < vocab_size)
+    if ignore_index is not None:
+        valid |= ids == ignore_index
+    if not bool(valid.all()):
+        bad = ids[~valid]
+        allowed = f"0..{vocab_size - 1}" + (f" or {ignore_index}" if ignore_index is not None else "")
+        raise ValueError(
+            f"`{name}` holds ids outside the vocabulary ({allowed}): {sorted(set(bad.tolist()))[:5]}; encode the text "
+            "with the model's own tokenizer, or resize the embeddings (`resize_token_embeddings`) after adding tokens."
+        )
+
+
+def check_labels(input_ids: torch.Tensor | None, labels: torch.Tensor | None, vocab_size: int, same_shape: bool) -> None:
+    """Labels: ids in the vocabulary or -100 (ignored), one row per input row (the causal LM: input_ids' shape)."""
+    check_token_ids("labels", labels, vocab_size, ignore_index=-100)
+    if input_ids is None or labels is None:
+        return
+    if labels.shape[0] != input_ids.shape[0] or (same_shape and labels.shape != input_ids.shape):
+        what = "shape" if same_shape else "batch size"
+        raise ValueError(
+            f"`labels` {tuple(labels.shape)} and `input_ids` {tuple(input_ids.shape)} differ in {what}; give one "
+            "label row per input row (pad with -100)."
+        )
+
+
+def check_safetensors_file(path: Path) -> None:
+    """A safetensors file must hold its 8-byte header size, the JSON header and every tensor's bytes; a truncated or
+    empty file is refused by name before the loader fails inside its deserializer."""
+    size = path.stat().st_size
+    problem = None
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            problem = f"it holds {size} bytes"
+        else:
+            (header_size,) = struct.unpack("<Q", head)
+            try:
+                header = json.loads(f.read(header_size)) if 8 + header_size <= size else None
+            except ValueError:
+                header = None
+            if header is None:
+                problem = "its header is cut off or not JSON"
+            else:
+                end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                if 8 + header_size + end > size:
+                    problem = f"it holds {size} bytes, its header announces {8 + header_size + end}"
+    if problem:
+        raise OSError(
+            f"{path} is truncated or not a safetensors file ({problem}); copy or save the model again "
+            "(a checkpoint folder can be replaced by an earlier complete one)."
+        )
 
 
 def additive_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -273,6 +340,7 @@ class ODETransformerAttention(nn.Module):
         relative_index: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         cache_slot: int = 0,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = self._cached_key_values(
             hidden_states, key_value_states, past_key_values, cache_slot
@@ -287,6 +355,12 @@ class ODETransformerAttention(nn.Module):
             )
             attention_mask = bias if attention_mask is None else attention_mask + bias
         implementation = self.config._attn_implementation
+        if output_attentions and implementation not in (None, "eager"):
+            logger.warning_once(
+                f"`output_attentions=True`: the {implementation!r} attention returns no weights, so these calls use "
+                "eager attention; load the model with `attn_implementation='eager'` to make that the default."
+            )
+            implementation = "eager"
         if self.relative_values is not None or implementation in (None, "eager"):
             attention = eager_attention_forward
         else:
@@ -391,6 +465,7 @@ class ODETransformerLayer(GradientCheckpointingLayer):
                 relative_index=context["relative_index"],
                 past_key_values=context["past_key_values"],
                 cache_slot=self.layer_idx * self.self_attn_stages + stage,
+                output_attentions=context["output_attentions"],
             )
         else:
             out, weights = self.encoder_attn(
@@ -399,6 +474,7 @@ class ODETransformerLayer(GradientCheckpointingLayer):
                 key_value_states=context["encoder_hidden_states"],
                 past_key_values=context["past_key_values"],
                 cache_slot=self.layer_idx,
+                output_attentions=context["output_attentions"],
             )
         context[name] = weights
         return self.dropout(out)
@@ -424,8 +500,10 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         past_key_values: Cache | None = None,
         coefficients: list[StageCoefficients] | None = None,
         ode_trace: list | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         context = {
+            "output_attentions": output_attentions,
             "attention_mask": attention_mask,
             "encoder_hidden_states": encoder_hidden_states,
             "encoder_attention_mask": encoder_attention_mask,
@@ -514,6 +592,13 @@ class LayerConnections(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
+_UNSUPPORTED_ATTENTION = (
+    "attn_implementation={!r} is not supported: the ODE Transformer adds Shaw et al. relative-position logits to every "
+    "self-attention score as an additive mask, which those kernels cannot take. Use attn_implementation='sdpa' (the "
+    "default, fused on CPU and GPU) or 'eager'."
+)
+
+
 class ODETransformerPreTrainedModel(PreTrainedModel):
     config: ODETransformerConfig
     config_class = ODETransformerConfig
@@ -533,6 +618,25 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         mode the plain NLL, so `eval_loss` and the perplexities derived from it are the model's true ones."""
         smoothing = self.config.label_smoothing if self.training else 0.0
         return label_smoothed_loss(logits, labels, smoothing, num_items_in_batch)
+
+    def __init__(self, config: ODETransformerConfig, *inputs, **kwargs):
+        config.validate()  # fields may have been changed after the config was built
+        super().__init__(config, *inputs, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name."""
+        if pretrained_model_name_or_path is not None:
+            weights = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "") / "model.safetensors"
+            if weights.is_file():
+                check_safetensors_file(weights)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
+        raise ValueError(_UNSUPPORTED_ATTENTION.format(f"flash_attention_{flash_attn_version}"))
+
+    def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
+        raise ValueError(_UNSUPPORTED_ATTENTION.format("flex_attention"))
 
     def _init_weights(self, module: nn.Module) -> None:
         """fairseq init: xavier-uniform linears with zero bias, N(0, d^-0.5) embeddings with a zero padding row."""
@@ -634,6 +738,7 @@ class _ODEStack(ODETransformerPreTrainedModel):
                 encoder_hidden_states,
                 coefficients=self._layer_coefficients(index),
                 ode_trace=trace,
+                output_attentions=output_attentions,
                 **layer_kwargs,
             )
             self.connections.push(history, index, block_input, block_output)
@@ -696,6 +801,7 @@ class ODETransformerEncoder(_ODEStack):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
         if inputs_embeds is None:
+            check_token_ids("input_ids", input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = self.embed(inputs_embeds)
         length = hidden_states.shape[1]
@@ -754,6 +860,8 @@ class ODETransformerDecoder(_ODEStack):
                 "pass exactly one of `input_ids`/`decoder_input_ids` or the matching `inputs_embeds`."
             )
         if inputs_embeds is None:
+            name = "decoder_input_ids" if self.config.is_encoder_decoder else "input_ids"
+            check_token_ids(name, input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
         if self.gradient_checkpointing and self.training:
             use_cache = False
@@ -954,6 +1062,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
         **kwargs,
     ) -> ODESeq2SeqLMOutput | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1053,6 +1162,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -100,19 +100,25 @@ class ButcherTableau:
                 f"`{field}`: a user tableau is a dict with keys 'a' (rows of stage weights), 'b' (update weights) "
                 f"and optionally 'c', 'y_weights', 'order'; got keys {sorted(data)}."
             )
-        a = tuple(tuple(float(x) for x in row) for row in data["a"])
-        c = data.get("c")
+        a = tuple(_numbers(row, f"{field}['a'][{i}]") for i, row in enumerate(data["a"]))
+        c, y_weights = data.get("c"), data.get("y_weights")
         tableau = cls(
             a=a,
-            b=tuple(float(x) for x in data["b"]),
-            c=tuple(float(x) for x in c) if c is not None else tuple(sum(row) for row in a),
-            y_weights=tuple(float(x) for x in data["y_weights"])
-            if data.get("y_weights") is not None
-            else None,
+            b=_numbers(data["b"], f"{field}['b']"),
+            c=_numbers(c, f"{field}['c']") if c is not None else tuple(sum(row) for row in a),
+            y_weights=_numbers(y_weights, f"{field}['y_weights']") if y_weights is not None else None,
             order=data.get("order"),
         )
         tableau.check(field)
         return tableau
+
+
+def _numbers(values: Sequence, field: str) -> tuple[float, ...]:
+    """The entries of one tableau row/vector as floats; anything else (a string, None) is refused by name."""
+    for j, x in enumerate(values):
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            raise ValueError(f"`{field}[{j}]`={x!r} is not a number; tableau entries are numbers, e.g. 0.5.")
+    return tuple(float(x) for x in values)
 
 
 ODE_METHODS: dict[str, ButcherTableau] = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -15,12 +17,15 @@ STATES = [
 ]
 
 
-def write_run(root, steps=(10, 20, 30)):
+def write_run(root, steps=(10, 20, 30), run_id="run-a"):
+    """Checkpoints as the trainer leaves them: weights, config, trainer state (written last) and the run id."""
     for step, state in zip(steps, STATES):
         folder = root / f"checkpoint-{step}"
         folder.mkdir(parents=True)
         save_file(state, str(folder / "model.safetensors"))
         (folder / "config.json").write_text(f'{{"step": {step}}}')
+        (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+        (folder / "run_id.txt").write_text(run_id + "\n")
     return root
 
 
@@ -50,3 +55,22 @@ def test_mismatched_checkpoints_are_refused(tmp_path):
     save_file({"v": torch.zeros(2)}, str(tmp_path / "b.safetensors"))
     with pytest.raises(ValueError, match="different tensors"):
         average_checkpoints([tmp_path / "a.safetensors", tmp_path / "b.safetensors"])
+
+
+def test_checkpoints_of_two_runs_are_refused(tmp_path):
+    """An old run's later checkpoints beside a new run's must not be averaged together."""
+    write_run(tmp_path, steps=(10, 20), run_id="new-run")
+    write_run(tmp_path, steps=(30,), run_id="old-run")
+    with pytest.raises(ValueError, match=r"different training runs \(checkpoint-10: new-run, checkpoint-20: new-run, checkpoint-30: old-run\)"):
+        last_checkpoints(tmp_path, 3)
+    with pytest.raises(ValueError, match="different training runs"):
+        main([str(tmp_path), "--last", "2", "--out", str(tmp_path / "avg")])
+    assert [p.name for p in last_checkpoints(tmp_path, 1)] == ["checkpoint-30"]  # one run's alone are fine
+
+
+def test_incomplete_checkpoint_is_skipped(tmp_path, caplog):
+    write_run(tmp_path)
+    (tmp_path / "checkpoint-30" / "trainer_state.json").unlink()  # a save killed before its last file
+    with caplog.at_level(logging.WARNING, logger="train.checkpoints"):
+        assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint-10", "checkpoint-20"]
+    assert "skipping incomplete checkpoint" in caplog.text and "no trainer_state.json" in caplog.text

@@ -116,6 +116,22 @@ def test_load_tsv(tmp_path):
     )
 
 
+def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, caplog):
+    tsv = tmp_path / "d.tsv"
+    tsv.write_text("source\ttarget\na b\tc d\nno target here\n\te f\ng h\ti j\n", encoding="utf-8")
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"source": "a", "target": "b"}\n{"source": "x"}\n{"source": "y", "target": "  "}\n', encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="train.data"):
+        from_tsv = load_tsv(tsv, "source", "target", cache_dir=tmp_path / "cache")
+        from_jsonl = load_jsonl(jsonl, "source", "target", cache_dir=tmp_path / "cache")
+    assert list(zip(from_tsv["source"], from_tsv["target"])) == [("a b", "c d"), ("g h", "i j")]
+    assert list(zip(from_jsonl["source"], from_jsonl["target"])) == [("a", "b")]
+    # file line numbers: the TSV header is line 1
+    assert f"{tsv}: 2 empty line(s) skipped (line numbers 3, 4)" in caplog.text
+    assert f"{jsonl}: 2 empty line(s) skipped (line numbers 2, 3)" in caplog.text
+    assert (parallel_stats(from_tsv).lines, parallel_stats(from_tsv).kept) == (4, 2)
+
+
 def test_load_jsonl_with_nested_field(tmp_path):
     rows = [
         {"translation": {"de": "Ja", "en": "Yes"}, "id": 1},

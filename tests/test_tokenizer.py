@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import unicodedata
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_bpe_merges_frequent_words(tok):
 
 
 def test_load_or_train_reuses_existing_folder(folder, tok):
-    reused = load_or_train_tokenizer(folder, texts=None, vocab_size=500)
+    reused = load_or_train_tokenizer(folder, texts=None, vocab_size=VOCAB_SIZE)
     assert reused.get_vocab() == tok.get_vocab()
 
 
@@ -127,3 +128,19 @@ def test_word_level_ptb_has_every_word(tmp_path):
 def test_unknown_tokenizer_kind_is_refused():
     with pytest.raises(ValueError, match="tokenizer kind must be one of"):
         train_tokenizer(["a b"], 100, kind="sentencepiece")
+
+
+def test_reuse_refuses_a_tokenizer_trained_otherwise(tmp_path, caplog):
+    texts = ["der Hund läuft", "die Katze schläft", "the dog runs", "the cat sleeps"] * 50
+    trained = load_or_train_tokenizer(tmp_path, texts, vocab_size=300)
+    with caplog.at_level(logging.INFO, logger="train.tokenizer"):
+        load_or_train_tokenizer(tmp_path, texts, vocab_size=300)  # same settings and data: reused
+    assert f"using the tokenizer in {tmp_path}" in caplog.text
+    with pytest.raises(ValueError, match="vocab_size 300 vs 400 now"):
+        load_or_train_tokenizer(tmp_path, texts, vocab_size=400)
+    with pytest.raises(ValueError, match=r"texts 200 vs 199 now; texts_sha256 \w+ vs \w+ now"):
+        load_or_train_tokenizer(tmp_path, texts[:-1], vocab_size=300)
+    # asked for by name (verify=False): the user's choice, used as it is
+    assert load_or_train_tokenizer(tmp_path, texts[:-1], 400, verify=False).get_vocab() == trained.get_vocab()
+    with pytest.raises(ValueError, match="kind bpe vs word now"):
+        load_or_train_tokenizer(tmp_path, texts, vocab_size=300, kind="word")

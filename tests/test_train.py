@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,85 @@ def test_cli_overrides_recipe():
     assert (training_args.max_steps, data_args.max_tokens, training_args.warmup_steps) == (7, 1000, 300)
     with pytest.raises(ValueError, match="needs --max_steps"):
         parse_arguments(["--streaming", "true", "--use_cpu", "true"])
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL at a chosen point of a save: nothing after it runs (BaseException: no handler catches it)."""
+
+
+def _kill_when(name_part: str):
+    def check(path) -> None:
+        if name_part in str(path):
+            raise Killed(path)
+
+    return check
+
+
+@needs_data
+@pytest.mark.slow
+def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path, monkeypatch, caplog):
+    """Kill the save of checkpoint-8 at three points (weights half written, before the optimizer, before the
+    rename), resume each time, then finish: the weights equal those of an uninterrupted run bit for bit."""
+    import transformers.modeling_utils
+    from transformers import Trainer
+
+    import train.trainer
+
+    flags = [
+        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
+        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
+        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
+        "--do_test", "false", "--report_to", "none",
+    ]  # fmt: skip
+    train_and_test(tmp_path / "full", *flags)
+    out = tmp_path / "killed"
+
+    save_file, save_optimizer, publish = (
+        transformers.modeling_utils.safe_save_file, Trainer._save_optimizer_and_scheduler, train.trainer.publish,
+    )  # fmt: skip
+
+    def half_written(tensors, filename, metadata=None):
+        save_file(tensors, filename, metadata=metadata)
+        if "checkpoint-8" in str(filename):
+            Path(filename).write_bytes(Path(filename).read_bytes()[:1000])
+            raise Killed(filename)
+
+    kills = [
+        (transformers.modeling_utils, "safe_save_file", half_written),
+        (Trainer, "_save_optimizer_and_scheduler", lambda self, d: (_kill_when("checkpoint-8")(d), save_optimizer(self, d))),
+        (train.trainer, "publish", lambda staged, final: (_kill_when("checkpoint-8")(final), publish(staged, final))),
+    ]  # fmt: skip
+    for attempt, (owner, name, replacement) in enumerate(kills):
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, name, replacement)
+            with pytest.raises(Killed):
+                train_and_test(out, *flags, *(["--resume_from_checkpoint", "last"] if attempt else []))
+        assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"], name
+        assert (out / ".staging" / "checkpoint-8").is_dir()  # the partial save, never published
+
+    # A partial checkpoint-8 as written in place before atomic saves: skipped with a warning.
+    shutil.copytree(out / "checkpoint-4", out / "checkpoint-8")
+    (out / "checkpoint-8" / "trainer_state.json").write_text('{"global_step": 8, "log_hist')
+    with caplog.at_level(logging.WARNING):
+        train_and_test(out, *flags, "--resume_from_checkpoint", "last")
+    assert "skipping incomplete checkpoint" in caplog.text and "a cut-off trainer_state.json" in caplog.text
+    assert not (out / ".staging").exists()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-4", "checkpoint-8"]
+    expected, actual = load_file(tmp_path / "full" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(actual[key], expected[key]) for key in expected)
+    run_ids = {(out / name / "run_id.txt").read_text() for name in ("checkpoint-4", "checkpoint-8", "checkpoint-12")}
+    assert len(run_ids) == 1  # one run, resumed: averaging accepts its checkpoints
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_gpu_recipes_say_so_in_header_and_readme(recipe):
+    """A recipe without use_cpu needs a GPU (bf16): its first line and the README must say so."""
+    text = (RECIPES / recipe).read_text()
+    readme = (RECIPES.parents[1] / "README.md").read_text()
+    if recipe in CPU_RECIPES:
+        assert "use_cpu: true" in text
+        return
+    assert text.startswith("# GPU recipe: bf16 training on CUDA GPUs.") and "--use_cpu true" in text.split("\n")[1]
+    lines = [line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line]
+    assert all("GPU" in line for line in lines), lines  # every README command that runs it

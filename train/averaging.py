@@ -2,13 +2,13 @@
 
 ``python -m train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
 the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
-config, generation config and tokenizer files are copied from the newest checkpoint).
+config, generation config and tokenizer files are copied from the newest checkpoint). Only complete
+checkpoints of one training run are averaged (:mod:`train.checkpoints`).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,22 +16,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from train.checkpoints import check_one_run, complete_checkpoints
+
 __all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
 
 WEIGHTS = "model.safetensors"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def last_checkpoints(output_dir: str | Path, last: int) -> list[Path]:
-    """The ``last`` newest ``checkpoint-<step>`` folders of ``output_dir``, oldest first."""
-    found = [
-        (int(match.group(1)), path)
-        for path in Path(output_dir).iterdir()
-        if (match := _CHECKPOINT.match(path.name)) and (path / WEIGHTS).is_file()
-    ]
+    """The ``last`` newest complete ``checkpoint-<step>`` folders of ``output_dir``, oldest first.
+
+    Raises:
+        FileNotFoundError: there is no complete checkpoint.
+        ValueError: they were written by different training runs (folders and run ids named).
+    """
+    found = complete_checkpoints(output_dir)
     if not found:
-        raise FileNotFoundError(f"no checkpoint-<step> folders with {WEIGHTS} in {output_dir}")
-    return [path for _, path in sorted(found)[-last:]]
+        raise FileNotFoundError(f"no complete checkpoint-<step> folders in {output_dir}")
+    chosen = found[-last:]
+    check_one_run(chosen)
+    return chosen
 
 
 def _weights_file(path: str | Path) -> Path:

@@ -205,16 +205,68 @@ def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDatas
     return dataset.map(convert).select_columns(["source", "target"])
 
 
+def _has_rows(path: Path, header: bool) -> bool:
+    """Whether a (``.gz``) text file holds a non-blank line after the header line, if any."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        lines = (line for line in f if line.strip())
+        return next(lines, None) is not None and (not header or next(lines, None) is not None)
+
+
+def _refuse_empty_file(path: PathLike, header: bool) -> None:
+    if not _has_rows(Path(path), header):
+        rows = "rows below its header" if header else "lines"
+        raise ValueError(f"{path} has no {rows}: pass a file with data, or leave that split out.")
+
+
+def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Dataset:
+    """Drop rows whose source or target is missing or blank, with :func:`load_parallel_files`' warning and
+    :class:`ParallelStats` (line ``first_line`` is row 0)."""
+    empty = [
+        i for i, (source, target) in enumerate(zip(dataset["source"], dataset["target"]))
+        if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip()
+    ]  # fmt: skip
+    stats = ParallelStats(
+        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - len(empty),
+        empty_lines=[i + first_line for i in empty],
+    )  # fmt: skip
+    _warn_skipped(stats, skip_empty=True)
+    if empty:
+        dropped = set(empty)
+        dataset = dataset.select([i for i in range(dataset.num_rows) if i not in dropped])
+    dataset.info.description = json.dumps({"parallel_stats": asdict(stats)})
+    return dataset
+
+
+def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
+    """The first line of a JSON-lines file that is not a JSON object: (1-based number, reason)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as error:
+                return number, f"{error.msg} at column {error.colno}"
+            if not isinstance(value, dict):
+                return number, f"a JSON {type(value).__name__}, not an object"
+    return None
+
+
 def load_tsv(
     path: PathLike, source_column: str, target_column: str, cache_dir: PathLike | None = None
 ) -> Dataset:
     """Load a tab-separated file with a header row (``.gz`` allowed) as ``source``/``target``.
 
-    Quotes are not special (``csv.QUOTE_NONE``) and empty fields stay empty strings.
+    Quotes are not special (``csv.QUOTE_NONE``). Rows with a missing or blank source or target are
+    skipped with a warning naming their line numbers, as :func:`load_parallel_files` does.
 
     Raises:
         KeyError: a column is missing (message names it, the file and the existing columns).
+        ValueError: the file has no rows below its header.
     """
+    _refuse_empty_file(path, header=True)
     dataset = datasets.load_dataset(
         "csv",
         data_files=str(path),
@@ -225,7 +277,7 @@ def load_tsv(
         cache_dir=None if cache_dir is None else str(cache_dir),
     )
     _check_fields(dataset, [source_column, target_column], str(path))
-    return _to_source_target(dataset, source_column, target_column)
+    return _skip_empty_rows(_to_source_target(dataset, source_column, target_column), path, first_line=2)
 
 
 def load_jsonl(
@@ -233,16 +285,25 @@ def load_jsonl(
 ) -> Dataset:
     """Load a JSON-lines file (``.gz`` allowed) as ``source``/``target``.
 
-    A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``).
+    A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``). Records with
+    a missing, null or blank source or target are skipped with a warning naming their line numbers.
 
     Raises:
-        KeyError: a field is missing (message names it, the file and the existing fields).
+        KeyError: a field is missing from every record (message names it, the file and the existing fields).
+        ValueError: the file is empty, or a line is not a JSON object (file and line named).
     """
-    dataset = datasets.load_dataset(
-        "json", data_files=str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir)
-    )
+    _refuse_empty_file(path, header=False)
+    try:
+        dataset = datasets.load_dataset(
+            "json", data_files=str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir)
+        )
+    except Exception as error:  # datasets wraps the JSON error without naming the line
+        bad = _first_bad_json_line(Path(path))
+        if bad is None:
+            raise
+        raise ValueError(f"{path}, line {bad[0]}: not a JSON object ({bad[1]}); fix or remove that line.") from error
     _check_fields(dataset, [source_field, target_field], str(path))
-    return _to_source_target(dataset, source_field, target_field)
+    return _skip_empty_rows(_to_source_target(dataset, source_field, target_field), path, first_line=1)
 
 
 _KNOWN_COLUMN_PAIRS: tuple[tuple[str, str], ...] = (("article", "highlights"), ("document", "summary"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
 )
 from train import metrics
+from train.checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
 from train.data import (
     DataSpec,
     conll2013_test,
@@ -177,6 +179,9 @@ class RunArguments:
     average_last_checkpoints: int = field(default=0, metadata={"help": "average the last N checkpoints before testing"})
     time_budget_minutes: float | None = field(default=None, metadata={"help": "stop training after this long"})
     do_test: bool = field(default=True, metadata={"help": "predict and score the test split after training"})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"}
+    )
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
@@ -264,6 +269,18 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
 
 def _slice(dataset: Dataset, limit: int | None) -> Dataset:
     return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+
+
+def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
+    """Refuse an empty split before training (an empty validation or test split would only fail after it)."""
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    for name, dataset in splits.items():
+        if isinstance(dataset, Dataset) and dataset.num_rows == 0:
+            source = files[name] or data_args.dataset or data_args.hub_dataset
+            raise ValueError(
+                f"the {name} split ({source}) has no examples (after skipping empty ones and --max_*_samples); "
+                "give it data, or leave that split out."
+            )
 
 
 def streaming_train_split(data_args: DataArguments, raw: DatasetDict, world_size: int) -> IterableDataset:
@@ -479,10 +496,12 @@ def write_card(output_dir: str, document: dict) -> None:
 
 
 def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
-    folder = model_args.tokenizer_name or model_args.model_name_or_path or str(Path(training_args.output_dir) / "tokenizer")
+    """The tokenizer asked for by name, else the output folder's own: reused if its record matches, else trained."""
+    named = model_args.tokenizer_name or model_args.model_name_or_path
+    folder = named or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
         return load_or_train_tokenizer(
-            folder, _tokenizer_texts(train, task), model_args.vocab_size, kind=model_args.tokenizer_type
+            folder, _tokenizer_texts(train, task), model_args.vocab_size, verify=not named, kind=model_args.tokenizer_type
         )
 
 
@@ -505,8 +524,49 @@ def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadColl
     return TokenBudgetSeq2SeqTrainer(**common, compute_metrics=compute)
 
 
-def _resume_argument(value: str | None) -> str | bool | None:
-    return True if value in ("last", "latest", "true", "True") else value
+def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool) -> str | None:
+    """Keep one run per output folder (as transformers' example scripts do); returns the checkpoint to resume from.
+
+    A non-empty ``output_dir`` is refused unless the run resumes (``last`` = the newest complete checkpoint,
+    incomplete ones skipped with a warning) or ``overwrite`` deletes its contents first.
+    """
+    out, resume = Path(training_args.output_dir), training_args.resume_from_checkpoint
+    if overwrite and resume:
+        raise ValueError("--overwrite_output_dir would delete what --resume_from_checkpoint continues from; pass one of them.")
+    if resume in ("last", "latest", "true", "True"):
+        complete = complete_checkpoints(out)
+        if not complete:
+            raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint in {out}; start a new run without it.")
+        resume = str(complete[-1])
+    elif resume and (problem := missing_part(Path(resume))):
+        raise ValueError(f"{resume} is not a complete checkpoint ({problem}); resume from another one.")
+    elif not resume and not overwrite and out.is_dir() and any(out.iterdir()):
+        names = ", ".join(sorted(p.name for p in out.iterdir())[:5])
+        raise ValueError(
+            f"{out} already holds a run ({names}, ...); continue it with --resume_from_checkpoint last, pass "
+            "--overwrite_output_dir to delete it first, or choose an empty --output_dir."
+        )
+    with training_args.main_process_first(desc="output dir"):
+        if training_args.should_save and overwrite and out.is_dir():
+            logger.warning("--overwrite_output_dir: deleting the contents of %s", out)
+            shutil.rmtree(out)
+        if training_args.should_save and resume:
+            remove_staging(out)
+    return resume
+
+
+def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
+    """Refuse to resume a checkpoint of another model configuration, naming the fields that differ."""
+    saved = ODETransformerConfig.from_pretrained(checkpoint).to_dict()
+    now = config.to_dict()
+    bookkeeping = {"architectures", "transformers_version", "_name_or_path", "dtype", "use_cache"}  # not the model
+    fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
+    if fields:
+        detail = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in fields)
+        raise ValueError(
+            f"{checkpoint} was trained with another model configuration ({detail}); resume with the checkpoint's "
+            "settings, or start a new run in an empty --output_dir."
+        )
 
 
 def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
@@ -528,15 +588,19 @@ def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) ->
 def run(args: tuple) -> dict:
     """Train and test as described in the module docstring; returns the metrics document."""
     model_args, data_args, run_args, training_args = args
+    resume = prepare_output_dir(training_args, run_args.overwrite_output_dir)
     set_seed(training_args.seed)
     raw, m2_file = load_raw_data(data_args, run_args.task)
     raw["validation"] = _slice(raw["validation"], data_args.max_eval_samples) if "validation" in raw else None
-    raw["test"] = _slice(raw["test"], data_args.max_test_samples)
+    raw["test"] = _slice(raw["test"], data_args.max_test_samples) if "test" in raw else None
+    if run_args.do_test and raw["test"] is None:
+        raise ValueError("there is no test split to test on: pass --test_file or --validation_file, or --do_test false.")
     train = (
         streaming_train_split(data_args, raw, training_args.world_size)
         if data_args.streaming
         else _slice(raw["train"], data_args.max_train_samples)
     )
+    check_splits_not_empty({"train": train, "validation": raw["validation"], "test": raw["test"]}, data_args)
     tokenizer = _prepare_tokenizer(model_args, training_args, train, run_args.task)
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(
@@ -544,10 +608,13 @@ def run(args: tuple) -> dict:
             tokenizer, run_args.task, data_args,
         )
     model = build_model(model_args, data_args, run_args.task, tokenizer)
+    if resume:
+        check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args)
     collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id, data_args.word_dropout)
     trainer = _make_trainer(args, model, tokenizer, splits, collator)
-    result = trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
+    trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
+    result = trainer.train(resume_from_checkpoint=resume)
     train_metrics = {**result.metrics, "global_step": trainer.state.global_step}
     if run_args.average_last_checkpoints > 1:
         _load_average(trainer, run_args.average_last_checkpoints)

@@ -17,10 +17,16 @@ setting, whose text is already tokenised, lower-cased and ``<unk>``-replaced to 
 
 The result is a :class:`transformers.PreTrainedTokenizerFast` with pad/bos/eos/unk set and
 ``clean_up_tokenization_spaces=False`` (tokenised GEC text like ``word .`` must round-trip).
+A tokenizer saved by :func:`train_tokenizer` has a record, ``tokenizer_training.json`` (vocabulary
+size asked for, ``min_frequency``, number and SHA-256 of the training texts), which
+:func:`load_or_train_tokenizer` compares with what it is asked before it reuses the tokenizer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,13 +36,38 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "load_or_train_tokenizer", "train_tokenizer", "training_texts"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TRAINING_RECORD", "load_or_train_tokenizer", "train_tokenizer", "training_texts"]
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk>")
 """Special tokens, in id order (fairseq dictionary order)."""
 BOS, PAD, EOS, UNK = SPECIAL_TOKENS
 TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "word")
 """``bpe``: joint byte-level BPE; ``word``: word-level vocabulary of whitespace-split words."""
+TRAINING_RECORD = "tokenizer_training.json"
+"""What a saved tokenizer was trained with (next to its ``tokenizer.json``)."""
+
+
+class _TextsDigest:
+    """Passes texts through while counting them and hashing them (SHA-256, a NUL after each text)."""
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self.texts, self.count, self.hash = texts, 0, hashlib.sha256()
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self.texts:
+            self.count += 1
+            self.hash.update(text.encode("utf-8") + b"\0")
+            yield text
+
+    def consume(self) -> _TextsDigest:
+        for _ in self:
+            pass
+        return self
+
+    def summary(self) -> dict:
+        return {"texts": self.count, "texts_sha256": self.hash.hexdigest()}
 
 
 def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target")) -> Iterator[str]:
@@ -106,7 +137,8 @@ def train_tokenizer(
     """
     if kind == "bpe" and vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges (specials + 256 bytes)")
-    backend = _build_backend(texts, vocab_size, min_frequency, kind)
+    digest = _TextsDigest(texts)
+    backend = _build_backend(digest, vocab_size, min_frequency, kind)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -117,6 +149,8 @@ def train_tokenizer(
     )
     if save_to is not None:
         tokenizer.save_pretrained(str(save_to))
+        record = {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency, **digest.summary()}
+        (Path(save_to) / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return tokenizer
 
 
@@ -126,14 +160,39 @@ def load_or_train_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     kind: str = "bpe",
+    verify: bool = True,
 ) -> PreTrainedTokenizerFast:
     """Load the tokenizer saved in ``folder`` if there is one, else train it (``kind``) on ``texts``.
 
     A newly trained tokenizer is saved in ``folder`` when a folder is given, so the next call
-    reuses it (``texts`` and ``vocab_size`` are then ignored).
+    reuses it. With ``verify``, a reused tokenizer's training record must agree with ``vocab_size``,
+    ``min_frequency`` and (when given) ``texts``, else a ValueError names the difference; tokenizers
+    without a record (not trained here) are reused as they are. Which tokenizer is used is logged.
     """
     if folder is not None and (Path(folder) / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        record_path = Path(folder) / TRAINING_RECORD
+        if verify and record_path.is_file():
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            _check_record(folder, record, kind, vocab_size, min_frequency, texts)
+        logger.info("using the tokenizer in %s (%d tokens)", folder, len(tokenizer))
+        return tokenizer
     if texts is None:
         raise ValueError(f"no tokenizer in {folder} and no texts to train one on")
-    return train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind)
+    tokenizer = train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind)
+    logger.info("trained a %d-token tokenizer%s", len(tokenizer), f", saved in {folder}" if folder is not None else "")
+    return tokenizer
+
+
+def _check_record(
+    folder: str | os.PathLike, record: dict, kind: str, vocab_size: int, min_frequency: int, texts: Iterable[str] | None
+) -> None:
+    asked = {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency}
+    if texts is not None:
+        asked |= _TextsDigest(texts).consume().summary()
+    differences = [f"{key} {record.get(key)} vs {value} now" for key, value in asked.items() if record.get(key) != value]
+    if differences:
+        raise ValueError(
+            f"the tokenizer in {folder} was trained with other settings or data ({'; '.join(differences)}); "
+            "delete that folder to train a new one, or name another one with --tokenizer_name."
+        )

@@ -15,21 +15,29 @@ the middle of an epoch: ``skip_first_batches`` then wraps ``SkipBatchSampler`` a
 :class:`SamplerEpochCallback` also sets it at every epoch start from ``state.epoch``, which the
 checkpoint restores. The order of batches is then a function of (seed, epoch) only, and a resumed
 run sees exactly the batches the uninterrupted run would have seen.
+
+Checkpoints are written aside and renamed into place, with the id of the run that wrote them
+(:mod:`train.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
+looks complete but is not.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from train import metrics
 from train.batching import TokenBudgetBatchSampler
+from train.checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
 from train.data import word_dropout
 
 __all__ = [
@@ -88,10 +96,41 @@ class SamplerEpochCallback(TrainerCallback):
 
 
 class _TokenBudgetMixin:
-    """``get_train_dataloader`` with token-budget batches when ``max_tokens`` is set."""
+    """``get_train_dataloader`` with token-budget batches when ``max_tokens`` is set, and checkpoints that
+    are written aside, then renamed into place, each with the ``run_id`` of the run (set it to continue a
+    run; a new one is drawn at the first save otherwise)."""
 
     max_tokens: int | None = None
     length_column: str = "length"
+    run_id: str | None = None
+    _staging: Path | None = None
+
+    def _get_output_dir(self, trial) -> str:
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The trainer's save, pointed at ``OUTPUT_DIR/.staging``; the folder is renamed into place once complete."""
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staged, final = run_dir / STAGING / name, run_dir / name
+        if self.args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)  # left by a save that was interrupted
+        self.accelerator.wait_for_everyone()
+        self._staging = staged.parent
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = None
+        if self.state.best_model_checkpoint == str(staged):
+            self.state.best_model_checkpoint = str(final)
+        self.accelerator.wait_for_everyone()  # every process has written its part
+        self.run_id = self.run_id or new_run_id()
+        if self.args.should_save:
+            self.state.save_to_json(str(staged / TRAINER_STATE))  # again, with the final path of the best checkpoint
+            (staged / RUN_ID_FILE).write_text(self.run_id + "\n", encoding="utf-8")
+            publish(staged, final)
+            rotate_checkpoints(str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     def get_train_dataloader(self) -> DataLoader:
         eval_collator = self.data_collator

@@ -1,0 +1,220 @@
+"""A catalogue of bad inputs: each must fail early with an error that names the problem and the fix.
+
+Every row is (name, action, exception type, fragment of the message). The actions are small: tiny models,
+a few lines of data, and training runs refused before training starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
+
+from modeling_ode import (
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+)
+from train.data import load_jsonl, load_tsv
+from train.run import parse_arguments, run
+
+IDS = torch.tensor([[5, 6, 7, 2]])
+
+
+def seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    return ODETransformerForConditionalGeneration(ODETransformerConfig.from_preset("tiny", **overrides)).eval()
+
+
+def causal() -> ODETransformerForCausalLM:
+    torch.manual_seed(0)
+    return ODETransformerForCausalLM(ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False)).eval()
+
+
+def changed_config(**changes) -> ODETransformerConfig:
+    config = ODETransformerConfig.from_preset("tiny")
+    for name, value in changes.items():
+        setattr(config, name, value)
+    return config
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def truncated_safetensors(folder: Path, keep: int | None) -> Path:
+    seq2seq().save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if keep is None else data[:keep])
+    return folder
+
+
+# --------------------------------------------------------------------------------------------
+# Model inputs and configuration
+
+MODEL_CASES = [
+    ("input id >= vocab", lambda: seq2seq()(input_ids=torch.tensor([[5, 99, 2]]), decoder_input_ids=IDS),
+     ValueError, "`input_ids` holds ids outside the vocabulary (0..98): [99]; encode the text with the model's own tokenizer"),
+    ("negative input id", lambda: seq2seq()(input_ids=torch.tensor([[5, -1, 2]]), decoder_input_ids=IDS),
+     ValueError, "`input_ids` holds ids outside the vocabulary (0..98): [-1]"),
+    ("decoder input id >= vocab", lambda: seq2seq()(input_ids=IDS, decoder_input_ids=torch.tensor([[2, 150]])),
+     ValueError, "`decoder_input_ids` holds ids outside the vocabulary (0..98): [150]"),
+    ("label >= vocab", lambda: seq2seq()(input_ids=IDS, labels=torch.tensor([[5, 120, 2]])),
+     ValueError, "`labels` holds ids outside the vocabulary (0..98 or -100): [120]"),
+    ("negative label other than -100", lambda: seq2seq()(input_ids=IDS, labels=torch.tensor([[5, -5, -100]])),
+     ValueError, "`labels` holds ids outside the vocabulary (0..98 or -100): [-5]"),
+    ("causal LM input id >= vocab", lambda: causal()(input_ids=torch.tensor([[5, 99]])),
+     ValueError, "`input_ids` holds ids outside the vocabulary (0..98): [99]"),
+    ("zero-length source", lambda: seq2seq()(input_ids=torch.zeros(1, 0, dtype=torch.long), decoder_input_ids=IDS),
+     ValueError, "the input is empty (sequence length 0); give every sequence at least one token"),
+    ("zero-length causal input", lambda: causal()(input_ids=torch.zeros(2, 0, dtype=torch.long)),
+     ValueError, "the input is empty (sequence length 0)"),
+    ("labels and inputs of different batch sizes", lambda: seq2seq()(input_ids=IDS, labels=torch.tensor([[5, 6], [7, 8]])),
+     ValueError, "`labels` (2, 2) and `input_ids` (1, 4) differ in batch size; give one label row per input row"),
+    ("causal labels of another shape", lambda: causal()(input_ids=IDS, labels=IDS[:, :3]),
+     ValueError, "`labels` (1, 3) and `input_ids` (1, 4) differ in shape"),
+    ("dropout given as a string", lambda: ODETransformerConfig.from_preset("tiny", dropout="0.1"),
+     ValueError, "`dropout` must be a number in [0, 1), got '0.1'; e.g. `dropout=0.1`"),
+    ("pad_token_id >= vocab_size", lambda: ODETransformerConfig.from_preset("tiny", pad_token_id=99),
+     ValueError, "`pad_token_id`=99 is not a token of the vocabulary (ids 0..98)"),
+    ("non-numeric tableau entry", lambda: ODETransformerConfig(encoder_ode_method={"a": [[], ["1/2"]], "b": [0.5, 0.5]}),
+     ValueError, "`encoder_ode_method['a'][1][0]`='1/2' is not a number"),
+    ("gated coefficients set on an Euler decoder after construction",
+     lambda: ODETransformerForConditionalGeneration(changed_config(decoder_ode_coefficients="gated")),
+     StrictDataclassClassValidationError, "`decoder_ode_method`='euler' has a single stage; use a multi-stage method"),
+    ("3 heads set after construction", lambda: ODETransformerForConditionalGeneration(changed_config(encoder_attention_heads=3)),
+     StrictDataclassClassValidationError, "`encoder_attention_heads`=3 does not divide `d_model`=16"),
+    ("flash_attention_2", lambda: seq2seq().set_attn_implementation("flash_attention_2"),
+     ValueError, "the ODE Transformer adds Shaw et al. relative-position logits to every self-attention score as an additive mask"),
+    ("flex_attention", lambda: seq2seq().set_attn_implementation("flex_attention"),
+     ValueError, "attn_implementation='flex_attention' is not supported"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("action", "error", "fragment"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+def test_model_bad_input(action, error, fragment):
+    with pytest.raises(error) as raised:
+        action()
+    assert fragment in str(raised.value)
+
+
+def test_config_changed_after_building_is_refused_before_saving(tmp_path):
+    model = seq2seq()
+    model.config.decoder_ode_coefficients = "gated"
+    with pytest.raises(StrictDataclassClassValidationError, match="has a single stage"):
+        model.save_pretrained(tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*")), "nothing may be written"
+
+
+@pytest.mark.parametrize(("keep", "fragment"), [(None, "its header announces"), (0, "it holds 0 bytes")], ids=["truncated", "empty"])
+def test_truncated_or_empty_safetensors_named(tmp_path, keep, fragment):
+    folder = truncated_safetensors(tmp_path, keep)
+    with pytest.raises(OSError) as raised:
+        ODETransformerForConditionalGeneration.from_pretrained(folder)
+    assert f"{folder / 'model.safetensors'} is truncated or not a safetensors file" in str(raised.value)
+    assert fragment in str(raised.value)
+
+
+def test_output_attentions_under_sdpa_falls_back_to_eager():
+    model = seq2seq()
+    assert model.config._attn_implementation == "sdpa"
+    out = model(input_ids=IDS, decoder_input_ids=IDS, output_attentions=True)
+    model.set_attn_implementation("eager")
+    eager = model(input_ids=IDS, decoder_input_ids=IDS, output_attentions=True)
+    for name in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+        got, expected = getattr(out, name), getattr(eager, name)
+        assert len(got) == 2 and all(w is not None for w in got), name
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e)
+            torch.testing.assert_close(g.sum(-1), torch.ones_like(g.sum(-1)))  # rows are distributions
+
+
+# --------------------------------------------------------------------------------------------
+# Data files
+
+
+def test_empty_and_malformed_files(tmp_path):
+    cases = [
+        (lambda: load_tsv(write(tmp_path / "empty.tsv", ""), "source", "target"), "empty.tsv has no rows below its header"),
+        (lambda: load_tsv(write(tmp_path / "header.tsv", "source\ttarget\n"), "source", "target"), "header.tsv has no rows below its header"),
+        (lambda: load_jsonl(write(tmp_path / "empty.jsonl", "\n"), "source", "target"), "empty.jsonl has no lines"),
+        (lambda: load_jsonl(write(tmp_path / "bad.jsonl", '{"source": "a", "target": "b"}\n{"source": "c", "target": \n'),
+                            "source", "target", cache_dir=tmp_path / "cache"),
+         "bad.jsonl, line 2: not a JSON object (Expecting value at column 27); fix or remove that line"),
+    ]  # fmt: skip
+    for action, fragment in cases:
+        with pytest.raises(ValueError) as raised:
+            action()
+        assert fragment in str(raised.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Training runs: refused before training starts
+
+TINY_RUN = [
+    "--preset", "tiny", "--vocab_size", "300", "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true",
+    "--max_steps", "2", "--save_strategy", "no", "--do_test", "false", "--max_source_length", "16",
+    "--max_target_length", "16", "--per_device_train_batch_size", "4",
+]  # fmt: skip
+
+
+def corpus(folder: Path, lines: int = 12) -> tuple[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    src = write(folder / "src.txt", "".join(f"the dog number {i} runs\n" for i in range(lines)))
+    tgt = write(folder / "tgt.txt", "".join(f"der Hund Nummer {i} läuft\n" for i in range(lines)))
+    return str(src), str(tgt)
+
+
+def train(output_dir: Path, *flags: str) -> dict:
+    return run(parse_arguments([*TINY_RUN, "--output_dir", str(output_dir), *flags]))
+
+
+@pytest.mark.parametrize("split", ["train", "validation", "test"])
+def test_empty_split_is_refused_before_training(tmp_path, split):
+    src, tgt = corpus(tmp_path / "data")
+    empty = ",".join(str(write(tmp_path / f"empty.{side}", "")) for side in ("src", "tgt"))
+    files = {"train": f"{src},{tgt}", "validation": f"{src},{tgt}", "test": f"{src},{tgt}", split: empty}
+    with pytest.raises(ValueError) as raised:
+        train(tmp_path / "out", *(arg for name, spec in files.items() for arg in (f"--{name}_file", spec)))
+    assert f"the {split} split ({empty}) has no examples" in str(raised.value)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_output_dir_of_another_run_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint-100").mkdir()
+    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint-100, ...\); continue it with --resume_from_checkpoint last"):
+        train(out, "--train_file", ",".join(corpus(tmp_path / "data")))
+    with pytest.raises(ValueError, match="--overwrite_output_dir would delete what --resume_from_checkpoint continues from"):
+        train(out, "--overwrite_output_dir", "true", "--resume_from_checkpoint", "last")
+    with pytest.raises(ValueError, match=f"--resume_from_checkpoint last: no complete checkpoint in {out}"):
+        train(out, "--resume_from_checkpoint", "last")  # checkpoint-100 is empty: skipped, nothing left
+
+
+def test_overwrite_output_dir_clears_the_old_run(tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint-100").mkdir(parents=True)
+    train(out, "--train_file", ",".join(corpus(tmp_path / "data")), "--overwrite_output_dir", "true")
+    assert not (out / "checkpoint-100").exists() and (out / "model.safetensors").is_file()
+
+
+def test_resume_with_another_model_config_names_the_fields(tmp_path):
+    out, data = tmp_path / "out", ",".join(corpus(tmp_path / "data"))
+    train(out, "--train_file", data, "--save_strategy", "steps", "--save_steps", "2")
+    assert json.loads((out / "checkpoint-2" / "config.json").read_text())["encoder_ode_method"] == "rk2"
+    with pytest.raises(ValueError) as raised:
+        train(out, "--train_file", data, "--resume_from_checkpoint", "last", "--encoder_ode_method", "midpoint",
+              "--max_steps", "4")  # fmt: skip
+    assert "was trained with another model configuration (encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)" in str(raised.value)
+
+
+def test_missing_test_split_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="there is no test split to test on: pass --test_file or --validation_file"):
+        train(tmp_path / "out", "--train_file", ",".join(corpus(tmp_path / "data")), "--do_test", "true")
+    assert not (tmp_path / "out").exists()
