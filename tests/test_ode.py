@@ -158,9 +158,10 @@ def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f):
     tableau = ODE_METHODS["rk4"]
     coefficients = StageCoefficients("gated", tableau, D)
     w, b = random_gate(coefficients)
-    trace = []
-    out = ode_step(y, lambda x, i: f(x), tableau, coefficients, trace=trace)
-    stages, gamma = trace[0]
+    recorded = []
+    coefficients.recorder.register_forward_hook(lambda module, args, output: recorded.append(output))
+    out = ode_step(y, lambda x, i: f(x), tableau, coefficients)
+    stages, gamma = recorded[0]
     logits = torch.cat([stages[0], stages[1], stages[2], stages[3]], -1) @ w.T + b
     weights = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], -1), -1)
     expected = y + sum(weights[..., i : i + 1] * stages[i] for i in range(4))
@@ -289,7 +290,7 @@ def ffn(layer, x):
 
 def apply_layer(layer, y):
     coefficients = [StageCoefficients("tableau", layer.tableau, 8) for _ in range(layer.num_ode_blocks)]
-    return layer(y, coefficients=coefficients)[0]
+    return layer(y, coefficients=coefficients)
 
 
 def layer_input():
