@@ -346,3 +346,34 @@ def test_components(function):
     h = rk2(san, y) if function in ("attention", "sublayers") else y + san(layer, y)
     expected = rk2(ffn, h) if function in ("ffn", "sublayers") else h + ffn(layer, h)
     torch.testing.assert_close(apply_layer(layer, y), expected)
+
+
+# --- the catalogue ------------------------------------------------------------------------------------------
+
+
+def test_catalogue_entries_say_what_they_are():
+    """Every named method, coefficient mode, F and connection carries its words; every mode builds."""
+    from modeling_ode.ode import COEFFICIENT_MODES, GATED_MODES, LAYER_CONNECTIONS, ODE_FUNCTIONS
+
+    for name, tableau in ODE_METHODS.items():
+        assert tableau.equation and tableau.description, name
+        tableau.check(name)
+    for name, mode in COEFFICIENT_MODES.items():
+        assert mode.equation and mode.description, name
+        coefficients = StageCoefficients(name, ODE_METHODS["rk2"], D)
+        assert hasattr(coefficients, "gate") == (name in GATED_MODES) == mode.gated
+    assert all(ODE_FUNCTIONS.values()) and all(LAYER_CONNECTIONS.values())
+
+
+def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f):
+    """What `capture_outputs` records for `output_ode_stages=True`; any forward hook on the recorder sees it too."""
+    f, _ = nonlinear_f
+    coefficients = StageCoefficients("tableau", ODE_METHODS["rk4"], D)
+    calls = []
+    ode_step(y0(), lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
+    coefficients.recorder.register_forward_hook(lambda module, args, output: calls.append(output))
+    y = y0()
+    ode_step(y, lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
+    (stages, gamma), = calls
+    assert stages.shape == (4, *y.shape)
+    torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1]) / 6)
