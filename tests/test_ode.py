@@ -370,10 +370,9 @@ def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonli
     f, _ = nonlinear_f
     coefficients = StageCoefficients("tableau", ODE_METHODS["rk4"], D)
     calls = []
-    ode_step(y0(), lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
     coefficients.recorder.register_forward_hook(lambda module, args, output: calls.append(output))
     y = y0()
     ode_step(y, lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
-    (stages, gamma), = calls
+    ((stages, gamma),) = calls
     assert stages.shape == (4, *y.shape)
     torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1]) / 6)

@@ -28,7 +28,13 @@ def _config_table_row(field: str) -> str:
 
 def test_readme_config_table_lists_exactly_the_catalogue():
     """The README's choices are those of the catalogue in modeling_ode/ode.py (the config validates against it)."""
-    from modeling_ode.ode import COEFFICIENT_MODES, COEFFICIENT_SCOPES, LAYER_CONNECTIONS, ODE_FUNCTIONS, ODE_METHODS
+    from modeling_ode.ode import (
+        COEFFICIENT_MODES,
+        COEFFICIENT_SCOPES,
+        LAYER_CONNECTIONS,
+        ODE_FUNCTIONS,
+        ODE_METHODS,
+    )
 
     for field, table in [
         ("encoder_ode_method", ODE_METHODS),
