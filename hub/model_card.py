@@ -180,33 +180,6 @@ def _eval_results(metrics: dict[str, Any]) -> list[EvalResult]:
 # The configuration in words
 # ----------------------------------------------------------------------------------------------------------
 
-_METHOD_NAMES = {
-    "euler": "a residual (first-order Euler) block",
-    "rk2": "a second-order Runge-Kutta block (improved Euler / Heun, 2 stages)",
-    "midpoint": "a second-order Runge-Kutta block (midpoint method, 2 stages)",
-    "ralston": "a second-order Runge-Kutta block (Ralston's method, 2 stages)",
-    "rk3": "a third-order Runge-Kutta block (Kutta's method, 3 stages)",
-    "rk4": "a fourth-order Runge-Kutta block (classical RK4, 4 stages)",
-    "rk4_38": "a fourth-order Runge-Kutta block (3/8 rule, 4 stages)",
-    "weight_sharing": "the same layer applied twice (weight sharing, 2 stages)",
-    "polynet": "a PolyNet block y + F(y) + F(F(y)) (2 stages)",
-}
-
-_FUNCTIONS = {
-    "layer": "the whole layer (self-attention and feed-forward network together, the paper's SAN+FFN)",
-    "attention": "the self-attention sublayer (the other sublayers stay residual)",
-    "ffn": "the feed-forward sublayer (the other sublayers stay residual)",
-    "sublayers": "each sublayer separately (every sublayer is its own ODE block)",
-}
-
-_CONNECTIONS = {
-    "residual": "plain stacking",
-    "dense": "dense layer connections with fixed mean weights (DLCL)",
-    "learnable_dense": "learnable dense layer connections (DLCL, Wang et al. 2019)",
-    "leapfrog": "leapfrog connections y_{t+1} = y_{t-1} + 2F(y_t)",
-    "multistep": "linear multistep connections with learnable k",
-}
-
 
 def _fraction(x: float) -> str:
     from fractions import Fraction
@@ -215,37 +188,33 @@ def _fraction(x: float) -> str:
     return str(f) if abs(float(f) - x) < 1e-9 else f"{x:g}"
 
 
+def _method_in_words(method: str | dict, tableau) -> str:
+    if not isinstance(method, str):
+        return f"a user Butcher tableau {tableau.to_dict()}"
+    stages = f"{tableau.num_stages} stage{'s' if tableau.num_stages > 1 else ''}"
+    return f"{tableau.description} with {stages}, y_{{t+1}} = {tableau.equation}"
+
+
 def _coefficients_in_words(mode: str, tableau, scope: str) -> str:
-    b = ", ".join(_fraction(x) for x in tableau.b)
-    owner = "one shared by all blocks of the stack" if scope == "stack" else "one per block"
+    from modeling_ode.ode import COEFFICIENT_MODES, COEFFICIENT_SCOPES
+
+    text = f"{COEFFICIENT_MODES[mode].description}, {COEFFICIENT_MODES[mode].equation}"
     if mode == "tableau":
-        return f"the method's own weights gamma = ({b})"
-    if mode == "ones":
-        return "gamma_i = 1 for every stage"
-    if mode == "learnable":
-        return f"learnable scalars gamma_i initialised to 1 ({owner})"
-    if mode == "gated":
-        return (
-            "a learned gate: g = sigmoid(W [F_1; F_2] + b), gamma = (g, 1 - g), one value per token "
-            f"(Eq. (learnable) of the paper; {owner})"
-            if tableau.num_stages == 2
-            else f"a learned softmax gate over the stages ({owner})"
-        )
-    if mode == "gated_independent":
-        return f"independent sigmoid gates gamma_i = sigmoid(W_i [F_1..F_s] + b_i) ({owner})"
-    return f"independent tanh gates gamma_i = tanh(W_i [F_1..F_s] + b_i) ({owner})"
+        return f"{text} = ({', '.join(_fraction(x) for x in tableau.b)})"
+    return text if mode == "ones" else f"{text} ({COEFFICIENT_SCOPES[scope]})"
 
 
 def describe_ode(config) -> list[str]:
-    """The ODE configuration of `config` as a list of Markdown bullet lines."""
+    """The ODE configuration of `config` as a list of Markdown bullet lines, in the words of the catalogue
+    (`modeling_ode/ode.py`)."""
+    from modeling_ode.ode import LAYER_CONNECTIONS, ODE_FUNCTIONS
+
     lines = []
     sides = ("encoder", "decoder") if config.is_encoder_decoder else ("decoder",)
     for side in sides:
         method = getattr(config, f"{side}_ode_method")
         tableau = config.tableau(side)
-        name = _METHOD_NAMES.get(method, f"a user Butcher tableau {tableau.to_dict()}") if isinstance(
-            method, str
-        ) else f"a user Butcher tableau {tableau.to_dict()}"
+        name = _method_in_words(method, tableau)
         layers = getattr(config, f"{side}_layers")
         label = side.capitalize() if config.is_encoder_decoder else "Decoder (causal LM)"
         text = f"**{label}**: {layers} layers; each layer is {name}"
@@ -254,7 +223,7 @@ def describe_ode(config) -> list[str]:
                 getattr(config, f"{side}_ode_coefficients"), tableau, config.ode_coefficient_scope
             )
             text += f", combining its stages with {coefficients}"
-            text += f"; F is {_FUNCTIONS[getattr(config, f'{side}_ode_function')]}"
+            text += f"; F is {ODE_FUNCTIONS[getattr(config, f'{side}_ode_function')]}"
             text += (
                 "; F includes the layer's residual connections (the authors' code: F(y) = L(y))"
                 if config.ode_function_includes_residual
@@ -262,7 +231,8 @@ def describe_ode(config) -> list[str]:
             )
             if float(config.ode_step_size) != 1.0:
                 text += f"; step size h = {config.ode_step_size:g}"
-        text += f"; blocks are stacked with {_CONNECTIONS[getattr(config, f'{side}_layer_connections')]}."
+        connections = LAYER_CONNECTIONS[getattr(config, f"{side}_layer_connections")]
+        text += f"; blocks are stacked with {connections}."
         lines.append(f"- {text}")
     width = (
         f"- **Width**: d_model {config.d_model}, feed-forward {config.encoder_ffn_dim}/{config.decoder_ffn_dim} "

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .ode import COEFFICIENT_MODES, GATED_MODES, ButcherTableau, resolve_tableau
+from .ode import (
+    COEFFICIENT_MODES,
+    COEFFICIENT_SCOPES,
+    GATED_MODES,
+    LAYER_CONNECTIONS,
+    ODE_FUNCTIONS,
+    ButcherTableau,
+    resolve_tableau,
+)
 
 __all__ = ["ODETransformerConfig", "ODE_FUNCTIONS", "LAYER_CONNECTIONS", "PRESETS"]
-
-# What F is (Figure "components"): the whole layer (SAN+FFN, the default), self-attention only, the FFN
-# only, or every sublayer its own ODE block ("SAN/FFN"). Sublayers that are not part of F stay residual.
-ODE_FUNCTIONS = ("layer", "attention", "ffn", "sublayers")
-# How blocks are stacked (Table "comparison"): plain stacking; DLCL dense connections with fixed (mean) or
-# learnable weights (Wang et al., 2019); leapfrog y_{t+1} = y_{t-1} + 2 F(y_t); multistep
-# y_{t+1} = k y_t + (1 - k) y_{t-1} + F(y_t) with learnable k.
-LAYER_CONNECTIONS = ("residual", "dense", "learnable_dense", "leapfrog", "multistep")
-COEFFICIENT_SCOPES = ("block", "stack")
 
 # The paper's configurations (Appendix "Experimental Setups"): RPR (k = 8) and dense layer connections in
 # every setup; the big model uses residual dropout 0.3 (En-De).
@@ -77,7 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _check_choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
     if value not in allowed:
         raise ValueError(f"`{field}`={value!r} is not supported; allowed values: {', '.join(allowed)}.")
 
@@ -108,25 +108,24 @@ class ODETransformerConfig(PreTrainedConfig):
     encoder with the gated coefficients of Eq. (learnable), a residual (Euler) decoder, relative positions
     (k = 8) and learnable dense layer connections, as in the paper's training setup.
 
-    Transformer fields use the usual Hugging Face names (`d_model`, `encoder_layers`, ...). ODE fields:
+    Transformer fields use the usual Hugging Face names (`d_model`, `encoder_layers`, ...). ODE fields, whose
+    choices (names, equations, descriptions) are catalogued once, in `modeling_ode/ode.py`:
 
-    - `encoder_ode_method` / `decoder_ode_method`: a named method (`euler`, `rk2`, `midpoint`, `ralston`, `rk3`,
-      `rk4`, `rk4_38`, `weight_sharing`, `polynet`) or a user Butcher tableau `{"a": [[], [1.0]], "b": [0.5, 0.5]}`.
-    - `encoder_ode_coefficients` / `decoder_ode_coefficients`: how the stage results are combined: `tableau`,
-      `ones`, `learnable`, `gated`, `gated_independent`, `gated_tanh` (Table "scale_function"). `gated` is a
-      sigmoid gate for two stages and its softmax generalisation for more.
-    - `encoder_ode_function` / `decoder_ode_function`: what F is: `layer`, `attention`, `ffn`, `sublayers`.
+    - `encoder_ode_method` / `decoder_ode_method`: a named method of `ODE_METHODS` or a user Butcher tableau
+      `{"a": [[], [1.0]], "b": [0.5, 0.5]}`.
+    - `encoder_ode_coefficients` / `decoder_ode_coefficients`: how the stage results are combined, one of
+      `COEFFICIENT_MODES` (Table "scale_function").
+    - `encoder_ode_function` / `decoder_ode_function`: what F is, one of `ODE_FUNCTIONS` (Figure "components").
     - `ode_step_size`: h.
     - `ode_function_includes_residual`: False (the paper): F(y) = G(LN(y)), the layer without its residual.
       True (the authors' code): F is the whole pre-norm layer, residuals included. Euler blocks are the plain
       residual layer in both readings.
-    - `ode_coefficient_scope`: `block` (each block owns its gate/coefficients) or `stack` (one shared by all
-      blocks of a stack, as in the authors' code).
+    - `ode_coefficient_scope`: who owns the learnable coefficients or gate, one of `COEFFICIENT_SCOPES`.
     - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
       (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
       model's, for one extra forward of those stages.
-    - `encoder_layer_connections` / `decoder_layer_connections`: `residual`, `dense`, `learnable_dense`,
-      `leapfrog`, `multistep`.
+    - `encoder_layer_connections` / `decoder_layer_connections`: how blocks are stacked, one of
+      `LAYER_CONNECTIONS` (Table "comparison").
 
     Positions: `use_absolute_positions` (sinusoidal, fairseq layout) and Shaw et al. relative positions in
     self-attention with clipping distance `max_relative_position` (0 disables), on keys and, with

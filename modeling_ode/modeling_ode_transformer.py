@@ -1,28 +1,32 @@
 """PyTorch ODE Transformer (Li et al., ACL 2022): a pre-norm Transformer whose blocks are Runge-Kutta solvers.
 
-The shape follows BART/M2M100: attention, layer, encoder, decoder, base model, conditional-generation
-head, and a decoder-only causal LM. The numerics of an ODE block live in `ode.py`; a layer here only says
-what F is (which sublayers, with which cache slot per stage) and hands it to `ode_step`.
+The file reads top-down like BART's: outputs, embeddings and masks, the per-stage KV cache, attention,
+feed-forward, the layer, how layers are stacked, the stacks (encoder, decoder) and the models
+(encoder-decoder, conditional generation, decoder-only causal LM). The numerics of an ODE block live in
+`ode.py`; a layer here only says what F is (which sublayers, with which cache slot per stage) and hands it
+to `ode_step`. Optional outputs (hidden states, attentions, ODE stages) are recorded by transformers'
+`capture_outputs` hooks, as in BART.
 """
-
-from __future__ import annotations
 
 import json
 import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as nnf
 import torch.utils.checkpoint
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, eager_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -32,10 +36,13 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_ode_transformer import ODETransformerConfig
-from .ode import StageCoefficients, ode_step
+from .ode import ODEStageRecorder, StageCoefficients, ode_step
 
 __all__ = [
     "ODETransformerPreTrainedModel",
@@ -44,6 +51,7 @@ __all__ = [
     "ODETransformerModel",
     "ODETransformerForConditionalGeneration",
     "ODETransformerForCausalLM",
+    "StageCacheLayout",
 ]
 
 logger = logging.get_logger(__name__)
@@ -55,6 +63,12 @@ SELF_ATTENTION, CROSS_ATTENTION, FFN = "self_attn", "encoder_attn", "ffn"
 # Outputs: the usual HF outputs plus, on request (`output_ode_stages=True`), every ODE block's stage values
 # F_1..F_s stacked to (s, batch, length, d) and its coefficients gamma ((s,) or (s, batch, length, 1)).
 # ----------------------------------------------------------------------------------------------------------
+
+
+class ODETransformerKwargs(TransformersKwargs, total=False):
+    """transformers' forward kwargs plus `output_ode_stages`: record every ODE block's stages and coefficients."""
+
+    output_ode_stages: bool | None
 
 
 @dataclass
@@ -89,6 +103,19 @@ class ODESeq2SeqLMOutput(Seq2SeqLMOutput):
 class ODECausalLMOutput(CausalLMOutputWithCrossAttentions):
     ode_stages: tuple[torch.Tensor, ...] | None = None
     ode_coefficients: tuple[torch.Tensor, ...] | None = None
+
+
+def records_ode_coefficients(forward: Callable) -> Callable:
+    """One flag for two recorded outputs: `output_ode_stages=True` records every block's stages and its
+    coefficients (`capture_outputs` keys each output on its own `output_<name>` flag)."""
+
+    @wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if kwargs.get("output_ode_stages"):
+            kwargs.setdefault("output_ode_coefficients", True)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -220,37 +247,148 @@ def check_safetensors_file(path: Path) -> None:
         )
 
 
-def additive_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean "may not attend" -> additive mask: 0 where allowed, the dtype's minimum where blocked."""
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill(
-        blocked, torch.finfo(dtype).min
+def padding_mask(
+    mask: torch.Tensor | None, inputs_embeds: torch.Tensor, query_length: int
+) -> torch.Tensor | None:
+    """(batch, keys) 1/0 mask -> additive (batch, 1, query_length, keys) mask, or None when nothing is masked."""
+    if mask is None:
+        return None
+    return eager_mask(
+        batch_size=mask.shape[0],
+        q_length=query_length,
+        kv_length=mask.shape[-1],
+        mask_function=bidirectional_mask_function,
+        attention_mask=mask.bool(),
+        dtype=inputs_embeds.dtype,
+        allow_is_bidirectional_skip=True,
+        device=inputs_embeds.device,
     )
 
 
-def padding_mask(mask: torch.Tensor | None, dtype: torch.dtype, query_length: int) -> torch.Tensor | None:
-    """(batch, keys) 1/0 mask -> additive (batch, 1, query_length, keys) mask, or None when nothing is masked."""
-    if mask is None or bool(mask.all()):
-        return None
-    return additive_mask((mask[:, None, None, :] == 0).expand(-1, 1, query_length, -1), dtype)
-
-
 def causal_mask(
-    mask: torch.Tensor | None, batch: int, length: int, past: int, dtype: torch.dtype, device: torch.device
+    mask: torch.Tensor | None, inputs_embeds: torch.Tensor, past: int | torch.Tensor, key_length: int
 ) -> torch.Tensor:
-    """Additive (batch, 1, length, past + length) mask: causal, plus padding from `mask` (batch, past + length)."""
-    keys = torch.arange(past + length, device=device)
-    blocked = (keys[None, :] > (keys[past:, None]))[None, None].expand(batch, 1, length, past + length)
-    if mask is not None:
-        blocked = blocked | (mask[:, None, None, -(past + length) :] == 0)
-    return additive_mask(blocked, dtype)
+    """Additive (batch, 1, length, key_length) mask for queries at positions past.., causal plus the padding
+    of `mask` (batch, past + length). Always materialised: the relative-position bias is added to it."""
+    batch, length = inputs_embeds.shape[:2]
+    return eager_mask(
+        batch_size=batch,
+        q_length=length,
+        kv_length=key_length,
+        q_offset=past,
+        mask_function=causal_mask_function,
+        attention_mask=None if mask is None else mask.bool(),
+        dtype=inputs_embeds.dtype,
+        device=inputs_embeds.device,
+    )
 
 
-def relative_position_index(query_length: int, key_length: int, max_distance: int, device) -> torch.Tensor:
-    """Shaw et al. (2018): the bucket of distance j - i clipped to [-k, k], shifted to [0, 2k]; queries are the
-    last `query_length` of `key_length` positions (incremental decoding)."""
+def relative_position_index(
+    query_length: int, key_length: int, max_distance: int, device, query_offset: int | torch.Tensor = 0
+) -> torch.Tensor:
+    """Shaw et al. (2018): the bucket of distance j - i clipped to [-k, k], shifted to [0, 2k], for queries at
+    positions query_offset.. (incremental decoding) and keys at 0..key_length - 1."""
     keys = torch.arange(key_length, device=device)
-    queries = keys[key_length - query_length :]
+    queries = torch.arange(query_length, device=device) + query_offset
     return (keys[None, :] - queries[:, None]).clamp(-max_distance, max_distance) + max_distance
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The per-stage KV cache
+# ----------------------------------------------------------------------------------------------------------
+
+
+def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tuple[str, ...], bool]]:
+    """Split a layer's sublayers into blocks: (sublayer names, is an ODE block). Sublayers outside F stay
+    plain residual blocks (Figure "components")."""
+    if ode_function == "layer":
+        return [(sublayers, True)]
+    if ode_function == "sublayers":
+        return [((name,), True) for name in sublayers]
+    ode_sublayer = SELF_ATTENTION if ode_function == "attention" else FFN
+    return [((name,), name == ode_sublayer) for name in sublayers]
+
+
+def self_attention_cache(cache: Cache | None) -> Cache | None:
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+@dataclass(frozen=True)
+class StageCacheLayout:
+    """The self-attention KV cache of a stack: one slot per (layer, stage). Every stage of an ODE block attends
+    over the keys and values that stage computed at earlier positions, so layer l, stage i owns slot
+    l * stages + i (with self-attention outside F, one slot per layer). Cross-attention keeps one slot per
+    layer: its keys and values come from the encoder and are the same for every stage.
+
+    transformers' caches (and `generate`) build one cache layer per model layer; `build`/`like` build all
+    slots up front instead, dynamic or static, so `generate(..., cache_implementation="static")` and
+    `torch.compile` of generation work for ODE decoder blocks too.
+    """
+
+    num_layers: int
+    stages: int
+
+    @classmethod
+    def from_config(cls, config: ODETransformerConfig, side: str = "decoder") -> "StageCacheLayout":
+        groups = ode_groups(getattr(config, f"{side}_ode_function"), (SELF_ATTENTION, FFN))
+        self_attention_is_ode = next(is_ode for names, is_ode in groups if SELF_ATTENTION in names)
+        stages = config.tableau(side).num_stages if self_attention_is_ode else 1
+        return cls(getattr(config, f"{side}_layers"), stages)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_layers * self.stages
+
+    def slot(self, layer: int, stage: int) -> int:
+        return layer * self.stages + stage
+
+    def build(self, encoder_decoder: bool, max_cache_len: int | None = None) -> Cache:
+        """An empty cache with every slot: dynamic, or static with room for `max_cache_len` positions."""
+        self_attention = self._self_attention_cache(max_cache_len)
+        if not encoder_decoder:
+            return self_attention
+        return EncoderDecoderCache(self_attention, DynamicCache(config=_cache_config(self.num_layers)))
+
+    def like(self, cache: Cache) -> Cache:
+        """`cache` as transformers built it (one self-attention layer per model layer), rebuilt with every slot;
+        its kind (dynamic or static, offloaded or not) and its cross-attention cache are kept."""
+        if isinstance(cache, EncoderDecoderCache):
+            return EncoderDecoderCache(self.like(cache.self_attention_cache), cache.cross_attention_cache)
+        if self.holds(cache):
+            return cache
+        if not isinstance(cache, (DynamicCache, StaticCache)):
+            raise ValueError(
+                f"ODE decoder blocks keep one cache slot per (layer, stage); a {type(cache).__name__} cannot be "
+                "rebuilt with those slots. Use `cache_implementation='dynamic'` (the default) or 'static'."
+            )
+        max_cache_len = cache.get_max_length() if isinstance(cache, StaticCache) else None
+        return self._self_attention_cache(max_cache_len, offloading=cache.offloading)
+
+    def holds(self, cache: Cache) -> bool:
+        """Whether `cache` has (or grows) a layer for every slot."""
+        return cache.layer_class_to_replicate is not None or len(cache.layers) >= self.num_slots
+
+    def check(self, cache: Cache | None) -> None:
+        self_cache = self_attention_cache(cache)
+        if self_cache is not None and not self.holds(self_cache):
+            raise ValueError(
+                f"the decoder keeps one self-attention cache slot per (layer, stage), {self.num_layers} x "
+                f"{self.stages} = {self.num_slots}, but `past_key_values` has {len(self_cache.layers)}. Let the "
+                "model build its cache (`use_cache=True`, or `generate(..., cache_implementation='static')`), or "
+                "build one with `model.get_decoder().cache_layout.build(...)`."
+            )
+
+    def _self_attention_cache(self, max_cache_len: int | None, offloading: bool = False) -> Cache:
+        if max_cache_len is None:
+            return DynamicCache(config=_cache_config(self.num_slots), offloading=offloading)
+        return StaticCache(
+            config=_cache_config(self.num_slots), max_cache_len=max_cache_len, offloading=offloading
+        )
+
+
+def _cache_config(num_slots: int) -> PreTrainedConfig:
+    """What transformers' cache classes read to lay out their layers: one full-attention layer per slot."""
+    return PreTrainedConfig(num_hidden_layers=num_slots)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -340,32 +478,18 @@ class ODETransformerAttention(nn.Module):
         relative_index: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         cache_slot: int = 0,
-        output_attentions: bool = False,
+        return_weights: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(output, attention weights); the weights are None under SDPA and when `return_weights` is False (an ODE
+        block reports those of its last stage: `capture_outputs` records the weights that are not None)."""
         query, key, value = self._cached_key_values(
             hidden_states, key_value_states, past_key_values, cache_slot
         )
         query = self._heads(query)
         if self.relative_keys is not None:
-            # Shaw et al. key term q_i . a^K_{clip(j - i)}, added to the logits as a bias (scaled like q.k).
-            bias = torch.matmul(query, self.relative_keys.transpose(0, 1).to(query.dtype))
-            bias = (
-                bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1]))
-                * self.scaling
-            )
+            bias = self._relative_key_bias(query, relative_index)
             attention_mask = bias if attention_mask is None else attention_mask + bias
-        implementation = self.config._attn_implementation
-        if output_attentions and implementation not in (None, "eager"):
-            logger.warning_once(
-                f"`output_attentions=True`: the {implementation!r} attention returns no weights, so these calls use "
-                "eager attention; load the model with `attn_implementation='eager'` to make that the default."
-            )
-            implementation = "eager"
-        if self.relative_values is not None or implementation in (None, "eager"):
-            attention = eager_attention_forward
-        else:
-            attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        output, weights = attention(
+        output, weights = self._attention_function(return_weights)(
             self,
             query,
             key,
@@ -375,7 +499,29 @@ class ODETransformerAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             relative_index=relative_index,
         )
-        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+        output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1))
+        return output, weights if return_weights else None
+
+    def _relative_key_bias(self, query: torch.Tensor, relative_index: torch.Tensor) -> torch.Tensor:
+        """Shaw et al. key term q_i . a^K_{clip(j - i)}, added to the logits as a bias (scaled like q.k)."""
+        bias = torch.matmul(query, self.relative_keys.transpose(0, 1).to(query.dtype))
+        return (
+            bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1])) * self.scaling
+        )
+
+    def _attention_function(self, return_weights: bool) -> Callable:
+        """The configured attention backend; relative position values need the eager path, and so do recorded
+        weights (`output_attentions=True` hooks this module): SDPA computes none."""
+        implementation = self.config._attn_implementation
+        if return_weights and self._forward_hooks and implementation not in (None, "eager"):
+            logger.warning_once(
+                f"`output_attentions=True`: the {implementation!r} attention returns no weights, so these calls use "
+                "eager attention; load the model with `attn_implementation='eager'` to make that the default."
+            )
+            implementation = "eager"
+        if self.relative_values is not None or implementation in (None, "eager"):
+            return eager_attention_forward
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
 class ODETransformerFeedForward(nn.Module):
@@ -395,17 +541,6 @@ class ODETransformerFeedForward(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tuple[str, ...], bool]]:
-    """Split a layer's sublayers into blocks: (sublayer names, is an ODE block). Sublayers outside F stay
-    plain residual blocks (Figure "components")."""
-    if ode_function == "layer":
-        return [(sublayers, True)]
-    if ode_function == "sublayers":
-        return [((name,), True) for name in sublayers]
-    ode_sublayer = SELF_ATTENTION if ode_function == "attention" else FFN
-    return [((name,), name == ode_sublayer) for name in sublayers]
-
-
 def _checkpoint_later_stages(function: Callable) -> Callable:
     """`ode_checkpoint_stages`: stages 2..s keep only their input for the backward pass and are recomputed there
     (dropout masks included), so an s-stage block stores about the activations of a residual block."""
@@ -416,6 +551,16 @@ def _checkpoint_later_stages(function: Callable) -> Callable:
         return torch.utils.checkpoint.checkpoint(function, x, stage, use_reentrant=False)
 
     return checkpointed
+
+
+class SublayerInputs(NamedTuple):
+    """What the attention sublayers of one layer read besides their input x (the same for every stage)."""
+
+    attention_mask: torch.Tensor | None
+    encoder_hidden_states: torch.Tensor | None
+    encoder_attention_mask: torch.Tensor | None
+    relative_index: torch.Tensor | None
+    past_key_values: Cache | None
 
 
 class ODETransformerLayer(GradientCheckpointingLayer):
@@ -446,48 +591,53 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         self.includes_residual = config.ode_function_includes_residual and self.tableau.num_stages > 1
         self.checkpoint_stages = config.ode_checkpoint_stages and self.tableau.num_stages > 1
         self.groups = ode_groups(getattr(config, f"{side}_ode_function"), sublayers)
-        self_attn_is_ode = next(is_ode for names, is_ode in self.groups if SELF_ATTENTION in names)
-        # Every stage of an ODE block attends over its own cached states: slots layer * s + stage.
-        self.self_attn_stages = self.tableau.num_stages if self_attn_is_ode else 1
+        self.cache_layout = StageCacheLayout.from_config(config, side)
 
     @property
     def num_ode_blocks(self) -> int:
         return sum(is_ode for _, is_ode in self.groups)
 
-    def _sublayer(self, name: str, x: torch.Tensor, stage: int, context: dict) -> torch.Tensor:
-        """dropout(G(LN(x))) for one sublayer; attention weights of the last stage are kept in `context`."""
+    def _sublayer(
+        self, name: str, x: torch.Tensor, stage: int, last: bool, inputs: SublayerInputs
+    ) -> torch.Tensor:
+        """dropout(G(LN(x))) for one sublayer; attention reports its weights at the block's `last` stage."""
         if name == FFN:
             return self.dropout(self.ffn(self.final_layer_norm(x)))
         if name == SELF_ATTENTION:
-            out, weights = self.self_attn(
+            out, _ = self.self_attn(
                 self.self_attn_layer_norm(x),
-                attention_mask=context["attention_mask"],
-                relative_index=context["relative_index"],
-                past_key_values=context["past_key_values"],
-                cache_slot=self.layer_idx * self.self_attn_stages + stage,
-                output_attentions=context["output_attentions"],
+                attention_mask=inputs.attention_mask,
+                relative_index=inputs.relative_index,
+                past_key_values=inputs.past_key_values,
+                cache_slot=self.cache_layout.slot(self.layer_idx, stage),
+                return_weights=last,
             )
         else:
-            out, weights = self.encoder_attn(
+            out, _ = self.encoder_attn(
                 self.encoder_attn_layer_norm(x),
-                attention_mask=context["encoder_attention_mask"],
-                key_value_states=context["encoder_hidden_states"],
-                past_key_values=context["past_key_values"],
+                attention_mask=inputs.encoder_attention_mask,
+                key_value_states=inputs.encoder_hidden_states,
+                past_key_values=inputs.past_key_values,
                 cache_slot=self.layer_idx,
-                output_attentions=context["output_attentions"],
+                return_weights=last,
             )
-        context[name] = weights
         return self.dropout(out)
 
-    def _function(self, names: tuple[str, ...], includes_residual: bool, context: dict) -> Callable:
+    def _function(self, names: tuple[str, ...], is_ode: bool, inputs: SublayerInputs) -> Callable:
+        """F(x, stage) of one block: its sublayers in sequence, each reading the running sum."""
+        last_stage = self.tableau.num_stages - 1 if is_ode else 0
+        includes_residual = self.includes_residual and is_ode
+
         def function(x: torch.Tensor, stage: int) -> torch.Tensor:
             delta = None
             for name in names:
                 z = x if delta is None else x + delta
-                out = self._sublayer(name, z, stage, context)
+                out = self._sublayer(name, z, stage, stage == last_stage, inputs)
                 delta = out if delta is None else delta + out
             return x + delta if includes_residual else delta
 
+        if is_ode and self.checkpoint_stages and self.training and torch.is_grad_enabled():
+            return _checkpoint_later_stages(function)
         return function
 
     def forward(
@@ -498,30 +648,21 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         relative_index: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        coefficients: list[StageCoefficients] | None = None,
-        ode_trace: list | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        context = {
-            "output_attentions": output_attentions,
-            "attention_mask": attention_mask,
-            "encoder_hidden_states": encoder_hidden_states,
-            "encoder_attention_mask": encoder_attention_mask,
-            "relative_index": relative_index,
-            "past_key_values": past_key_values,
-        }
-        ode_blocks = iter(coefficients or ())
+        coefficients: Sequence[StageCoefficients] = (),
+    ) -> torch.Tensor:
+        inputs = SublayerInputs(
+            attention_mask, encoder_hidden_states, encoder_attention_mask, relative_index, past_key_values
+        )
+        ode_blocks = iter(coefficients)
         for names, is_ode in self.groups:
+            function = self._function(names, is_ode, inputs)
             if is_ode:
-                function = self._function(names, self.includes_residual, context)
-                if self.checkpoint_stages and self.training and torch.is_grad_enabled():
-                    function = _checkpoint_later_stages(function)
                 hidden_states = ode_step(
-                    hidden_states, function, self.tableau, next(ode_blocks), self.step_size, ode_trace
+                    hidden_states, function, self.tableau, next(ode_blocks), self.step_size
                 )
             else:
-                hidden_states = hidden_states + self._function(names, False, context)(hidden_states, 0)
-        return hidden_states, context.get(SELF_ATTENTION), context.get(CROSS_ATTENTION)
+                hidden_states = hidden_states + function(hidden_states, 0)
+        return hidden_states
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -530,7 +671,8 @@ class ODETransformerLayer(GradientCheckpointingLayer):
 
 
 class LayerConnections(nn.Module):
-    """Connections between the blocks of a stack (Table "comparison"). States are kept in a list `history`:
+    """Connections between the blocks of a stack (Table "comparison"; `ode.LAYER_CONNECTIONS`). States are kept
+    in a list `history`:
 
     - residual:  y_{t+1} = block(y_t).
     - leapfrog:  y_{t+1} = y_{t-1} + 2 (block(y_t) - y_t); the first step is Euler.
@@ -544,7 +686,9 @@ class LayerConnections(nn.Module):
     def __init__(self, kind: str, num_layers: int, hidden_size: int, eps: float):
         super().__init__()
         self.kind = kind
-        if kind in ("dense", "learnable_dense"):
+        # Dense connections read a weighted sum of every stored state; the others read the last state.
+        self.is_dense = kind in ("dense", "learnable_dense")
+        if self.is_dense:
             weight = self.mean_weights(num_layers)
             if kind == "learnable_dense":
                 self.weight = nn.Parameter(weight)
@@ -568,12 +712,12 @@ class LayerConnections(nn.Module):
         return out
 
     def layer_input(self, history: list[torch.Tensor], index: int) -> torch.Tensor:
-        return self._weighted_sum(history, index) if hasattr(self, "layer_norms") else history[-1]
+        return self._weighted_sum(history, index) if self.is_dense else history[-1]
 
     def push(
         self, history: list[torch.Tensor], index: int, block_input: torch.Tensor, block_output: torch.Tensor
-    ):
-        if self.kind in ("dense", "learnable_dense"):
+    ) -> None:
+        if self.is_dense:
             history.append(self.layer_norms[index](block_output))
         elif self.kind == "leapfrog" and index > 0:
             history.append(history[-2] + 2 * (block_output - block_input))
@@ -584,7 +728,7 @@ class LayerConnections(nn.Module):
             history.append(block_output)
 
     def output(self, history: list[torch.Tensor]) -> torch.Tensor:
-        return self._weighted_sum(history, len(history) - 1) if hasattr(self, "layer_norms") else history[-1]
+        return self._weighted_sum(history, len(history) - 1) if self.is_dense else history[-1]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -662,26 +806,21 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, StageCoefficients) and module.mode == "learnable":
             init.ones_(module.weight)
         elif isinstance(module, LayerConnections):
-            if module.kind in ("dense", "learnable_dense"):
+            if module.is_dense:
                 init.copy_(module.weight, module.mean_weights(module.weight.shape[0] - 1))
             elif module.kind == "multistep":
                 init.uniform_(module.k, -1.0, 0.0)
 
 
-def _ensure_cache_slots(cache: Cache | None, num_slots: int) -> None:
-    """ODE decoder blocks keep one self-attention cache slot per (layer, stage); a cache built from the config
-    has one per layer, so add the missing dynamic slots."""
-    if cache is None:
-        return
-    self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    if getattr(self_cache, "layer_class_to_replicate", None) is None:
-        while len(self_cache.layers) < num_slots:
-            self_cache.layers.append(DynamicLayer())
+# ----------------------------------------------------------------------------------------------------------
+# The stacks: encoder and decoder
+# ----------------------------------------------------------------------------------------------------------
 
 
 class _ODEStack(ODETransformerPreTrainedModel):
     """What encoder, decoder and causal LM share: embeddings, a stack of ODE layers with its connections and
-    coefficient modules, and a final LayerNorm."""
+    coefficient modules, and a final LayerNorm. Hidden states, attentions and ODE stages are recorded by the
+    hooks of `capture_outputs` (`_can_record_outputs`)."""
 
     side = "encoder"
 
@@ -714,57 +853,47 @@ class _ODEStack(ODETransformerPreTrainedModel):
             self.ode_coefficients[index * self.blocks_per_layer : (index + 1) * self.blocks_per_layer]
         )
 
-    def _relative_index(self, query_length: int, key_length: int, device) -> torch.Tensor | None:
+    def _relative_index(
+        self, query_length: int, key_length: int, device, query_offset: int | torch.Tensor = 0
+    ) -> torch.Tensor | None:
         k = self.config.max_relative_position
-        return relative_position_index(query_length, key_length, k, device) if k > 0 else None
+        return relative_position_index(query_length, key_length, k, device, query_offset) if k > 0 else None
+
+    def _embed_tokens(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+    ) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(
+                f"pass exactly one of `input_ids` or `inputs_embeds` to the {self.side} (for the decoder of an "
+                "encoder-decoder: `decoder_input_ids` or `decoder_inputs_embeds`)."
+            )
+        if inputs_embeds is not None:
+            return inputs_embeds
+        decoder_of_seq2seq = self.side == "decoder" and self.config.is_encoder_decoder
+        check_token_ids("decoder_input_ids" if decoder_of_seq2seq else "input_ids", input_ids, self.embed_tokens.num_embeddings)
+        return self.embed_tokens(input_ids)
 
     def _run_layers(
-        self, hidden_states, output_hidden_states, output_attentions, output_ode_stages, **layer_kwargs
-    ):
-        """The stack loop; returns (last hidden state, all hidden states, self attentions, cross attentions,
-        ode stages, ode coefficients)."""
-        all_hidden = [hidden_states] if output_hidden_states else None
-        self_attentions, cross_attentions = [], []
-        trace = [] if output_ode_stages else None
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        **layer_kwargs,
+    ) -> torch.Tensor:
+        """The stack loop: connections between the layers, then the final LayerNorm. Tensors that may need
+        gradients go to the layers positionally: reentrant gradient checkpointing only sees `*args`."""
         history = [hidden_states]
-        # Tensors that may need gradients go positionally: reentrant gradient checkpointing only sees `*args`.
-        attention_mask = layer_kwargs.pop("attention_mask", None)
-        encoder_hidden_states = layer_kwargs.pop("encoder_hidden_states", None)
         for index, layer in enumerate(self.layers):
             block_input = self.connections.layer_input(history, index)
-            block_output, self_weights, cross_weights = layer(
+            block_output = layer(
                 block_input,
                 attention_mask,
                 encoder_hidden_states,
                 coefficients=self._layer_coefficients(index),
-                ode_trace=trace,
-                output_attentions=output_attentions,
                 **layer_kwargs,
             )
             self.connections.push(history, index, block_input, block_output)
-            if output_hidden_states:
-                all_hidden.append(block_output)
-            self_attentions.append(self_weights)
-            cross_attentions.append(cross_weights)
-        hidden_states = self.layer_norm(self.connections.output(history))
-        stages = tuple(s for s, _ in trace) if trace is not None else None
-        gammas = tuple(g for _, g in trace) if trace is not None else None
-        return (
-            hidden_states,
-            tuple(all_hidden) if output_hidden_states else None,
-            tuple(self_attentions) if output_attentions else None,
-            tuple(cross_attentions) if output_attentions else None,
-            stages,
-            gammas,
-        )
-
-    def _flags(self, output_attentions, output_hidden_states, return_dict):
-        config = self.config
-        return (
-            output_attentions if output_attentions is not None else config.output_attentions,
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states,
-            return_dict if return_dict is not None else config.return_dict,
-        )
+        return self.layer_norm(self.connections.output(history))
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -773,10 +902,21 @@ class _ODEStack(ODETransformerPreTrainedModel):
         self.embed_tokens = value
 
 
+_ODE_STAGES = {
+    "ode_stages": OutputRecorder(ODEStageRecorder, index=0),
+    "ode_coefficients": OutputRecorder(ODEStageRecorder, index=1),
+}
+
+
 class ODETransformerEncoder(_ODEStack):
     """The encoder: `config.encoder_layers` ODE layers over the source (bidirectional self-attention)."""
 
     side = "encoder"
+    _can_record_outputs = {
+        "hidden_states": ODETransformerLayer,
+        "attentions": OutputRecorder(ODETransformerAttention, index=1),
+        **_ODE_STAGES,
+    }
 
     def __init__(self, config: ODETransformerConfig):
         super().__init__(config)
@@ -784,58 +924,48 @@ class ODETransformerEncoder(_ODEStack):
         self._build_stack(config, has_cross_attention=False)
         self.post_init()
 
+    @records_ode_coefficients
+    @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_ode_stages: bool = False,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> ODEEncoderOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = self._flags(
-            output_attentions, output_hidden_states, return_dict
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
-        if inputs_embeds is None:
-            check_token_ids("input_ids", input_ids, self.embed_tokens.num_embeddings)
-            inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = self.embed(inputs_embeds)
+        **kwargs: Unpack[ODETransformerKwargs],
+    ) -> ODEEncoderOutput:
+        hidden_states = self.embed(self._embed_tokens(input_ids, inputs_embeds))
         length = hidden_states.shape[1]
-        hidden, all_hidden, attentions, _, stages, gammas = self._run_layers(
+        hidden_states = self._run_layers(
             hidden_states,
-            output_hidden_states,
-            output_attentions,
-            output_ode_stages,
-            attention_mask=padding_mask(attention_mask, hidden_states.dtype, length),
+            padding_mask(attention_mask, hidden_states, length),
             relative_index=self._relative_index(length, length, hidden_states.device),
         )
-        output = ODEEncoderOutput(
-            last_hidden_state=hidden,
-            hidden_states=all_hidden,
-            attentions=attentions,
-            ode_stages=stages,
-            ode_coefficients=gammas,
-        )
-        return output if return_dict else output.to_tuple()
+        return ODEEncoderOutput(last_hidden_state=hidden_states)
 
 
 class ODETransformerDecoder(_ODEStack):
     """The decoder: causal ODE layers, with cross-attention when the config is an encoder-decoder. Used alone
-    (no cross-attention) as the body of the causal LM."""
+    (no cross-attention) as the body of the causal LM. Its self-attention cache has one slot per (layer, stage):
+    `cache_layout`."""
 
     side = "decoder"
+    _can_record_outputs = {
+        "hidden_states": ODETransformerLayer,
+        "attentions": OutputRecorder(ODETransformerAttention, index=1, layer_name=SELF_ATTENTION),
+        "cross_attentions": OutputRecorder(ODETransformerAttention, index=1, layer_name=CROSS_ATTENTION),
+        **_ODE_STAGES,
+    }
 
     def __init__(self, config: ODETransformerConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self._build_stack(config, has_cross_attention=config.is_encoder_decoder)
-        self.num_cache_slots = config.decoder_layers * self.layers[0].self_attn_stages
+        self.cache_layout = StageCacheLayout.from_config(config)
         self.post_init()
 
+    @merge_with_config_defaults
+    @records_ode_coefficients
+    @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -845,60 +975,28 @@ class ODETransformerDecoder(_ODEStack):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_ode_stages: bool = False,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> ODEDecoderOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = self._flags(
-            output_attentions, output_hidden_states, return_dict
-        )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(
-                "pass exactly one of `input_ids`/`decoder_input_ids` or the matching `inputs_embeds`."
-            )
-        if inputs_embeds is None:
-            name = "decoder_input_ids" if self.config.is_encoder_decoder else "input_ids"
-            check_token_ids(name, input_ids, self.embed_tokens.num_embeddings)
-            inputs_embeds = self.embed_tokens(input_ids)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
-        if use_cache and past_key_values is None:
-            past_key_values = (
-                EncoderDecoderCache(DynamicCache(), DynamicCache())
-                if self.config.is_encoder_decoder
-                else DynamicCache()
-            )
+        **kwargs: Unpack[ODETransformerKwargs],
+    ) -> ODEDecoderOutput:
+        inputs_embeds = self._embed_tokens(input_ids, inputs_embeds)
         if not use_cache:
             past_key_values = None
-        _ensure_cache_slots(past_key_values, self.num_cache_slots)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        batch, length = inputs_embeds.shape[:2]
+        elif past_key_values is None:
+            past_key_values = self.cache_layout.build(self.config.is_encoder_decoder)
+        self.cache_layout.check(past_key_values)
+        self_cache = self_attention_cache(past_key_values)
+        length = inputs_embeds.shape[1]
+        past = self_cache.get_seq_length() if self_cache is not None else 0
+        key_length = self_cache.get_mask_sizes(length, 0)[0] if self_cache is not None else length
         hidden_states = self.embed(inputs_embeds, past_length=past)
-        dtype, device = hidden_states.dtype, hidden_states.device
-        hidden, all_hidden, attentions, cross, stages, gammas = self._run_layers(
+        hidden_states = self._run_layers(
             hidden_states,
-            output_hidden_states,
-            output_attentions,
-            output_ode_stages,
-            attention_mask=causal_mask(attention_mask, batch, length, past, dtype, device),
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=padding_mask(encoder_attention_mask, dtype, length),
-            relative_index=self._relative_index(length, past + length, device),
+            causal_mask(attention_mask, hidden_states, past, key_length),
+            encoder_hidden_states,
+            encoder_attention_mask=padding_mask(encoder_attention_mask, hidden_states, length),
+            relative_index=self._relative_index(length, key_length, hidden_states.device, past),
             past_key_values=past_key_values,
         )
-        output = ODEDecoderOutput(
-            last_hidden_state=hidden,
-            past_key_values=past_key_values,
-            hidden_states=all_hidden,
-            attentions=attentions,
-            cross_attentions=cross if encoder_hidden_states is not None else None,
-            ode_stages=stages,
-            ode_coefficients=gammas,
-        )
-        return output if return_dict else output.to_tuple()
+        return ODEDecoderOutput(last_hidden_state=hidden_states, past_key_values=past_key_values)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -931,6 +1029,11 @@ def label_smoothed_loss(
     return loss / num_items_in_batch
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The models
+# ----------------------------------------------------------------------------------------------------------
+
+
 class ODETransformerModel(ODETransformerPreTrainedModel):
     """The bare encoder-decoder. `shared` holds the target (and by default the source) embeddings."""
 
@@ -956,6 +1059,7 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
     def get_encoder(self, *args, **kwargs) -> ODETransformerEncoder:
         return self.encoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -967,13 +1071,8 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_ode_stages: bool = False,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> ODESeq2SeqModelOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        **kwargs: Unpack[ODETransformerKwargs],
+    ) -> ODESeq2SeqModelOutput:
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
                 raise ValueError(
@@ -987,10 +1086,8 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                output_ode_stages=output_ode_stages,
                 return_dict=True,
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = ODEEncoderOutput(*encoder_outputs)
@@ -1002,29 +1099,54 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_ode_stages=output_ode_stages,
             return_dict=True,
+            **kwargs,
         )
-        output = ODESeq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            encoder_ode_stages=getattr(encoder_outputs, "ode_stages", None),
-            encoder_ode_coefficients=getattr(encoder_outputs, "ode_coefficients", None),
-            decoder_ode_stages=decoder_outputs.ode_stages,
-            decoder_ode_coefficients=decoder_outputs.ode_coefficients,
-        )
-        return output if return_dict else output.to_tuple()
+        return seq2seq_output(encoder_outputs, decoder_outputs)
 
 
-class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, GenerationMixin):
+def seq2seq_output(
+    encoder_outputs: BaseModelOutput, decoder_outputs: ODEDecoderOutput
+) -> ODESeq2SeqModelOutput:
+    """The encoder's and the decoder's outputs under the encoder-decoder's names."""
+    return ODESeq2SeqModelOutput(
+        last_hidden_state=decoder_outputs.last_hidden_state,
+        past_key_values=decoder_outputs.past_key_values,
+        decoder_hidden_states=decoder_outputs.hidden_states,
+        decoder_attentions=decoder_outputs.attentions,
+        cross_attentions=decoder_outputs.cross_attentions,
+        encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        encoder_hidden_states=encoder_outputs.hidden_states,
+        encoder_attentions=encoder_outputs.attentions,
+        encoder_ode_stages=getattr(encoder_outputs, "ode_stages", None),
+        encoder_ode_coefficients=getattr(encoder_outputs, "ode_coefficients", None),
+        decoder_ode_stages=decoder_outputs.ode_stages,
+        decoder_ode_coefficients=decoder_outputs.ode_coefficients,
+    )
+
+
+class ODEGenerationMixin(GenerationMixin):
+    """Generation with the decoder's per-stage cache: transformers builds one self-attention cache layer per
+    decoder layer (dynamic or static); `StageCacheLayout.like` rebuilds it, same kind, with every slot."""
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        built_here = model_kwargs.get("past_key_values") is None
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if built_here and model_kwargs.get("past_key_values") is not None:
+            model_kwargs["past_key_values"] = self.get_decoder().cache_layout.like(
+                model_kwargs["past_key_values"]
+            )
+
+    @staticmethod
+    def create_masks_for_generate(
+        attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> torch.Tensor | None:
+        """With a static cache `generate` prepares 4D masks ahead of the forward; the decoder builds its own additive
+        masks from the 2D padding mask (the relative-position bias is added to them), so pass that through."""
+        return attention_mask
+
+
+class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEGenerationMixin):
     """Encoder-decoder with a language-model head tied to the target embeddings; the loss is label-smoothed
     cross entropy (`config.label_smoothing`, the paper's 0.1) in training mode and the NLL in eval mode."""
 
@@ -1042,6 +1164,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
     def get_decoder(self, *args, **kwargs) -> ODETransformerDecoder:
         return self.model.decoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1054,14 +1177,9 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_ode_stages: bool = False,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> ODESeq2SeqLMOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        **kwargs: Unpack[ODETransformerKwargs],
+    ) -> ODESeq2SeqLMOutput:
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
         if labels is not None:
             use_cache = False
@@ -1079,31 +1197,14 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_ode_stages=output_ode_stages,
             return_dict=True,
+            **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self._loss(logits, labels, num_items_in_batch)
-        output = ODESeq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            encoder_ode_stages=outputs.encoder_ode_stages,
-            encoder_ode_coefficients=outputs.encoder_ode_coefficients,
-            decoder_ode_stages=outputs.decoder_ode_stages,
-            decoder_ode_coefficients=outputs.decoder_ode_coefficients,
-        )
-        return output if return_dict else output.to_tuple()
+        loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
+        # The head's output holds every field of the model's output but `last_hidden_state`, under the same names.
+        model_fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return ODESeq2SeqLMOutput(loss=loss, logits=logits, **model_fields)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -1112,22 +1213,23 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, Gene
         """Beam search: reorder the decoder's self-attention states only. A beam never moves to another source, and
         the cross-attention keys/values of all beams of one source are equal, so reordering them (transformers'
         default) would copy two thirds of the cache per step without changing it."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
+        self_attention_cache(past_key_values).reorder_cache(beam_idx)
         return past_key_values
 
 
-class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
+class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixin):
     """Decoder-only language model with ODE blocks in its layers (the paper's Penn Treebank experiment). Uses the
-    `decoder_*` fields of the config; build it with `is_encoder_decoder=False`."""
+    `decoder_*` fields of a config built with `is_encoder_decoder=False`."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: ODETransformerConfig):
         if config.is_encoder_decoder:
-            config = config.__class__(**{**config.to_dict(), "is_encoder_decoder": False})
+            raise ValueError(
+                "ODETransformerForCausalLM is decoder-only but got a config with `is_encoder_decoder=True`; build "
+                "the config with `is_encoder_decoder=False` (e.g. `ODETransformerConfig.from_preset('base', "
+                "is_encoder_decoder=False)`): the LM uses its `decoder_*` fields."
+            )
         super().__init__(config)
         self.model = ODETransformerDecoder(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -1142,6 +1244,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
     def get_decoder(self, *args, **kwargs) -> ODETransformerDecoder:
         return self.model
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1150,18 +1253,13 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_ode_stages: bool = False,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int = 0,
-        **kwargs,
-    ) -> ODECausalLMOutput | tuple:
+        **kwargs: Unpack[ODETransformerKwargs],
+    ) -> ODECausalLMOutput:
         # `shift_labels` comes through kwargs, as in Llama: a second label argument in the signature would make
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
         outputs = self.model(
             input_ids=input_ids,
@@ -1169,10 +1267,8 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_ode_stages=output_ode_stages,
             return_dict=True,
+            **kwargs,
         )
         hidden = outputs.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
@@ -1184,7 +1280,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
             if shift_labels is None:
                 shift_labels = nnf.pad(labels[:, 1:], (0, 1), value=-100)
             loss = self._loss(logits, shift_labels, num_items_in_batch)
-        output = ODECausalLMOutput(
+        return ODECausalLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -1193,4 +1289,3 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, GenerationMixin):
             ode_stages=outputs.ode_stages,
             ode_coefficients=outputs.ode_coefficients,
         )
-        return output if return_dict else output.to_tuple()

@@ -11,22 +11,32 @@ y + F(y) + F(F(y)) be written in the same form). How the stage results are combi
 swappable :class:`StageCoefficients` module: the tableau's own b weights, ones, learnable scalars, or a
 gate computed from the stages (the paper's best, Eq. (learnable)). :func:`ode_step` applies both to any
 function F, and is used by the encoder, the decoder and the causal LM alike.
+
+The catalogue lives here, on the data, once: every named method (`ODE_METHODS`), coefficient mode
+(`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`) and coefficient
+scope (`COEFFICIENT_SCOPES`) carries its equation and a one-line description. The config validates against
+these tables, and the model card and the README's config table are written from (or tested against) them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 __all__ = [
-    "ButcherTableau",
-    "ODE_METHODS",
     "COEFFICIENT_MODES",
+    "COEFFICIENT_SCOPES",
     "GATED_MODES",
+    "LAYER_CONNECTIONS",
+    "ODE_FUNCTIONS",
+    "ODE_METHODS",
+    "ButcherTableau",
+    "CoefficientMode",
+    "ODEStageRecorder",
     "StageCoefficients",
     "ode_step",
     "resolve_tableau",
@@ -44,6 +54,8 @@ class ButcherTableau:
         y_weights: the weight w_i of y in the input of stage i; 1 for every Runge-Kutta method. PolyNet
             (y + F(y) + F(F(y))) is the one method here with w = (1, 0).
         order: the method's order of accuracy, where it has one (used in docs and tests only).
+        equation: the block written out, y_{t+1} in terms of y and the stages F_i (docs only).
+        description: what the method is, in words (docs only).
     """
 
     a: tuple[tuple[float, ...], ...]
@@ -51,6 +63,8 @@ class ButcherTableau:
     c: tuple[float, ...]
     y_weights: tuple[float, ...] | None = None
     order: int | None = None
+    equation: str = field(default="", compare=False)
+    description: str = field(default="", compare=False)
 
     @property
     def num_stages(self) -> int:
@@ -122,43 +136,141 @@ def _numbers(values: Sequence, field: str) -> tuple[float, ...]:
 
 
 ODE_METHODS: dict[str, ButcherTableau] = {
-    # The residual block: y + F(y).
-    "euler": ButcherTableau(a=((),), b=(1.0,), c=(0.0,), order=1),
-    # Improved Euler / Heun, Eq. (rk2): y + (F(y) + F(y + F(y))) / 2.
-    "rk2": ButcherTableau(a=((), (1.0,)), b=(0.5, 0.5), c=(0.0, 1.0), order=2),
-    "midpoint": ButcherTableau(a=((), (0.5,)), b=(0.0, 1.0), c=(0.0, 0.5), order=2),
-    "ralston": ButcherTableau(a=((), (2 / 3,)), b=(0.25, 0.75), c=(0.0, 2 / 3), order=2),
-    # Kutta's third-order method.
-    "rk3": ButcherTableau(a=((), (0.5,), (-1.0, 2.0)), b=(1 / 6, 2 / 3, 1 / 6), c=(0.0, 0.5, 1.0), order=3),
-    # The classical RK4, Eq. (rk4).
+    "euler": ButcherTableau(
+        a=((),),
+        b=(1.0,),
+        c=(0.0,),
+        order=1,
+        equation="y + F(y)",
+        description="a residual (first-order Euler) block",
+    ),
+    "rk2": ButcherTableau(
+        a=((), (1.0,)),
+        b=(0.5, 0.5),
+        c=(0.0, 1.0),
+        order=2,
+        equation="y + (F1 + F2) / 2, F2 = F(y + F1)",
+        description="a second-order Runge-Kutta block (improved Euler / Heun, Eq. (rk2))",
+    ),
+    "midpoint": ButcherTableau(
+        a=((), (0.5,)),
+        b=(0.0, 1.0),
+        c=(0.0, 0.5),
+        order=2,
+        equation="y + F2, F2 = F(y + F1 / 2)",
+        description="a second-order Runge-Kutta block (midpoint method)",
+    ),
+    "ralston": ButcherTableau(
+        a=((), (2 / 3,)),
+        b=(0.25, 0.75),
+        c=(0.0, 2 / 3),
+        order=2,
+        equation="y + F1 / 4 + 3 F2 / 4, F2 = F(y + 2 F1 / 3)",
+        description="a second-order Runge-Kutta block (Ralston's method)",
+    ),
+    "rk3": ButcherTableau(
+        a=((), (0.5,), (-1.0, 2.0)),
+        b=(1 / 6, 2 / 3, 1 / 6),
+        c=(0.0, 0.5, 1.0),
+        order=3,
+        equation="y + (F1 + 4 F2 + F3) / 6, F2 = F(y + F1 / 2), F3 = F(y - F1 + 2 F2)",
+        description="a third-order Runge-Kutta block (Kutta's method)",
+    ),
     "rk4": ButcherTableau(
         a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
         b=(1 / 6, 1 / 3, 1 / 3, 1 / 6),
         c=(0.0, 0.5, 0.5, 1.0),
         order=4,
+        equation="y + (F1 + 2 F2 + 2 F3 + F4) / 6",
+        description="a fourth-order Runge-Kutta block (classical RK4, Eq. (rk4))",
     ),
     "rk4_38": ButcherTableau(
         a=((), (1 / 3,), (-1 / 3, 1.0), (1.0, -1.0, 1.0)),
         b=(1 / 8, 3 / 8, 3 / 8, 1 / 8),
         c=(0.0, 1 / 3, 2 / 3, 1.0),
         order=4,
+        equation="y + (F1 + 3 F2 + 3 F3 + F4) / 8",
+        description="a fourth-order Runge-Kutta block (3/8 rule)",
     ),
-    # Table "scale_function", row "weight sharing": the same layer applied twice in sequence,
-    # y1 = y + F(y), y2 = y1 + F(y1) = y + F1 + F(y + F1).
-    "weight_sharing": ButcherTableau(a=((), (1.0,)), b=(1.0, 1.0), c=(0.0, 1.0)),
-    # Table "comparison", PolyNet: y + F(y) + F(F(y)); the second stage sees F1 alone, not y + F1.
-    "polynet": ButcherTableau(a=((), (1.0,)), b=(1.0, 1.0), c=(0.0, 1.0), y_weights=(1.0, 0.0)),
+    # Table "scale_function", row "weight sharing".
+    "weight_sharing": ButcherTableau(
+        a=((), (1.0,)),
+        b=(1.0, 1.0),
+        c=(0.0, 1.0),
+        equation="y1 + F(y1), y1 = y + F(y)",
+        description="the same layer applied twice in sequence (weight sharing)",
+    ),
+    # Table "comparison": the second stage sees F1 alone, not y + F1.
+    "polynet": ButcherTableau(
+        a=((), (1.0,)),
+        b=(1.0, 1.0),
+        c=(0.0, 1.0),
+        y_weights=(1.0, 0.0),
+        equation="y + F(y) + F(F(y))",
+        description="a PolyNet block",
+    ),
 }
 
-# How stage results are combined (Table "scale_function"):
-#   tableau           gamma = b (RK2: 1/2, 1/2; RK4: 1/6, 2/6, 2/6, 1/6)
-#   ones              gamma_i = 1                                       ("RK2-block (gamma_i = 1)")
-#   learnable         one scalar per stage, initialised to 1            ("learnable gamma_i = 1: scalar")
-#   gated             g = sigmoid([F1, F2] W + b); gamma = (g, 1 - g)    (Eq. (learnable), the paper's best)
-#   gated_independent gamma_i = sigmoid([F1..Fs] W_i + b_i)             ("sigmoid, sigmoid")
-#   gated_tanh        gamma_i = tanh([F1..Fs] W_i + b_i)                ("tanh, tanh")
-COEFFICIENT_MODES = ("tableau", "ones", "learnable", "gated", "gated_independent", "gated_tanh")
-GATED_MODES = ("gated", "gated_independent", "gated_tanh")
+
+@dataclass(frozen=True)
+class CoefficientMode:
+    """How the stage results of a block are combined (Table "scale_function"): gamma, in words.
+
+    Args:
+        equation: gamma written out.
+        description: what the mode is, in words.
+        gated: gamma is computed from the stages by a gate (needs at least two stages).
+    """
+
+    equation: str
+    description: str
+    gated: bool = False
+
+
+COEFFICIENT_MODES: dict[str, CoefficientMode] = {
+    "tableau": CoefficientMode(
+        "gamma = b", "the method's own weights b (RK2: 1/2, 1/2; RK4: 1/6, 2/6, 2/6, 1/6)"
+    ),
+    "ones": CoefficientMode("gamma_i = 1", 'every stage weighted 1 ("RK2-block (gamma_i = 1)")'),
+    "learnable": CoefficientMode(
+        "gamma_i = w_i", 'learnable scalars initialised to 1 ("learnable gamma_i = 1")'
+    ),
+    "gated": CoefficientMode(
+        "gamma = (g, 1 - g), g = sigmoid([F1, F2] W + b); gamma = softmax([F1..Fs] W + b, 0) for s > 2",
+        "a learned gate, one value per token (Eq. (learnable), the paper's best)",
+        gated=True,
+    ),
+    "gated_independent": CoefficientMode(
+        "gamma_i = sigmoid([F1..Fs] W_i + b_i)", 'independent sigmoid gates ("sigmoid, sigmoid")', gated=True
+    ),
+    "gated_tanh": CoefficientMode(
+        "gamma_i = tanh([F1..Fs] W_i + b_i)", 'independent tanh gates ("tanh, tanh")', gated=True
+    ),
+}
+GATED_MODES = tuple(name for name, mode in COEFFICIENT_MODES.items() if mode.gated)
+
+# What F is (Figure "components"). Sublayers that are not part of F stay residual.
+ODE_FUNCTIONS: dict[str, str] = {
+    "layer": "the whole layer (self-attention and feed-forward network together, the paper's SAN+FFN)",
+    "attention": "the self-attention sublayer (the other sublayers stay residual)",
+    "ffn": "the feed-forward sublayer (the other sublayers stay residual)",
+    "sublayers": "each sublayer separately (every sublayer is its own ODE block)",
+}
+
+# How blocks are stacked (Table "comparison").
+LAYER_CONNECTIONS: dict[str, str] = {
+    "residual": "plain stacking, y_{t+1} = block(y_t)",
+    "dense": "dense layer connections with fixed mean weights (DLCL)",
+    "learnable_dense": "learnable dense layer connections (DLCL, Wang et al. 2019)",
+    "leapfrog": "leapfrog connections y_{t+1} = y_{t-1} + 2F(y_t)",
+    "multistep": "linear multistep connections y_{t+1} = k y_t + (1 - k) y_{t-1} + F(y_t) with learnable k",
+}
+
+# Who owns the learnable coefficients or gate.
+COEFFICIENT_SCOPES: dict[str, str] = {
+    "block": "one per block",
+    "stack": "one shared by all blocks of the stack (the authors' code)",
+}
 
 
 def resolve_tableau(method: str | dict | ButcherTableau, field: str = "ode_method") -> ButcherTableau:
@@ -176,12 +288,28 @@ def resolve_tableau(method: str | dict | ButcherTableau, field: str = "ode_metho
     return ODE_METHODS[method]
 
 
-class StageCoefficients(nn.Module):
-    """Computes the coefficients gamma_i that combine the stage results F_i of an ODE block.
+class ODEStageRecorder(nn.Module):
+    """Where an ODE block's stages and coefficients can be recorded: the identity on (stages stacked to
+    (s, ...), gamma as a tensor). transformers' `capture_outputs` hooks it for `output_ode_stages=True` (the
+    `_can_record_outputs` of the stacks), as it hooks attention modules for `output_attentions=True`; any
+    forward hook works. Stacking the stages costs a copy, so nothing is computed while nothing is hooked."""
 
-    The gate (`gated`) generalises Eq. (learnable) to s stages as a softmax over s logits of which the last
-    is fixed to 0: gamma = softmax([F_1..F_s] W + b, 0). With s = 2 this is exactly sigmoid / 1 - sigmoid
-    with W of shape (2d, 1), i.e. 2d + 1 parameters per gate.
+    def record(self, stages: Sequence[torch.Tensor], gamma: Callable[[], torch.Tensor]) -> None:
+        if self._forward_hooks:
+            self(torch.stack(list(stages)), gamma())
+
+    def forward(self, stages: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return stages, gamma
+
+
+class StageCoefficients(nn.Module):
+    """The coefficients gamma_i of an ODE block and the update they make, y + sum_i gamma_i F_i (Eq. (rk-yt1)).
+
+    Constant gamma (`tableau`, `ones`) stays a tuple of Python floats, so each term is one fused add and zero
+    weights are skipped; learned gamma (`learnable`, the gates) is a tensor, (s,) or (s, ..., 1). The gate
+    (`gated`) generalises Eq. (learnable) to s stages as a softmax over s logits of which the last is fixed to
+    0: gamma = softmax([F_1..F_s] W + b, 0). With s = 2 this is exactly sigmoid / 1 - sigmoid with W of shape
+    (2d, 1), i.e. 2d + 1 parameters per gate.
     """
 
     def __init__(self, mode: str, tableau: ButcherTableau, hidden_size: int):
@@ -189,18 +317,34 @@ class StageCoefficients(nn.Module):
         self.mode = mode
         self.tableau = tableau
         num_stages = tableau.num_stages
-        # Constant gamma stays a tuple of Python floats: ode_step then fuses each term into one add.
-        self.constant = {"tableau": tableau.b, "ones": (1.0,) * num_stages}.get(mode)
+        self.constant: tuple[float, ...] | None = {"tableau": tableau.b, "ones": (1.0,) * num_stages}.get(
+            mode
+        )
         if mode == "learnable":
             self.weight = nn.Parameter(torch.ones(num_stages))
         elif mode in GATED_MODES:
             num_logits = num_stages - 1 if mode == "gated" else num_stages
             self.gate = nn.Linear(num_stages * hidden_size, num_logits)
+        self.recorder = ODEStageRecorder()
 
-    def forward(self, stages: Sequence[torch.Tensor]) -> tuple[float, ...] | torch.Tensor:
-        """gamma: the constant floats, the learnable weights (s,), or a gate's output (s, ..., 1)."""
+    def forward(self, y: torch.Tensor, stages: Sequence[torch.Tensor]) -> torch.Tensor:
+        """y + sum_i gamma_i F_i; (stages, gamma) go to the recorder."""
         if self.constant is not None:
-            return self.constant
+            out = y
+            for gamma_i, stage in zip(self.constant, stages):
+                if gamma_i != 0.0:  # e.g. the midpoint method's b = (0, 1)
+                    out = out.add(stage, alpha=gamma_i)
+            self.recorder.record(stages, lambda: y.new_tensor(self.constant))
+            return out
+        gamma = self.learned_gamma(stages)
+        out = y
+        for gamma_i, stage in zip(gamma, stages):
+            out = torch.addcmul(out, gamma_i, stage)
+        self.recorder.record(stages, lambda: gamma)
+        return out
+
+    def learned_gamma(self, stages: Sequence[torch.Tensor]) -> torch.Tensor:
+        """gamma of the learned modes: the learnable weights (s,), or a gate's output (s, ..., 1)."""
         if self.mode == "learnable":
             return self.weight
         logits = self.gate(torch.cat(list(stages), dim=-1))
@@ -219,7 +363,6 @@ def ode_step(
     tableau: ButcherTableau,
     coefficients: StageCoefficients,
     step_size: float = 1.0,
-    trace: list | None = None,
 ) -> torch.Tensor:
     """One ODE block: y + sum_i gamma_i F_i with F_i = h * F(w_i y + sum_j a_ij F_j), Eq. (rk-yt1)-(rk-fi).
 
@@ -227,9 +370,8 @@ def ode_step(
         y: the block input y_t.
         function: F(x, stage_index); the stage index lets F keep a separate KV cache per stage.
         tableau: the method.
-        coefficients: the module producing gamma from the stage results.
+        coefficients: the module combining the stage results (and recording them, see ODEStageRecorder).
         step_size: h.
-        trace: if a list is given, (stages stacked to (s, ...), gamma) is appended to it for analysis.
     """
     stages: list[torch.Tensor] = []
     for i, (row, y_weight) in enumerate(zip(tableau.a, tableau.stage_y_weights)):
@@ -239,13 +381,4 @@ def ode_step(
                 x = x.add(stage, alpha=a_ij)
         value = function(x, i)
         stages.append(value if step_size == 1.0 else step_size * value)
-    gamma = coefficients(stages)
-    if trace is not None:
-        trace.append((torch.stack(stages), gamma if torch.is_tensor(gamma) else y.new_tensor(gamma)))
-    out = y
-    for gamma_i, stage in zip(gamma, stages):
-        if torch.is_tensor(gamma_i):
-            out = torch.addcmul(out, gamma_i, stage)
-        elif gamma_i != 0.0:  # e.g. the midpoint method's b = (0, 1)
-            out = out.add(stage, alpha=gamma_i)
-    return out
+    return coefficients(y, stages)

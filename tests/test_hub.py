@@ -282,3 +282,26 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
     )
     assert run.returncode == 0, run.stderr
     assert "model.safetensors" in run.stdout
+
+
+def test_describe_ode_speaks_the_catalogue():
+    """The card's words for methods, coefficients, F and connections are the catalogue's (modeling_ode/ode.py)."""
+    from modeling_ode.ode import COEFFICIENT_MODES, LAYER_CONNECTIONS, ODE_FUNCTIONS, ODE_METHODS
+
+    for method, mode, function, connections in zip(
+        ["rk2", "rk4", "rk3", "ralston", "polynet", "rk2"],
+        COEFFICIENT_MODES,
+        [*ODE_FUNCTIONS, "layer", "layer"],
+        [*LAYER_CONNECTIONS, "residual"],
+    ):
+        config = ODETransformerConfig.from_preset(
+            "tiny",
+            encoder_ode_method=method,
+            encoder_ode_coefficients=mode,
+            encoder_ode_function=function,
+            encoder_layer_connections=connections,
+        )
+        encoder = model_card.describe_ode(config)[0]
+        for words in (ODE_METHODS[method].description, COEFFICIENT_MODES[mode].description):
+            assert words in encoder
+        assert ODE_FUNCTIONS[function] in encoder and LAYER_CONNECTIONS[connections] in encoder

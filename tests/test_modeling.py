@@ -339,3 +339,69 @@ def test_unknown_preset_and_too_long_input():
             input_ids=torch.ones(1, 200, dtype=torch.long),
             decoder_input_ids=torch.ones(1, 2, dtype=torch.long),
         )
+
+
+STATIC_CASES = [
+    (DECODER_VARIANTS[0], GREEDY),  # Euler decoder
+    (DECODER_VARIANTS[0], BEAM),
+    (DECODER_VARIANTS[1], GREEDY),  # RK2-gated decoder: two self-attention slots per layer
+    (DECODER_VARIANTS[2], BEAM),  # RK4 sublayer blocks: four slots per layer
+]
+
+
+@pytest.mark.parametrize("overrides,decoding", STATIC_CASES)
+def test_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(overrides, decoding):
+    model = seq2seq(**overrides)
+    ids, mask = source_batch()
+    kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
+    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **kwargs)
+    dynamic = model.generate(ids, attention_mask=mask, **kwargs)
+    uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
+    assert static.shape == (3, 9)
+    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+
+
+@pytest.mark.parametrize("method,decoding", [("euler", GREEDY), ("rk2", BEAM), ("rk4", GREEDY)])
+def test_causal_lm_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(method, decoding):
+    torch.manual_seed(0)
+    model = ODETransformerForCausalLM(tiny(is_encoder_decoder=False, decoder_ode_method=method)).eval()
+    prompt, prompt_mask = source_batch()
+    kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, **decoding}
+    static = model.generate(prompt, attention_mask=prompt_mask, cache_implementation="static", **kwargs)
+    dynamic = model.generate(prompt, attention_mask=prompt_mask, **kwargs)
+    uncached = model.generate(prompt, attention_mask=prompt_mask, use_cache=False, **kwargs)
+    assert static.shape == (3, 15)
+    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+
+
+def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage():
+    """RK4 decoder, 2 layers: 8 self-attention slots of `max_cache_len` positions, built before decoding starts."""
+    from transformers.cache_utils import StaticCache
+
+    model = seq2seq(decoder_ode_method="rk4")
+    layout = model.get_decoder().cache_layout
+    assert (layout.num_slots, layout.slot(1, 2)) == (8, 6)
+    cache = layout.build(encoder_decoder=True, max_cache_len=12)
+    assert isinstance(cache.self_attention_cache, StaticCache) and len(cache.self_attention_cache.layers) == 8
+    ids, mask = source_batch()
+    out = model.generate(
+        ids, attention_mask=mask, cache_implementation="static", max_new_tokens=4, return_dict_in_generate=True
+    )
+    self_cache = out.past_key_values.self_attention_cache
+    assert len(self_cache.layers) == 8
+    assert all(layer.keys.shape[2] == self_cache.get_max_length() for layer in self_cache.layers)
+
+
+def test_a_cache_without_a_slot_per_stage_is_refused():
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = seq2seq(decoder_ode_method="rk2")
+    ids, mask = source_batch()
+    one_per_layer = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    with pytest.raises(ValueError, match=r"one self-attention cache slot per \(layer, stage\), 2 x 2 = 4"):
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2], past_key_values=one_per_layer)
+
+
+def test_causal_lm_refuses_an_encoder_decoder_config():
+    with pytest.raises(ValueError, match="is_encoder_decoder=False"):
+        ODETransformerForCausalLM(tiny())

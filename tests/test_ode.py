@@ -158,9 +158,10 @@ def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f):
     tableau = ODE_METHODS["rk4"]
     coefficients = StageCoefficients("gated", tableau, D)
     w, b = random_gate(coefficients)
-    trace = []
-    out = ode_step(y, lambda x, i: f(x), tableau, coefficients, trace=trace)
-    stages, gamma = trace[0]
+    recorded = []
+    coefficients.recorder.register_forward_hook(lambda module, args, output: recorded.append(output))
+    out = ode_step(y, lambda x, i: f(x), tableau, coefficients)
+    stages, gamma = recorded[0]
     logits = torch.cat([stages[0], stages[1], stages[2], stages[3]], -1) @ w.T + b
     weights = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], -1), -1)
     expected = y + sum(weights[..., i : i + 1] * stages[i] for i in range(4))
@@ -289,7 +290,7 @@ def ffn(layer, x):
 
 def apply_layer(layer, y):
     coefficients = [StageCoefficients("tableau", layer.tableau, 8) for _ in range(layer.num_ode_blocks)]
-    return layer(y, coefficients=coefficients)[0]
+    return layer(y, coefficients=coefficients)
 
 
 def layer_input():
@@ -345,3 +346,33 @@ def test_components(function):
     h = rk2(san, y) if function in ("attention", "sublayers") else y + san(layer, y)
     expected = rk2(ffn, h) if function in ("ffn", "sublayers") else h + ffn(layer, h)
     torch.testing.assert_close(apply_layer(layer, y), expected)
+
+
+# --- the catalogue ------------------------------------------------------------------------------------------
+
+
+def test_catalogue_entries_say_what_they_are():
+    """Every named method, coefficient mode, F and connection carries its words; every mode builds."""
+    from modeling_ode.ode import COEFFICIENT_MODES, GATED_MODES, LAYER_CONNECTIONS, ODE_FUNCTIONS
+
+    for name, tableau in ODE_METHODS.items():
+        assert tableau.equation and tableau.description, name
+        tableau.check(name)
+    for name, mode in COEFFICIENT_MODES.items():
+        assert mode.equation and mode.description, name
+        coefficients = StageCoefficients(name, ODE_METHODS["rk2"], D)
+        assert hasattr(coefficients, "gate") == (name in GATED_MODES) == mode.gated
+    assert all(ODE_FUNCTIONS.values()) and all(LAYER_CONNECTIONS.values())
+
+
+def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f):
+    """What `capture_outputs` records for `output_ode_stages=True`; any forward hook on the recorder sees it too."""
+    f, _ = nonlinear_f
+    coefficients = StageCoefficients("tableau", ODE_METHODS["rk4"], D)
+    calls = []
+    coefficients.recorder.register_forward_hook(lambda module, args, output: calls.append(output))
+    y = y0()
+    ode_step(y, lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
+    ((stages, gamma),) = calls
+    assert stages.shape == (4, *y.shape)
+    torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1]) / 6)
