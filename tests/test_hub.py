@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from huggingface_hub import ModelCard  # noqa: E402
+from package_free import run_package_free  # noqa: E402
 
 import modeling_ode  # noqa: E402
 from hub import model_card, push  # noqa: E402
-from hub.export import AUTO_MAP, CODE_FILES, export_for_hub  # noqa: E402
+from hub.export import export_for_hub  # noqa: E402
 from hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
@@ -124,55 +124,29 @@ def test_metrics_schema_errors_name_the_fields():
 # Export with remote code
 # ----------------------------------------------------------------------------------------------------------
 
-PACKAGE_FREE = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+PACKAGE_FREE = """
+import json, sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationConfig
 
-    REPO = sys.argv[1]
-    folders = json.loads(sys.argv[2])
-    # The editable install of `ode-transformer` puts a finder on sys.meta_path: remove it, drop the repository
-    # from sys.path, and block the names outright.
-    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-    sys.path[:] = [p for p in sys.path if p not in ("", ".", REPO, REPO + "/")]
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("modeling_ode", "hub"):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
-            return None
-
-    sys.meta_path.insert(0, Block())
-    try:
-        import modeling_ode  # noqa: F401
-    except ModuleNotFoundError:
-        pass
-    else:
-        raise SystemExit("modeling_ode is importable")
-
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationConfig
-
-    torch.set_num_threads(1)
-    inputs = torch.load(folders["inputs"])
-    config = AutoConfig.from_pretrained(folders["seq2seq"], trust_remote_code=True)
-    assert type(config).__module__.startswith("transformers_modules."), type(config).__module__
-    model = AutoModelForSeq2SeqLM.from_pretrained(folders["seq2seq"], trust_remote_code=True).eval()
-    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-    assert "modeling_ode" not in sys.modules
-    base = AutoModel.from_pretrained(folders["seq2seq"], trust_remote_code=True)
-    assert type(base).__name__ == "ODETransformerModel"
-    lm = AutoModelForCausalLM.from_pretrained(folders["causal"], trust_remote_code=True).eval()
-    generation = GenerationConfig.from_pretrained(folders["seq2seq"])
-    with torch.no_grad():
-        out = {
-            "seq2seq": model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits,
-            "causal": lm(input_ids=inputs["src"]).logits,
-            "num_beams": generation.num_beams,
-            "length_penalty": generation.length_penalty,
-        }
-    torch.save(out, folders["outputs"])
-    """
-)
+folders = json.loads(sys.argv[1])
+torch.set_num_threads(1)
+inputs = torch.load(folders["inputs"])
+config = AutoConfig.from_pretrained(folders["seq2seq"], trust_remote_code=True)
+assert type(config).__module__.startswith("transformers_modules."), type(config).__module__
+model = AutoModelForSeq2SeqLM.from_pretrained(folders["seq2seq"], trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+lm = AutoModelForCausalLM.from_pretrained(folders["causal"], trust_remote_code=True).eval()
+generation = GenerationConfig.from_pretrained(folders["seq2seq"])
+with torch.no_grad():
+    out = {
+        "seq2seq": model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits,
+        "causal": lm(input_ids=inputs["src"]).logits,
+        "num_beams": generation.num_beams,
+        "length_penalty": generation.length_penalty,
+    }
+torch.save(out, folders["outputs"])
+"""
 
 
 def test_export_loads_with_remote_code_without_the_package(tmp_path):
@@ -186,11 +160,18 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     ).eval()
     out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
 
+    code = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py")
     files = sorted(p.name for p in out.iterdir())
-    assert set(CODE_FILES) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= set(files)
+    assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(files)
     config = json.loads((out / "config.json").read_text())
-    assert config["auto_map"] == AUTO_MAP and config["model_type"] == "ode_transformer"
-    for name in CODE_FILES:  # flat copies, relative imports intact
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
+        "AutoModelForSeq2SeqLM": "modeling_ode_transformer.ODETransformerForConditionalGeneration",
+    }
+    assert json.loads((out_causal / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_ode_transformer.ODETransformerForCausalLM"
+    )
+    for name in code:  # flat copies, relative imports intact
         assert (out / name).read_text() == (Path(modeling_ode.__file__).parent / name).read_text()
     assert "from .ode import" in (out / "modeling_ode_transformer.py").read_text()
 
@@ -199,12 +180,7 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     torch.save(inputs, tmp_path / "inputs.pt")
     folders = {"seq2seq": str(out), "causal": str(out_causal), "inputs": str(tmp_path / "inputs.pt"),
                "outputs": str(tmp_path / "outputs.pt")}
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env |= {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HOME": str(tmp_path / "hf")}
-    run = subprocess.run(
-        [sys.executable, "-c", PACKAGE_FREE, str(REPO), json.dumps(folders)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
+    run = run_package_free(PACKAGE_FREE, tmp_path, json.dumps(folders))
     assert run.returncode == 0, run.stderr[-3000:]
     remote = torch.load(tmp_path / "outputs.pt")
 
@@ -219,6 +195,22 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     assert torch.equal(remote["seq2seq"], local), (remote["seq2seq"] - local).abs().max()
     assert torch.equal(remote["causal"], local_causal)
     assert (remote["num_beams"], remote["length_penalty"]) == (4, 0.6)
+
+
+def test_save_pretrained_folder_needs_trust_remote_code_without_the_package(tmp_path):
+    """Without the package and without trust_remote_code, transformers' own error asks for it."""
+    tiny_seq2seq().save_pretrained(tmp_path / "model")
+    code = """
+    import sys
+    from transformers import AutoModelForSeq2SeqLM
+    try:
+        AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1])
+    except ValueError as error:
+        print(error)
+    """
+    run = run_package_free(code, tmp_path, str(tmp_path / "model"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trust_remote_code=True" in run.stdout
 
 
 def test_export_keeps_own_generation_config_and_tokenizer(tmp_path):
