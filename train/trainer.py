@@ -19,6 +19,7 @@ run sees exactly the batches the uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -136,11 +137,22 @@ class _TokenBudgetMixin:
 
 
 class TokenBudgetSeq2SeqTrainer(_TokenBudgetMixin, Seq2SeqTrainer):
-    """:class:`~transformers.Seq2SeqTrainer` with token-budget training batches (``max_tokens``)."""
+    """:class:`~transformers.Seq2SeqTrainer` with token-budget training batches (``max_tokens``).
+
+    Its ``prediction_step`` leaves ``model.generation_config`` as it found it: transformers' fills in every
+    default (``max_length=20`` next to ``max_new_tokens``...), which the saved model would then carry.
+    """
 
     def __init__(self, *args, max_tokens: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        generation_config = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = generation_config
 
 
 class TokenBudgetTrainer(_TokenBudgetMixin, Trainer):
