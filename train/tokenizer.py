@@ -7,7 +7,8 @@ Design:
   every byte is in the base alphabet, so ``<unk>`` never occurs and
   ``decode(encode(x)) == x`` for any NFKC-normalised text (umlauts, ``ș``, emoji, ...);
 * the post-processor appends ``</s>`` to every encoded sequence (``$A </s>``; pairs
-  ``$A </s> $B </s>``), as fairseq does for source and target;
+  ``$A </s> $B </s>``), as fairseq does for source and target; a causal LM's tokenizer (``causal=True``)
+  prepends ``<s>`` instead and appends nothing (``<s> $A``), so a prompt is continued, not ended;
 * ``vocab_size`` is the final vocabulary size (specials + 256 bytes + merges): the paper's
   32K merges correspond to ``vocab_size`` ~ 32.3K; use a few thousand for small corpora.
 
@@ -38,7 +39,17 @@ def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target
         yield from dataset[column]
 
 
-def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+def _post_processor(tokenizer: Tokenizer, causal: bool) -> processors.TemplateProcessing:
+    if causal:
+        return processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+        )
+    return processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, tokenizer.token_to_id(EOS))]
+    )
+
+
+def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, causal: bool) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -51,10 +62,7 @@ def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int) ->
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    eos_id = tokenizer.token_to_id(EOS)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
-    )
+    tokenizer.post_processor = _post_processor(tokenizer, causal)
     return tokenizer
 
 
@@ -63,6 +71,7 @@ def train_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     save_to: str | os.PathLike | None = None,
+    causal: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a joint byte-level BPE on ``texts`` (see the module docstring for the design).
 
@@ -71,10 +80,11 @@ def train_tokenizer(
         vocab_size: final vocabulary size, special tokens and the 256 byte symbols included.
         min_frequency: minimum pair frequency for a merge.
         save_to: folder to save it in (``save_pretrained``), loadable with ``AutoTokenizer``.
+        causal: a causal LM's tokenizer: ``<s>`` before every sequence, no ``</s>`` after it.
     """
     if vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges (specials + 256 bytes)")
-    backend = _build_backend(texts, vocab_size, min_frequency)
+    backend = _build_backend(texts, vocab_size, min_frequency, causal)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -93,14 +103,15 @@ def load_or_train_tokenizer(
     texts: Iterable[str] | None,
     vocab_size: int,
     min_frequency: int = 2,
+    causal: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Load the tokenizer saved in ``folder`` if there is one, else train it on ``texts``.
 
     A newly trained tokenizer is saved in ``folder`` when a folder is given, so the next call
-    reuses it (``texts`` and ``vocab_size`` are then ignored).
+    reuses it (``texts``, ``vocab_size`` and ``causal`` are then ignored).
     """
     if folder is not None and (Path(folder) / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(str(folder))
     if texts is None:
         raise ValueError(f"no tokenizer in {folder} and no texts to train one on")
-    return train_tokenizer(texts, vocab_size, min_frequency, save_to=folder)
+    return train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, causal=causal)
