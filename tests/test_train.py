@@ -11,12 +11,12 @@ import pytest
 import torch
 from package_free import run_package_free
 from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, pipeline
 
 from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
 from train import translate
 from train.data import multi30k
-from train.run import parse_arguments, run
+from train.run import build_parser, parse_arguments, run
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
@@ -232,6 +232,21 @@ def test_lm_ptb_perplexity(tmp_path):
     assert values["Word perplexity"] > values["Subword perplexity"]
     assert json.loads((tmp_path / "config.json").read_text())["label_smoothing"] == 0.0
 
+    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and train.translate.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    prompts = ["the company said", "it is", "in new york"]
+    for prompt in prompts:
+        ids = tokenizer(prompt)["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in ids
+    generator = pipeline("text-generation", model=str(tmp_path), tokenizer=tokenizer)
+    greedy = {"max_new_tokens": 6, "num_beams": 1, "do_sample": False}
+    texts = [generator(prompt, **greedy)[0]["generated_text"] for prompt in prompts]
+    assert all(text.startswith(prompt) for text, prompt in zip(texts, prompts))
+    prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    expected = [generator.model.generate(torch.tensor([ids]), **greedy)[0, len(ids) :].tolist() for ids in prompt_ids]
+    assert translate.generate_ids(generator.model, prompt_ids, batch_size=2, **greedy) == expected
+    assert all(len(ids) > 0 for ids in expected)
+
 
 @needs_data
 def test_streaming_multi30k(tmp_path):
@@ -293,3 +308,20 @@ def test_cli_overrides_recipe():
     assert (training_args.max_steps, data_args.max_tokens, training_args.warmup_steps) == (7, 1000, 300)
     with pytest.raises(ValueError, match="needs --max_steps"):
         parse_arguments(["--streaming", "true", "--use_cpu", "true"])
+
+
+def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
+    text = build_parser().format_help()
+    assert text.startswith("usage: python -m train.run [RECIPE.yaml] [--flag value ...]")
+    positions = [text.index(f"\n{title}:\n") for title in ("positional arguments", "model", "data", "run")]
+    assert positions == sorted(positions) and positions[-1] < text.index("\ntransformers Seq2SeqTrainingArguments:")
+    assert "RECIPE.yaml" in text.split("\nmodel:")[0].split("positional arguments:")[1]
+
+
+def test_one_label_smoothing_flag():
+    model_args, _, _, training_args = parse_arguments(["--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+    assert (model_args.label_smoothing, training_args.label_smoothing_factor) == (0.2, 0.0)  # smoothed once
+    with pytest.raises(ValueError, match="give only --label_smoothing"):
+        parse_arguments(["--label_smoothing", "0.1", "--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+    with pytest.raises(ValueError, match="must come first"):
+        parse_arguments(["--use_cpu", "true", str(RECIPES / "multi30k_en_de_cpu.yaml")])
