@@ -270,3 +270,63 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
     )
     assert run.returncode == 0, run.stderr
     assert "model.safetensors" in run.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Card snippets
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _card_folder(folder: Path, causal: bool) -> Path:
+    """A tiny random model with a real (tiny) tokenizer of the kind train.run saves."""
+    from train.tokenizer import train_tokenizer
+
+    texts = ["the dog runs in the park", "a cat sleeps on the warm mat", "zwei Hunde spielen im Schnee"] * 40
+    tokenizer = train_tokenizer(texts, vocab_size=320, save_to=folder, causal=causal)
+    ids = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+    torch.manual_seed(0)
+    if causal:
+        config = ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False, vocab_size=len(tokenizer), **ids)
+        ODETransformerForCausalLM(config).save_pretrained(folder)
+    else:
+        config = ODETransformerConfig.from_preset(
+            "tiny", vocab_size=len(tokenizer), decoder_start_token_id=2, d_model=32, encoder_layers=3, **ids
+        )
+        model = ODETransformerForConditionalGeneration(config)
+        model.generation_config.update(num_beams=2, length_penalty=0.6, early_stopping=True, max_new_tokens=8)
+        model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])
+def test_card_snippet_runs_as_written_without_the_package(tmp_path, causal):
+    folder = _card_folder(tmp_path / "model", causal)
+    example = "ein Hund läuft" if causal else "the dog runs"
+    metrics = {
+        "task": "text-generation" if causal else "translation",
+        "language": None if causal else ["en", "de"],
+        "dataset": {"name": "Toy corpus", "id": "toy", "split": "test"},
+        "results": [{"metric": "chrf", "name": "chrF", "value": 12.5}],
+        "example": example,
+        "training": {"recipe": {"model": "3-3 layers, d_model 32"}},
+        "decoding": {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"},
+    }
+    card = ModelCard.load(write_model_card(folder, metrics, repo_id=str(folder)))
+    title = card.text.split("\n# ", 1)[1].split("\n")[0]
+    if causal:
+        assert title == "ODE Transformer (residual causal LM, 2 layers, d 16): text generation, Toy corpus"
+    else:
+        assert title == (
+            "ODE Transformer (RK2-gated encoder, residual decoder, 3-2 layers, d 32): "
+            "English-German translation, Toy corpus"
+        )
+        assert "Decoding: num beams 2, length penalty 0.6, precision fp32." in card.text
+        assert "max_new_tokens=8" in card.text
+    snippets = re.findall(r"```python\n(.*?)```", card.text, re.DOTALL)
+    assert len(snippets) == 1 and f'"{example}"' in snippets[0]
+    assert f'AutoTokenizer.from_pretrained("{folder}", trust_remote_code=True)' in snippets[0]
+    result = run_package_free(snippets[0], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip(), "the snippet printed nothing"
+    if causal:
+        assert result.stdout.startswith(example)

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, pipeline
 from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
 from train import translate
 from train.data import multi30k
-from train.run import build_parser, parse_arguments, run
+from train.run import build_parser, parse_arguments, run, training_card
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
@@ -90,6 +90,8 @@ def test_translation_multi30k(multi30k_run):
     assert 0 <= values["BLEU"] <= 100 and 0 <= values["chrF"] <= 100
     assert document["results"][0]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert document["decoding"] == {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"}
+    assert document["training"]["recipe"]["model"] == "2-2 layers, d_model 16, FFN 32/32, 2/2 heads (preset tiny)"
+    assert document["example"] == multi30k("test")["source"][0]
     generation = json.loads((output_dir / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (2, 0.6, 48)
     assert "max_length" not in generation
@@ -325,3 +327,12 @@ def test_one_label_smoothing_flag():
         parse_arguments(["--label_smoothing", "0.1", "--label_smoothing_factor", "0.2", "--use_cpu", "true"])
     with pytest.raises(ValueError, match="must come first"):
         parse_arguments(["--use_cpu", "true", str(RECIPES / "multi30k_en_de_cpu.yaml")])
+
+
+def test_recipe_card_shows_the_actual_shape():
+    args = parse_arguments([str(RECIPES / "multi30k_en_de_cpu.yaml"), "--use_cpu", "true"])
+    config = ODETransformerConfig.from_preset(args[0].preset, **args[0].overrides())
+    recipe = training_card(args, {"global_step": 7}, config)["recipe"]
+    assert recipe["model"] == "3-3 layers, d_model 256, FFN 1024/1024, 4/4 heads"  # not "preset: base"
+    assert "preset" not in recipe and "d_model" not in recipe
+    assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)

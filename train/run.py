@@ -498,14 +498,36 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> di
     return card
 
 
-def training_card(args: tuple, train_metrics: dict) -> dict:
-    """The ``training`` entry of the metrics JSON: data and recipe of this run."""
+SHAPE_FIELDS = (
+    "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+    "encoder_attention_heads", "decoder_attention_heads",
+)  # fmt: skip
+
+
+def model_shape(config: ODETransformerConfig) -> str:
+    """The trained model's dimensions in words, e.g. ``3-3 layers, d_model 256, FFN 1024, 4 heads``."""
+    if not config.is_encoder_decoder:
+        return f"{config.decoder_layers} layers, d_model {config.d_model}, FFN {config.decoder_ffn_dim}, {config.decoder_attention_heads} heads"
+    return (
+        f"{config.encoder_layers}-{config.decoder_layers} layers, d_model {config.d_model}, "
+        f"FFN {config.encoder_ffn_dim}/{config.decoder_ffn_dim}, "
+        f"{config.encoder_attention_heads}/{config.decoder_attention_heads} heads"
+    )
+
+
+def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
+    """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
+    with the preset named only when nothing overrode its dimensions)."""
     model_args, data_args, _, training_args = args
+    overrides = model_args.overrides()
+    shape = model_shape(config)
+    if not any(key in overrides for key in SHAPE_FIELDS):
+        shape += f" (preset {model_args.preset})"
     return {
         "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
         "recipe": {
-            "preset": model_args.preset,
-            **model_args.overrides(),
+            "model": shape,
+            **{key: value for key, value in overrides.items() if key not in SHAPE_FIELDS},
             "optimizer": f"Adam ({training_args.adam_beta1}, {training_args.adam_beta2})",
             "lr": training_args.learning_rate,
             "lr_scheduler": str(training_args.lr_scheduler_type.value),
@@ -519,16 +541,25 @@ def training_card(args: tuple, train_metrics: dict) -> dict:
     }
 
 
-def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict) -> dict:
+def usage_example(task: str, raw_test: Dataset) -> str:
+    """The model card's usage input: the first test source (lm: its first three words)."""
+    if task == "lm":
+        return " ".join(raw_test[0]["text"].split()[:3])
+    return raw_test[0]["source"].strip()
+
+
+def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
+                     model, raw_test: Dataset) -> dict:  # fmt: skip
     """The metrics JSON in the schema of :mod:`hub.model_card` (``training`` only when this run trained)."""
     _, data_args, run_args, _ = args
     document = {
         "task": HUB_TASKS[run_args.task],
         "dataset": dataset_card(data_args, run_args.task, m2_file),
         "results": results,
+        "example": usage_example(run_args.task, raw_test),
     }
     if train_metrics:
-        document["training"] = training_card(args, train_metrics)
+        document["training"] = training_card(args, train_metrics, model.config)
     if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
         document["language"] = [data_args.source_lang, data_args.target_lang]
     if run_args.task != "lm":
@@ -672,7 +703,7 @@ def run(args: tuple) -> dict:
     results, hyps = _test(args, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
     if not trainer.is_world_process_zero():
         return {}
-    document = metrics_document(args, results, decoding, m2_file, train_metrics)
+    document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])
     _write_outputs(training_args.output_dir, trainer, document, hyps)
     return document
 
