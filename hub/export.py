@@ -142,7 +142,7 @@ def export_for_hub(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hub.export",
+        prog=f"python -m {__spec__.name}",
         description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
     )
     parser.add_argument("model_dir", help="folder written by save_pretrained")

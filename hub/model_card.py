@@ -552,7 +552,7 @@ def validate_card_locally(path: str | Path) -> ModelCard:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hub.model_card", description="Write README.md (model card) into a trained model folder."
+        prog=f"python -m {__spec__.name}", description="Write README.md (model card) into a trained model folder."
     )
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")
     parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")

@@ -21,6 +21,7 @@ defaults), checkpoints, TensorBoard logs (``runs/``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -47,8 +48,9 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from train import metrics
-from train.data import (
+
+from . import metrics
+from .data import (
     DataSpec,
     conll2013_test,
     load_hub_dataset,
@@ -57,10 +59,10 @@ from train.data import (
     load_task_data,
     load_tsv,
 )
-from train.evaluate_predictions import read_lines
-from train.tokenizer import load_or_train_tokenizer
-from train.trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
-from train.translate import decode, generate_ids
+from .files import read_lines
+from .tokenizer import load_or_train_tokenizer
+from .trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+from .translate import decode, generate_ids
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +199,7 @@ def build_parser() -> HfArgumentParser:
     """
     parser = HfArgumentParser(
         ALL_ARGUMENTS,
-        prog="python -m train.run",
+        prog=f"python -m {__spec__.name}",
         usage="%(prog)s [RECIPE.yaml] [--flag value ...]",
         description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
         "flags override them.",
@@ -568,13 +570,14 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
 
 
 def write_card(output_dir: str, document: dict) -> None:
-    """Model card from ``hub.model_card`` (a clear message when that module is missing)."""
+    """Model card from ``hub.model_card`` (a clear message when that module or its extra is missing)."""
+    name = __package__.removesuffix("train") + "hub.model_card"  # hub.model_card, or ode_transformer.hub.model_card
     try:
-        from hub.model_card import write_model_card
+        model_card = importlib.import_module(name)
     except ImportError as error:
-        logger.warning("hub.model_card is not available (%s): no model card written", error)
+        logger.warning("%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error)
         return
-    path = write_model_card(output_dir, document)
+    path = model_card.write_model_card(output_dir, document)
     logger.info("model card: %s", path)
 
 
@@ -710,7 +713,7 @@ def run(args: tuple) -> dict:
 
 def _load_average(trainer, last: int) -> None:
     """Replace the trained weights by the average of the last ``last`` checkpoints."""
-    from train.averaging import average_checkpoints, last_checkpoints
+    from .averaging import average_checkpoints, last_checkpoints
 
     paths = last_checkpoints(trainer.args.output_dir, last)
     state = average_checkpoints(paths)
@@ -736,7 +739,7 @@ def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) ->
     if "training" not in document:
         logger.info("model card: python -m hub.model_card MODEL_DIR %s", out / "hub_metrics.json")
         return
-    from train.plots import plot_loss_curves
+    from .plots import plot_loss_curves
 
     plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
     write_card(output_dir, document)

@@ -28,8 +28,8 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 
-from train.batching import TokenBudgetBatchSampler
-from train.data import word_dropout
+from .batching import TokenBudgetBatchSampler
+from .data import word_dropout
 
 __all__ = [
     "PadCollator",

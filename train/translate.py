@@ -32,7 +32,8 @@ from transformers import (
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
-from train.evaluate_predictions import read_lines
+
+from .files import read_lines
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
@@ -115,7 +116,7 @@ def generate_texts(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m train.translate",
+        prog=f"python -m {__spec__.name}",
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
     )
     parser.add_argument("model", help="model folder (train.run output, save_pretrained) or Hub id")
