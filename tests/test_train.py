@@ -193,7 +193,7 @@ def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_fil
 def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
     src, ref = multi30k_test_files
     common = ["--use_cpu", "true", "--output_dir", str(tmp_path), "--report_to", "none"]
-    with pytest.raises(ValueError, match=r"no train split: give --dataset, --hub_dataset or --train_file"):
+    with pytest.raises(ValueError, match=r"--do_train needs a train split: give --dataset, --hub_dataset or --train_file, or --do_train false"):
         run(parse_arguments(["--test_file", f"{src},{ref}", *common]))
     with pytest.raises(ValueError, match="--do_train false evaluates a trained model: give its folder"):
         parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common])

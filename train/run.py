@@ -17,6 +17,12 @@ last checkpoints, then on the test split write the hypotheses, ``hub_metrics.jso
 :mod:`hub.model_card`), ``loss_curves.png`` and the model card. Everything lands in
 ``--output_dir``: the model with its tokenizer and generation config (the paper's decoding
 defaults), checkpoints, TensorBoard logs (``runs/``).
+
+``--do_train/--do_eval/--do_predict`` select the steps as in transformers' ``run_translation.py``
+(default: train and test); ``--do_train false --model_name_or_path MODEL --test_file ...`` evaluates a
+saved model and writes only the hypotheses and metrics. The test split is decoded by
+:mod:`train.translate` in fp32 on the plain model, so the reported score is that of ``python -m
+train.translate`` and of plain ``model.generate`` on the saved folder.
 """
 
 from __future__ import annotations
@@ -644,17 +650,13 @@ def _splits_to_use(raw: DatasetDict, args: tuple) -> dict:
     """The raw splits the run needs: train (``--do_train``), validation (training or ``--do_eval``), test
     (``--do_predict``); a clear error names a missing one."""
     _, data_args, _, training_args = args
-    wanted = {
-        "train": training_args.do_train,
-        "validation": training_args.do_eval,
-        "test": training_args.do_predict,
-    }
-    missing = [name for name, needed in wanted.items() if needed and name not in raw and not (name == "train" and data_args.streaming)]
-    if missing:
-        raise ValueError(
-            f"no {' or '.join(missing)} split: give --dataset, --hub_dataset or --{missing[0]}_file, or turn off "
-            f"{', '.join('--do_' + {'train': 'train', 'validation': 'eval', 'test': 'predict'}[m] for m in missing)}"
-        )
+    flags = {"train": "--do_train", "validation": "--do_eval", "test": "--do_predict"}
+    for name, flag in flags.items():
+        needed = getattr(training_args, flag.removeprefix("--"))
+        if needed and name not in raw and not (name == "train" and data_args.streaming):
+            raise ValueError(
+                f"{flag} needs a {name} split: give --dataset, --hub_dataset or --{name}_file, or {flag} false"
+            )
     splits = {}
     if training_args.do_train:
         splits["train"] = (
