@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from huggingface_hub import ModelCard  # noqa: E402
 from package_free import run_package_free  # noqa: E402
+from tiny_folder import save_tiny_folder  # noqa: E402
 
 import modeling_ode  # noqa: E402
 from hub import model_card, push  # noqa: E402
@@ -277,30 +278,10 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _card_folder(folder: Path, causal: bool) -> Path:
-    """A tiny random model with a real (tiny) tokenizer of the kind train.run saves."""
-    from train.tokenizer import train_tokenizer
-
-    texts = ["the dog runs in the park", "a cat sleeps on the warm mat", "zwei Hunde spielen im Schnee"] * 40
-    tokenizer = train_tokenizer(texts, vocab_size=320, save_to=folder, causal=causal)
-    ids = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-    torch.manual_seed(0)
-    if causal:
-        config = ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False, vocab_size=len(tokenizer), **ids)
-        ODETransformerForCausalLM(config).save_pretrained(folder)
-    else:
-        config = ODETransformerConfig.from_preset(
-            "tiny", vocab_size=len(tokenizer), decoder_start_token_id=2, d_model=32, encoder_layers=3, **ids
-        )
-        model = ODETransformerForConditionalGeneration(config)
-        model.generation_config.update(num_beams=2, length_penalty=0.6, early_stopping=True, max_new_tokens=8)
-        model.save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])
 def test_card_snippet_runs_as_written_without_the_package(tmp_path, causal):
-    folder = _card_folder(tmp_path / "model", causal)
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, causal, **({} if causal else {"d_model": 32, "encoder_layers": 3}))
     example = "ein Hund läuft" if causal else "the dog runs"
     metrics = {
         "task": "text-generation" if causal else "translation",

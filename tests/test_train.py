@@ -208,7 +208,7 @@ def test_summarization_cnndm(tmp_path):
     values = check_outputs(tmp_path, document, n_hyps=8)
     assert set(values) == {"ROUGE1", "ROUGE2", "ROUGEL", "ROUGELSUM"}
     assert all(0 <= v <= 100 for v in values.values())
-    assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0}
+    assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0, "precision": "fp32"}
 
 
 @needs_data

@@ -29,6 +29,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
@@ -38,7 +39,9 @@ from .files import read_lines
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
 
-def load_for_generation(model_name_or_path: str, device: str | torch.device = "cpu"):
+def load_for_generation(
+    model_name_or_path: str, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id."""
     config = AutoConfig.from_pretrained(model_name_or_path)
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
@@ -100,13 +103,17 @@ def generate_ids(
     return outputs
 
 
-def decode(tokenizer, ids: Sequence[Sequence[int]]) -> list[str]:
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[Sequence[int]]) -> list[str]:
     """Generated ids -> stripped strings without special tokens."""
     return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
 def generate_texts(
-    model: PreTrainedModel, tokenizer, texts: Sequence[str], max_source_length: int | None = None, **kwargs
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_source_length: int | None = None,
+    **kwargs,
 ) -> list[str]:
     """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given), :func:`generate_ids`, decode."""
     truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
