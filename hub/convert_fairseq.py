@@ -360,7 +360,7 @@ def convert_fairseq_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hub.convert_fairseq",
+        prog=f"python -m {__spec__.name}",
         description="Convert an ODE Transformer fairseq checkpoint (libeineu/ODE-Transformer) to an HF folder.",
     )
     parser.add_argument("checkpoint", help="fairseq checkpoint*.pt")

@@ -1,24 +1,23 @@
-"""A Hub-ready folder with remote code: upload it as is and load it with `trust_remote_code=True` anywhere.
+"""A clean Hub-ready folder: upload it as is and load it with `trust_remote_code=True` anywhere.
 
     out_dir/
-      config.json              + auto_map -> the copied code (AutoConfig, AutoModel, AutoModelForSeq2SeqLM,
-                                 AutoModelForCausalLM)
+      config.json              with auto_map -> the code below (AutoConfig and the model's auto class)
       model.safetensors        the weights (tied weights stored once)
       generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
       configuration_ode_transformer.py, modeling_ode_transformer.py, ode.py
-                               the package's three module files, flat, relative imports unchanged
+                               the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one
       README.md                the model card (hub/model_card.py)
 
-`transformers` copies the module named in `auto_map` and its relative imports (`.ode`,
-`.configuration_ode_transformer`) into its dynamic-module cache, so the folder does not need the
-`ode-transformer` package to be installed.
+The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
+classes (`register_for_auto_class`), so every saved folder carries them. This module adds what an upload
+needs beyond that: the card, the tokenizer, the paper's decoding defaults, and nothing else of a training
+folder (no checkpoints, logs or optimizer states).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-import modeling_ode
 from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
@@ -36,15 +34,8 @@ from modeling_ode import (
 
 from .model_card import METRICS_FILENAME, write_model_card
 
-__all__ = ["AUTO_MAP", "CODE_FILES", "PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
+__all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
-CODE_FILES = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py")
-AUTO_MAP = {
-    "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
-    "AutoModel": "modeling_ode_transformer.ODETransformerModel",
-    "AutoModelForSeq2SeqLM": "modeling_ode_transformer.ODETransformerForConditionalGeneration",
-    "AutoModelForCausalLM": "modeling_ode_transformer.ODETransformerForCausalLM",
-}
 # The paper's decoding for WMT En-De (beam 4, length penalty 0.6); En-Ro used beam 5, length penalty 1.3.
 PAPER_GENERATION_DEFAULTS = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
 TOKENIZER_FILES = (
@@ -136,15 +127,7 @@ def export_for_hub(
         raise ValueError("out_dir must differ from the model folder.")
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    model.save_pretrained(out_dir, safe_serialization=True)
-    config = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
-    config["auto_map"] = dict(AUTO_MAP)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-    package_dir = Path(modeling_ode.__file__).parent
-    for name in CODE_FILES:
-        shutil.copy2(package_dir / name, out_dir / name)
-
+    model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
     _write_generation_config(model, out_dir, source_dir)
     _copy_tokenizer(tokenizer, source_dir, out_dir)
 
@@ -159,8 +142,8 @@ def export_for_hub(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hub.export",
-        description="Write a Hub-ready folder (safetensors, config with auto_map, remote code, card).",
+        prog=f"python -m {__spec__.name}",
+        description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
     )
     parser.add_argument("model_dir", help="folder written by save_pretrained")
     parser.add_argument("out_dir", help="folder to write")

@@ -15,6 +15,9 @@ Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the we
       "language": ["en", "de"],           # optional: ISO 639-1 codes (source first)
       "license": "apache-2.0",            # optional, default apache-2.0
       "model_name": "ode-transformer-rk2-base-wmt14-en-de",  # optional, default repo name / folder name
+      "title": "ODE Transformer ...",     # optional: the card's heading (default: built from the config)
+      "example": "A sentence.",           # optional: input of the usage snippet (train.run: the first test
+                                          #   source); default a neutral one for the task
       "dataset": {                        # required: the default evaluation dataset of every result
         "name": "WMT14 English-German",   #   required: human-readable name
         "id": "wmt/wmt14",                #   required: Hub dataset id (model-index dataset.type)
@@ -35,7 +38,8 @@ Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the we
         "recipe": {"optimizer": "Adam (0.9, 0.997)", "lr": 0.002, "warmup_updates": 16000},  # any key: value
         "notes": "average of the last 5 checkpoints"  # optional free text
       },
-      "decoding": {"num_beams": 4, "length_penalty": 0.6}  # optional: the decoding used for the results
+      "decoding": {"num_beams": 4, "length_penalty": 0.6, "precision": "fp32"}  # optional: the decoding
+                                          #   of the results (precision: fp32, bf16, ...)
     }
 
 A signature is kept in the model-index as ``metrics[].args.signature`` and shown in the results table.
@@ -57,6 +61,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 __all__ = [
     "CITATION",
     "METRICS_FILENAME",
+    "card_title",
     "count_parameters",
     "describe_ode",
     "load_metrics",
@@ -301,6 +306,10 @@ def _results_table(metrics: dict[str, Any]) -> str:
             f"| {name} | {dataset['split']} | {result.get('name', result['metric'])} | "
             f"{float(result['value']):.2f} | {signature} |"
         )
+    decoding = metrics.get("decoding")
+    if decoding:
+        settings = [f"{key.replace('_', ' ')} {value}" for key, value in decoding.items()]
+        rows.append(f"\nDecoding: {', '.join(settings)}.")
     return "\n".join(rows)
 
 
@@ -319,33 +328,82 @@ def _training_section(metrics: dict[str, Any] | None) -> str:
     return "\n\n".join(parts)
 
 
+# Usage examples when the metrics JSON has none: neutral, in the source language of most trained models.
+_EXAMPLES = {
+    "summarization": "The city council approved the new budget on Tuesday after a long debate. It includes more "
+    "money for schools and public transport, and the mayor said it would be balanced by the end of the year.",
+    "text2text-generation": "She go to school every days .",
+    "grammatical-error-correction": "She go to school every days .",
+    "text-generation": "The",
+}
+_DEFAULT_EXAMPLE = "The weather is nice today."
+
+
 def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]) -> str:
+    """A snippet that runs as written where this package is not installed (remote code)."""
+    metrics = metrics or {}
+    task = metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
+    example = json.dumps(metrics.get("example") or _EXAMPLES.get(task, _DEFAULT_EXAMPLE), ensure_ascii=False)
+    load = f"""tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)"""
     if not config.is_encoder_decoder:
         return f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{repo}")
-model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)
-inputs = tokenizer("The market", return_tensors="pt")
+{load}
+model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True).eval()
+inputs = tokenizer({example}, return_tensors="pt")  # <s> + prompt, no </s>: the model continues it
 print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0], skip_special_tokens=True))
 ```"""
-    decoding = {**generation, **((metrics or {}).get("decoding") or {})}
+    decoding = {**generation, **(metrics.get("decoding") or {})}
     beams = decoding.get("num_beams", 4)
     lenpen = decoding.get("length_penalty", 0.6)
-    example = "A republican strategy to counter the re-election of Obama"
+    max_new_tokens = generation.get("max_new_tokens", 256)
     return f"""```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{repo}")
+{load}
 model = AutoModelForSeq2SeqLM.from_pretrained("{repo}", trust_remote_code=True).eval()
-inputs = tokenizer(["{example}"], return_tensors="pt")
+inputs = tokenizer([{example}], return_tensors="pt")
 # generation_config.json holds the decoding of the results above (beam {beams}, length penalty {lenpen}).
-outputs = model.generate(**inputs, num_beams={beams}, length_penalty={lenpen}, max_new_tokens=256)
+outputs = model.generate(**inputs, num_beams={beams}, length_penalty={lenpen}, max_new_tokens={max_new_tokens})
 print(tokenizer.batch_decode(outputs, skip_special_tokens=True))
 ```
 
 The modeling code ships with the weights (`trust_remote_code=True`); with the `ode-transformer` package
-installed, `import modeling_ode` registers the same classes with the Auto classes and no remote code is needed."""
+installed, `import modeling_ode` registers the same classes with the Auto classes and no remote code is needed.
+For whole files: `ode-translate MODEL --input src.txt --output hyp.txt` (`pip install ode-transformer`)."""
+
+
+_LANGUAGES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian", "cs": "Czech", "ru": "Russian"}
+
+
+def _method_name(config, side: str) -> str:
+    method = getattr(config, f"{side}_ode_method")
+    if not isinstance(method, str):
+        return "Runge-Kutta"
+    name = "residual" if method == "euler" else method.upper() if method.startswith("rk") else method
+    return f"{name}-gated" if method != "euler" and "gated" in getattr(config, f"{side}_ode_coefficients") else name
+
+
+def card_title(config, metrics: dict[str, Any] | None) -> str:
+    """``metrics["title"]``, else e.g. "ODE Transformer (RK2-gated encoder, residual decoder, 3-3 layers,
+    d 256): English-German translation, Multi30k Task 1"."""
+    metrics = metrics or {}
+    if metrics.get("title"):
+        return metrics["title"]
+    if config.is_encoder_decoder:
+        shape = (
+            f"{_method_name(config, 'encoder')} encoder, {_method_name(config, 'decoder')} decoder, "
+            f"{config.encoder_layers}-{config.decoder_layers} layers, d {config.d_model}"
+        )
+    else:
+        shape = f"{_method_name(config, 'decoder')} causal LM, {config.decoder_layers} layers, d {config.d_model}"
+    task = (metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")).replace("-", " ")
+    languages = metrics.get("language") or []
+    if len(languages) == 2:
+        task = "-".join(_LANGUAGES.get(code, code) for code in languages) + f" {task}"
+    dataset = (metrics.get("dataset") or {}).get("name")
+    return f"ODE Transformer ({shape}): {task}" + (f", {dataset}" if dataset else "")
 
 
 def _load_config(model_dir: Path):
@@ -394,7 +452,7 @@ def build_model_card(
         else "No evaluation results were recorded for this model."
     )
     body = f"""
-# {model_name}
+# {card_title(config, data)}
 
 An **ODE Transformer** (Li et al., ACL 2022): a pre-norm Transformer whose layers are Runge-Kutta solvers of
 the ODE dy/dt = F(y), for {task.replace("-", " ")}.
@@ -464,7 +522,7 @@ def validate_card_locally(path: str | Path) -> ModelCard:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hub.model_card", description="Write README.md (model card) into a trained model folder."
+        prog=f"python -m {__spec__.name}", description="Write README.md (model card) into a trained model folder."
     )
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")
     parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")

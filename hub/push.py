@@ -71,7 +71,7 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hub.push", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="folder written by `python -m hub.export`")
     parser.add_argument("--repo-id", required=True, help="USER/NAME (or ORG/NAME) of the model repo")
     parser.add_argument("--private", action="store_true", help="create the repo as private")

@@ -1,7 +1,9 @@
 """ODE Transformer (Li et al., ACL 2022) for Hugging Face Transformers.
 
 Importing this package registers `ode_transformer` with AutoConfig, AutoModel, AutoModelForSeq2SeqLM and
-AutoModelForCausalLM.
+AutoModelForCausalLM, and registers the classes for those auto classes (`register_for_auto_class`): every
+`save_pretrained` folder then carries `auto_map` and the three module files, and loads with
+`trust_remote_code=True` where this package is not installed.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
@@ -21,6 +23,10 @@ AutoConfig.register(ODETransformerConfig.model_type, ODETransformerConfig, exist
 AutoModel.register(ODETransformerConfig, ODETransformerModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(ODETransformerConfig, ODETransformerForConditionalGeneration, exist_ok=True)
 AutoModelForCausalLM.register(ODETransformerConfig, ODETransformerForCausalLM, exist_ok=True)
+ODETransformerConfig.register_for_auto_class("AutoConfig")
+ODETransformerModel.register_for_auto_class("AutoModel")
+ODETransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+ODETransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
     "COEFFICIENT_MODES",

@@ -767,6 +767,12 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         config.validate()  # fields may have been changed after the config was built
         super().__init__(config, *inputs, **kwargs)
 
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, after validating the config: fields may have changed since it was
+        built, and transformers' own check runs only after the model's code files are written."""
+        self.config.validate()
+        super().save_pretrained(save_directory, *args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name."""

@@ -29,8 +29,8 @@ def tiny_args(tmp_path, study: str, variants: list[str]) -> list[str]:
 def smallest(study_name: str) -> tuple[list[str], int]:
     """The baseline and one other variant at the smallest depth."""
     study = STUDIES[study_name]
-    other = next(v for v in study.variants if v != study.baseline)
-    return [study.baseline, other], min(study.depths)
+    other = next(v for v in study.variants if v != study.baseline_of(v))
+    return [study.baseline_of(other), other], min(study.depths)
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from huggingface_hub import ModelCard  # noqa: E402
+from package_free import run_package_free  # noqa: E402
+from tiny_folder import save_tiny_folder  # noqa: E402
 
 import modeling_ode  # noqa: E402
 from hub import model_card, push  # noqa: E402
-from hub.export import AUTO_MAP, CODE_FILES, export_for_hub  # noqa: E402
+from hub.export import export_for_hub  # noqa: E402
 from hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
@@ -124,58 +125,33 @@ def test_metrics_schema_errors_name_the_fields():
 # Export with remote code
 # ----------------------------------------------------------------------------------------------------------
 
-PACKAGE_FREE = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+PACKAGE_FREE = """
+import json, sys
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationConfig
 
-    REPO = sys.argv[1]
-    folders = json.loads(sys.argv[2])
-    # The editable install of `ode-transformer` puts a finder on sys.meta_path: remove it, drop the repository
-    # from sys.path, and block the names outright.
-    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-    sys.path[:] = [p for p in sys.path if p not in ("", ".", REPO, REPO + "/")]
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("modeling_ode", "hub"):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
-            return None
-
-    sys.meta_path.insert(0, Block())
-    try:
-        import modeling_ode  # noqa: F401
-    except ModuleNotFoundError:
-        pass
-    else:
-        raise SystemExit("modeling_ode is importable")
-
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationConfig
-
-    inputs = torch.load(folders["inputs"])
-    config = AutoConfig.from_pretrained(folders["seq2seq"], trust_remote_code=True)
-    assert type(config).__module__.startswith("transformers_modules."), type(config).__module__
-    model = AutoModelForSeq2SeqLM.from_pretrained(folders["seq2seq"], trust_remote_code=True).eval()
-    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-    assert "modeling_ode" not in sys.modules
-    base = AutoModel.from_pretrained(folders["seq2seq"], trust_remote_code=True)
-    assert type(base).__name__ == "ODETransformerModel"
-    lm = AutoModelForCausalLM.from_pretrained(folders["causal"], trust_remote_code=True).eval()
-    generation = GenerationConfig.from_pretrained(folders["seq2seq"])
-    with torch.no_grad():
-        out = {
-            "seq2seq": model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits,
-            "causal": lm(input_ids=inputs["src"]).logits,
-            "num_beams": generation.num_beams,
-            "length_penalty": generation.length_penalty,
-        }
-        with sdpa_kernel(SDPBackend.MATH):  # the other CPU kernel SDPA may pick
-            out["seq2seq_math"] = model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits
-            out["causal_math"] = lm(input_ids=inputs["src"]).logits
-    torch.save(out, folders["outputs"])
-    """
-)
+folders = json.loads(sys.argv[1])
+torch.set_num_threads(1)
+inputs = torch.load(folders["inputs"])
+config = AutoConfig.from_pretrained(folders["seq2seq"], trust_remote_code=True)
+assert type(config).__module__.startswith("transformers_modules."), type(config).__module__
+model = AutoModelForSeq2SeqLM.from_pretrained(folders["seq2seq"], trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+lm = AutoModelForCausalLM.from_pretrained(folders["causal"], trust_remote_code=True).eval()
+generation = GenerationConfig.from_pretrained(folders["seq2seq"])
+with torch.no_grad():
+    out = {
+        "seq2seq": model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits,
+        "causal": lm(input_ids=inputs["src"]).logits,
+        "num_beams": generation.num_beams,
+        "length_penalty": generation.length_penalty,
+    }
+    with sdpa_kernel(SDPBackend.MATH):  # the other CPU kernel SDPA may pick
+        out["seq2seq_math"] = model(input_ids=inputs["src"], decoder_input_ids=inputs["tgt"]).logits
+        out["causal_math"] = lm(input_ids=inputs["src"]).logits
+torch.save(out, folders["outputs"])
+"""
 
 
 def test_export_loads_with_remote_code_without_the_package(tmp_path):
@@ -189,11 +165,18 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     ).eval()
     out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
 
+    code = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py")
     files = sorted(p.name for p in out.iterdir())
-    assert set(CODE_FILES) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= set(files)
+    assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(files)
     config = json.loads((out / "config.json").read_text())
-    assert config["auto_map"] == AUTO_MAP and config["model_type"] == "ode_transformer"
-    for name in CODE_FILES:  # flat copies, relative imports intact
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
+        "AutoModelForSeq2SeqLM": "modeling_ode_transformer.ODETransformerForConditionalGeneration",
+    }
+    assert json.loads((out_causal / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_ode_transformer.ODETransformerForCausalLM"
+    )
+    for name in code:  # flat copies, relative imports intact
         assert (out / name).read_text() == (Path(modeling_ode.__file__).parent / name).read_text()
     assert "from .ode import" in (out / "modeling_ode_transformer.py").read_text()
 
@@ -202,12 +185,7 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     torch.save(inputs, tmp_path / "inputs.pt")
     folders = {"seq2seq": str(out), "causal": str(out_causal), "inputs": str(tmp_path / "inputs.pt"),
                "outputs": str(tmp_path / "outputs.pt")}
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env |= {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HOME": str(tmp_path / "hf")}
-    run = subprocess.run(
-        [sys.executable, "-c", PACKAGE_FREE, str(REPO), json.dumps(folders)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
+    run = run_package_free(PACKAGE_FREE, tmp_path, json.dumps(folders))
     assert run.returncode == 0, run.stderr[-3000:]
     remote = torch.load(tmp_path / "outputs.pt")
     with torch.no_grad():
@@ -223,6 +201,22 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
         for kernel in (name, f"{name}_math"):
             torch.testing.assert_close(remote[kernel], local[name], rtol=1e-5, atol=1e-5, msg=kernel)
     assert (remote["num_beams"], remote["length_penalty"]) == (4, 0.6)
+
+
+def test_save_pretrained_folder_needs_trust_remote_code_without_the_package(tmp_path):
+    """Without the package and without trust_remote_code, transformers' own error asks for it."""
+    tiny_seq2seq().save_pretrained(tmp_path / "model")
+    code = """
+    import sys
+    from transformers import AutoModelForSeq2SeqLM
+    try:
+        AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1])
+    except ValueError as error:
+        print(error)
+    """
+    run = run_package_free(code, tmp_path, str(tmp_path / "model"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trust_remote_code=True" in run.stdout
 
 
 def test_export_keeps_own_generation_config_and_tokenizer(tmp_path):
@@ -305,3 +299,43 @@ def test_describe_ode_speaks_the_catalogue():
         for words in (ODE_METHODS[method].description, COEFFICIENT_MODES[mode].description):
             assert words in encoder
         assert ODE_FUNCTIONS[function] in encoder and LAYER_CONNECTIONS[connections] in encoder
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Card snippets
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])
+def test_card_snippet_runs_as_written_without_the_package(tmp_path, causal):
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, causal, **({} if causal else {"d_model": 32, "encoder_layers": 3}))
+    example = "ein Hund läuft" if causal else "the dog runs"
+    metrics = {
+        "task": "text-generation" if causal else "translation",
+        "language": None if causal else ["en", "de"],
+        "dataset": {"name": "Toy corpus", "id": "toy", "split": "test"},
+        "results": [{"metric": "chrf", "name": "chrF", "value": 12.5}],
+        "example": example,
+        "training": {"recipe": {"model": "3-3 layers, d_model 32"}},
+        "decoding": {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"},
+    }
+    card = ModelCard.load(write_model_card(folder, metrics, repo_id=str(folder)))
+    title = card.text.split("\n# ", 1)[1].split("\n")[0]
+    if causal:
+        assert title == "ODE Transformer (residual causal LM, 2 layers, d 16): text generation, Toy corpus"
+    else:
+        assert title == (
+            "ODE Transformer (RK2-gated encoder, residual decoder, 3-2 layers, d 32): "
+            "English-German translation, Toy corpus"
+        )
+        assert "Decoding: num beams 2, length penalty 0.6, precision fp32." in card.text
+        assert "max_new_tokens=8" in card.text
+    snippets = re.findall(r"```python\n(.*?)```", card.text, re.DOTALL)
+    assert len(snippets) == 1 and f'"{example}"' in snippets[0]
+    assert f'AutoTokenizer.from_pretrained("{folder}", trust_remote_code=True)' in snippets[0]
+    result = run_package_free(snippets[0], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip(), "the snippet printed nothing"
+    if causal:
+        assert result.stdout.startswith(example)

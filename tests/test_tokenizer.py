@@ -144,3 +144,14 @@ def test_reuse_refuses_a_tokenizer_trained_otherwise(tmp_path, caplog):
     assert load_or_train_tokenizer(tmp_path, texts[:-1], 400, verify=False).get_vocab() == trained.get_vocab()
     with pytest.raises(ValueError, match="kind bpe vs word now"):
         load_or_train_tokenizer(tmp_path, texts, vocab_size=300, kind="word")
+
+
+def test_causal_tokenizer_prepends_bos_and_leaves_the_prompt_open(tmp_path):
+    texts = ["the dog runs", "the cat sleeps", "a dog sleeps"] * 50
+    load_or_train_tokenizer(tmp_path, texts, vocab_size=300, causal=True)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = tok("the dog")["input_ids"]
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert tok.eos_token_id not in ids
+    assert ids[1:] == tok("the dog", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == "the dog"

@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from package_free import run_package_free
 from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, pipeline
 
-from modeling_ode import ODETransformerForCausalLM
-from train.data import ptb
-from train.run import parse_arguments, run
+from modeling_ode import (
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+)
+from train import translate
+from train.data import multi30k, ptb
+from train.run import build_parser, parse_arguments, run, training_card
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -62,19 +68,142 @@ def check_outputs(output_dir: Path, document: dict, n_hyps: int | None) -> dict[
     return values
 
 
-@needs_data
-def test_translation_multi30k(tmp_path):
-    document = train_and_test(
-        tmp_path, "--task", "translation", "--dataset", "multi30k", "--source_lang", "en",
-        "--target_lang", "de", "--max_train_samples", "400", *SEQ2SEQ,
-    )  # fmt: skip
-    values = check_outputs(tmp_path, document, n_hyps=16)
+MULTI30K = ["--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de"]
+
+
+@pytest.fixture(scope="module")
+def multi30k_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny model trained (bf16 autocast) and tested on Multi30k: its folder and metrics document."""
+    if not DATA.is_dir():
+        pytest.skip(f"shared data not found at {DATA}")
+    output_dir = tmp_path_factory.mktemp("multi30k")
+    return output_dir, train_and_test(output_dir, *MULTI30K, "--max_train_samples", "400", *SEQ2SEQ)
+
+
+@pytest.fixture(scope="module")
+def multi30k_test_files(tmp_path_factory) -> tuple[Path, Path]:
+    """The 16 test pairs of ``multi30k_run`` as source and reference text files."""
+    test = multi30k("test")
+    folder = tmp_path_factory.mktemp("multi30k_test")
+    src, ref = folder / "test.en", folder / "test.de"
+    src.write_text("".join(line + "\n" for line in test["source"][:16]), encoding="utf-8")
+    ref.write_text("".join(line + "\n" for line in test["target"][:16]), encoding="utf-8")
+    return src, ref
+
+
+def test_translation_multi30k(multi30k_run):
+    output_dir, document = multi30k_run
+    values = check_outputs(output_dir, document, n_hyps=16)
     assert 0 <= values["BLEU"] <= 100 and 0 <= values["chrF"] <= 100
     assert document["results"][0]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-    generation = json.loads((tmp_path / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"]) == (2, 0.6)
-    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert document["decoding"] == {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"}
+    assert document["training"]["recipe"]["model"] == "2-2 layers, d_model 16, FFN 32/32, 2/2 heads (preset tiny)"
+    assert document["example"] == multi30k("test")["source"][0]
+    generation = json.loads((output_dir / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (2, 0.6, 48)
+    assert "max_length" not in generation
+    state = json.loads((output_dir / "trainer_state.json").read_text())
     assert any("eval_bleu" in entry for entry in state["log_history"])
+    assert json.loads((output_dir / "test_results.json").read_text()) == {
+        r["name"]: r["value"] for r in document["results"]
+    }
+
+
+PLAIN_GENERATE = """
+import sys
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
+model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+sources = open(sys.argv[2], encoding="utf-8").read().splitlines()
+outputs = model.generate(**tokenizer(sources, return_tensors="pt", padding=True))  # the saved generation config
+print("\\n".join(text.strip() for text in tokenizer.batch_decode(outputs, skip_special_tokens=True)))
+"""
+
+
+def test_trained_folder_generates_without_the_package(multi30k_run, multi30k_test_files, tmp_path):
+    """A copy of the run's folder loads with remote code where ``modeling_ode`` cannot be imported, and plain
+    ``generate()`` with its saved generation config gives the run's test hypotheses."""
+    output_dir, _ = multi30k_run
+    src, _ = multi30k_test_files
+    copy = tmp_path / "model"
+    shutil.copytree(output_dir, copy, ignore=shutil.ignore_patterns("runs", "tokenizer", "*.png"))
+    result = run_package_free(PLAIN_GENERATE, tmp_path, str(copy), str(src))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture
+def untrained_model(multi30k_run, tmp_path) -> Path:
+    """A random tiny model (weights x3: confident, varied outputs) with the run's tokenizer and beam 4."""
+    tokenizer = AutoTokenizer.from_pretrained(multi30k_run[0])
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
+    config = ODETransformerConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.eos_token_id, **ids
+    )
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(3)
+    model.generation_config.update(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=24)
+    model.save_pretrained(tmp_path / "untrained")
+    tokenizer.save_pretrained(tmp_path / "untrained")
+    return tmp_path / "untrained"
+
+
+def test_test_decoding_translate_and_plain_generate_agree(untrained_model, tmp_path):
+    """One decoder: ``train.run``'s test decoding (after the trainer has wrapped the model in bf16 autocast
+    for --do_eval), ``train.translate`` (other batches) and plain ``generate()`` (one batch, fresh
+    interpreter) give the same hypotheses."""
+    sources = multi30k("test")["source"][:48]
+    src = tmp_path / "test.en"
+    src.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    pairs = f"{src},{src}"
+    run(parse_arguments([
+        "--model_name_or_path", str(untrained_model), "--do_train", "false", "--do_eval", "true", "--bf16", "true",
+        "--validation_file", pairs, "--test_file", pairs, "--per_device_eval_batch_size", "16",
+        "--output_dir", str(tmp_path / "eval"), "--use_cpu", "true", "--report_to", "none",
+        "--max_target_length", "24",
+    ]))  # fmt: skip
+    expected = (tmp_path / "eval" / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    assert len(expected) == 48 and len(set(expected)) > 5
+
+    translate.main([str(untrained_model), "--input", str(src), "--output", str(tmp_path / "hyp.txt"),
+                    "--batch_size", "5", "--no_progress"])  # fmt: skip
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == expected
+
+    result = run_package_free(PLAIN_GENERATE, tmp_path, str(untrained_model), str(src))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == expected
+
+
+def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_files, tmp_path):
+    """``--do_train false`` + a test file: no training split, no --predict_with_generate, no model copy."""
+    output_dir, trained = multi30k_run
+    src, ref = multi30k_test_files
+    document = run(parse_arguments([
+        "--model_name_or_path", str(output_dir), "--do_train", "false", "--test_file", f"{src},{ref}",
+        "--output_dir", str(tmp_path), "--use_cpu", "true", "--report_to", "none", "--max_target_length", "48",
+    ]))  # fmt: skip
+    assert document["results"] == trained["results"]
+    assert document["decoding"] == trained["decoding"]  # the saved generation config's beam 2
+    assert "training" not in document and document["dataset"]["id"] == f"{src},{ref}"
+    hyps = (tmp_path / "test_hypotheses.txt").read_text(encoding="utf-8")
+    assert hyps == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "all_results.json", "hub_metrics.json", "test_hypotheses.txt", "test_results.json"
+    ]
+
+
+def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
+    src, ref = multi30k_test_files
+    common = ["--use_cpu", "true", "--output_dir", str(tmp_path), "--report_to", "none"]
+    with pytest.raises(ValueError, match=r"--do_train needs a train split: give --dataset, --hub_dataset or --train_file, or --do_train false"):
+        run(parse_arguments(["--test_file", f"{src},{ref}", *common]))
+    with pytest.raises(ValueError, match="--do_train false evaluates a trained model: give its folder"):
+        parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common])
 
 
 @needs_data
@@ -86,7 +215,7 @@ def test_summarization_cnndm(tmp_path):
     values = check_outputs(tmp_path, document, n_hyps=8)
     assert set(values) == {"ROUGE1", "ROUGE2", "ROUGEL", "ROUGELSUM"}
     assert all(0 <= v <= 100 for v in values.values())
-    assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0}
+    assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0, "precision": "fp32"}
 
 
 @needs_data
@@ -112,6 +241,21 @@ def test_lm_ptb_perplexity(tmp_path):
     assert values["Word perplexity"] > values["Subword perplexity"]
     assert json.loads((tmp_path / "config.json").read_text())["label_smoothing"] == 0.0
 
+    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and train.translate.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    prompts = ["the company said", "it is", "in new york"]
+    for prompt in prompts:
+        ids = tokenizer(prompt)["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in ids
+    generator = pipeline("text-generation", model=str(tmp_path), tokenizer=tokenizer)
+    greedy = {"max_new_tokens": 6, "num_beams": 1, "do_sample": False}
+    texts = [generator(prompt, **greedy)[0]["generated_text"] for prompt in prompts]
+    assert all(text.startswith(prompt) for text, prompt in zip(texts, prompts))
+    prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    expected = [generator.model.generate(torch.tensor([ids]), **greedy)[0, len(ids) :].tolist() for ids in prompt_ids]
+    assert translate.generate_ids(generator.model, prompt_ids, batch_size=2, **greedy) == expected
+    assert all(len(ids) > 0 for ids in expected)
+
 
 @needs_data
 def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
@@ -134,8 +278,9 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     model = ODETransformerForCausalLM.from_pretrained(tmp_path)
     texts = ptb("validation")["text"][:40]
-    rows = [{"input_ids": [tokenizer.bos_token_id, *ids], "labels": [tokenizer.bos_token_id, *ids]}
-            for ids in tokenizer(texts)["input_ids"]]
+    sequences = [[tokenizer.bos_token_id, *ids, tokenizer.eos_token_id]  # <s> text </s>, as train.run builds them
+                 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    rows = [{"input_ids": ids, "labels": ids} for ids in sequences]
     collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id)
     total, count = lm_negative_log_likelihood(model, Dataset.from_list(rows), collator, 16)
     assert count == best["eval_tokens"] == sum(len(t.split()) + 1 for t in texts)  # word level: words + </s>
@@ -149,7 +294,7 @@ def test_streaming_multi30k(tmp_path):
     train_and_test(
         tmp_path, "--task", "translation", "--dataset", "multi30k", "--source_lang", "en",
         "--target_lang", "de", "--streaming", "true", "--max_steps", "4",
-        "--per_device_train_batch_size", "8", "--do_test", "false",
+        "--per_device_train_batch_size", "8", "--do_predict", "false",
     )  # fmt: skip
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     assert state["global_step"] == 4
@@ -163,7 +308,7 @@ def test_resume_gives_the_same_weights(tmp_path):
         "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
         "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
         "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "7",
-        "--do_test", "false", "--report_to", "none",
+        "--do_predict", "false", "--report_to", "none",
     ]  # fmt: skip
     full = tmp_path / "full"
     train_and_test(full, *flags)
@@ -232,7 +377,7 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
         "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
         "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
         "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
-        "--do_test", "false", "--report_to", "none",
+        "--do_predict", "false", "--report_to", "none",
     ]  # fmt: skip
     train_and_test(tmp_path / "full", *flags)
     out = tmp_path / "killed"
@@ -286,3 +431,29 @@ def test_gpu_recipes_say_so_in_header_and_readme(recipe):
     assert text.startswith("# GPU recipe: bf16 training on CUDA GPUs.") and "--use_cpu true" in text.split("\n")[1]
     lines = [line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line]
     assert all("GPU" in line for line in lines), lines  # every README command that runs it
+
+
+def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
+    text = build_parser().format_help()
+    assert text.startswith("usage: python -m train.run [RECIPE.yaml] [--flag value ...]")
+    positions = [text.index(f"\n{title}:\n") for title in ("positional arguments", "model", "data", "run")]
+    assert positions == sorted(positions) and positions[-1] < text.index("\ntransformers Seq2SeqTrainingArguments:")
+    assert "RECIPE.yaml" in text.split("\nmodel:")[0].split("positional arguments:")[1]
+
+
+def test_one_label_smoothing_flag():
+    model_args, _, _, training_args = parse_arguments(["--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+    assert (model_args.label_smoothing, training_args.label_smoothing_factor) == (0.2, 0.0)  # smoothed once
+    with pytest.raises(ValueError, match="give only --label_smoothing"):
+        parse_arguments(["--label_smoothing", "0.1", "--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+    with pytest.raises(ValueError, match="must come first"):
+        parse_arguments(["--use_cpu", "true", str(RECIPES / "multi30k_en_de_cpu.yaml")])
+
+
+def test_recipe_card_shows_the_actual_shape():
+    args = parse_arguments([str(RECIPES / "multi30k_en_de_cpu.yaml"), "--use_cpu", "true"])
+    config = ODETransformerConfig.from_preset(args[0].preset, **args[0].overrides())
+    recipe = training_card(args, {"global_step": 7}, config)["recipe"]
+    assert recipe["model"] == "3-3 layers, d_model 256, FFN 1024/1024, 4/4 heads"  # not "preset: base"
+    assert "preset" not in recipe and "d_model" not in recipe
+    assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)

@@ -53,7 +53,7 @@ def test_two_process_cpu_training(tmp_path):
         "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
         "--preset", "tiny", "--vocab_size", "400", "--max_train_samples", "200", "--max_tokens", "512",
         "--max_source_length", "32", "--max_target_length", "32", "--max_steps", "3", "--logging_steps", "1",
-        "--use_cpu", "true", "--save_strategy", "no", "--report_to", "none", "--do_test", "false",
+        "--use_cpu", "true", "--save_strategy", "no", "--report_to", "none", "--do_predict", "false",
         "--output_dir", str(out), "--disable_tqdm", "true",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -32,7 +32,7 @@ import torch
 from datasets import Dataset, DatasetDict, DatasetInfo, IterableDataset, IterableDatasetDict
 from datasets.distributed import split_dataset_by_node
 
-from train.libreoffice_corpus import DEFAULT_CACHE, build_corpus
+from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 
 __all__ = [
     "DATA_DIR_ENV",

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from train import metrics
-from train.data import libreoffice
-from train.libreoffice_corpus import build_corpus
-from train.run import parse_arguments, run
+from . import metrics
+from .data import libreoffice
+from .libreoffice_corpus import build_corpus
+from .run import parse_arguments, run
 
 RECIPE = Path(__file__).resolve().parent / "recipes" / "libreoffice_demo.yaml"
 EXAMPLES = (

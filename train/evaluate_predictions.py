@@ -23,12 +23,12 @@ Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). Tas
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
-from train.metrics import (
+from .files import read_lines
+from .metrics import (
     chrf_score,
     gleu_score,
     m2_score,
@@ -43,19 +43,6 @@ TASKS = ("translation", "summarization", "gec", "gleu")
 
 class UsageError(Exception):
     """A problem with the command line or the input files, reported without a traceback."""
-
-
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``), without newlines."""
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"no such file: {path}")
-    data = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
-    text = data.decode("utf-8")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
 
 
 def _check_counts(hyp_path: str, hyps: list[str], others: dict[str, list]) -> None:
@@ -132,7 +119,7 @@ _RUNNERS = {"translation": _translation, "summarization": _summarization, "gec":
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m train.evaluate_predictions",
+        prog=f"python -m {__spec__.name}",
         description="Score system outputs (one segment per line; .gz accepted) and print JSON metrics.",
     )
     parser.add_argument("--task", required=True, choices=TASKS)

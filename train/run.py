@@ -17,10 +17,17 @@ last checkpoints, then on the test split write the hypotheses, ``hub_metrics.jso
 :mod:`hub.model_card`), ``loss_curves.png`` and the model card. Everything lands in
 ``--output_dir``: the model with its tokenizer and generation config (the paper's decoding
 defaults), checkpoints, TensorBoard logs (``runs/``).
+
+``--do_train/--do_eval/--do_predict`` select the steps as in transformers' ``run_translation.py``
+(default: train and test); ``--do_train false --model_name_or_path MODEL --test_file ...`` evaluates a
+saved model and writes only the hypotheses and metrics. The test split is decoded by
+:mod:`train.translate` in fp32 on the plain model, so the reported score is that of ``python -m
+train.translate`` and of plain ``model.generate`` on the saved folder.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import shutil
@@ -32,7 +39,6 @@ from itertools import islice
 from pathlib import Path
 
 import datasets
-import numpy as np
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import (
@@ -48,9 +54,10 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from train import metrics
-from train.checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
-from train.data import (
+
+from . import metrics
+from .checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
+from .data import (
     DataSpec,
     conll2013_test,
     load_hub_dataset,
@@ -59,14 +66,16 @@ from train.data import (
     load_task_data,
     load_tsv,
 )
-from train.evaluate_predictions import read_lines
-from train.tokenizer import load_or_train_tokenizer
-from train.trainer import (
+from .files import read_lines
+from .tokenizer import load_or_train_tokenizer
+from .trainer import (
     PadCollator,
     TokenBudgetSeq2SeqTrainer,
     TokenBudgetTrainer,
+    fp32_forward,
     lm_negative_log_likelihood,
 )
+from .translate import decode, generate_ids
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +109,8 @@ TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
 class ModelArguments:
     """The model: a preset of :class:`ODETransformerConfig` plus overrides, and the tokenizer."""
 
+    _argument_group_name = "model"
+
     preset: str = field(default="base", metadata={"help": "tiny, base, deep, big, big_deep"})
     model_name_or_path: str | None = field(default=None, metadata={"help": "start from a saved model folder"})
     tokenizer_name: str | None = field(
@@ -119,7 +130,10 @@ class ModelArguments:
     dropout: float | None = None
     attention_dropout: float | None = None
     activation_dropout: float | None = None
-    label_smoothing: float | None = field(default=None, metadata={"help": "default 0.1; 0 for --task lm"})
+    label_smoothing: float | None = field(
+        default=None,
+        metadata={"help": "of the model's loss; default 0.1, 0 for --task lm (--label_smoothing_factor is read as this)"},
+    )
     encoder_ode_method: str | None = field(default=None, metadata={"help": "euler, rk2, rk4, ..."})
     decoder_ode_method: str | None = None
     encoder_ode_coefficients: str | None = field(default=None, metadata={"help": "tableau, gated, learnable, ..."})
@@ -141,6 +155,8 @@ class ModelArguments:
 @dataclass
 class DataArguments:
     """Where the data comes from and how it is cut into batches."""
+
+    _argument_group_name = "data"
 
     dataset: str | None = field(
         default=None, metadata={"help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"}
@@ -173,27 +189,55 @@ class DataArguments:
 class RunArguments:
     """The task and what happens around training."""
 
+    _argument_group_name = "run"
+
     task: str = field(default="translation", metadata={"help": "translation, summarization, gec, lm"})
     num_beams: int | None = field(default=None, metadata={"help": "default per task (paper): 4 / 4 / 6"})
     length_penalty: float | None = field(default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"})
     average_last_checkpoints: int = field(default=0, metadata={"help": "average the last N checkpoints before testing"})
     time_budget_minutes: float | None = field(default=None, metadata={"help": "stop training after this long"})
-    do_test: bool = field(default=True, metadata={"help": "predict and score the test split after training"})
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"}
     )
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+GROUP_TITLES = ("model", "data", "run")  # the ``_argument_group_name`` of our three dataclasses
 
 
 # --------------------------------------------------------------------------------------------
 # Arguments
 
 
+def build_parser() -> HfArgumentParser:
+    """The parser: ``[RECIPE.yaml]``, then our model/data/run groups, then transformers' training arguments.
+
+    Without ``--do_train/--do_predict`` a run trains and tests (``--do_train false --do_predict`` evaluates
+    ``--model_name_or_path``); ``--do_eval`` (on whenever ``--eval_strategy`` is set) evaluates the
+    validation split at the end, as in transformers' ``run_translation.py``.
+    """
+    parser = HfArgumentParser(
+        ALL_ARGUMENTS,
+        prog=f"python -m {__spec__.name}",
+        usage="%(prog)s [RECIPE.yaml] [--flag value ...]",
+        description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
+        "flags override them.",
+    )
+    parser.add_argument(
+        "recipe", metavar="RECIPE.yaml", nargs="?", help="recipe file (YAML or JSON) of flag defaults, read first"
+    )
+    first = [group for group in parser._action_groups if group.title in ("positional arguments", *GROUP_TITLES)]
+    parser._action_groups = [*first, *(group for group in parser._action_groups if group not in first)]
+    for group in parser._action_groups:
+        if group.title == "options":
+            group.title = "transformers Seq2SeqTrainingArguments"
+    parser.set_defaults(do_train=True, do_predict=True)
+    return parser
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple:
     """Parse ``[RECIPE.yaml|RECIPE.json] [--flag value ...]`` into the four argument dataclasses."""
-    parser = HfArgumentParser(ALL_ARGUMENTS)
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].endswith((".yaml", ".yml", ".json")):
         recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
@@ -202,12 +246,31 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         if unknown:
             raise ValueError(f"unknown recipe keys: {unknown}")
         parser.set_defaults(**recipe)
-    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, run_args, training_args, positional = parser.parse_args_into_dataclasses(args=argv)
+    if positional.recipe is not None:
+        raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
     if run_args.task not in TASKS:
         raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    if not training_args.do_train and not model_args.model_name_or_path:
+        raise ValueError("--do_train false evaluates a trained model: give its folder with --model_name_or_path")
+    _one_label_smoothing(model_args, training_args)
     return model_args, data_args, run_args, training_args
+
+
+def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """``--label_smoothing`` (the model's loss) is the one flag; transformers' ``--label_smoothing_factor`` is
+    read as it, so the loss is never smoothed twice."""
+    factor = training_args.label_smoothing_factor
+    if not factor:
+        return
+    if model_args.label_smoothing is not None and model_args.label_smoothing != factor:
+        raise ValueError(
+            f"--label_smoothing {model_args.label_smoothing} and --label_smoothing_factor {factor} disagree: "
+            "give only --label_smoothing (the model's loss)"
+        )
+    model_args.label_smoothing, training_args.label_smoothing_factor = factor, 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,9 +371,11 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
         targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)["input_ids"]
         return {"input_ids": sources, "labels": targets, "length": [max(len(s), len(t)) for s, t in zip(sources, targets)]}
 
-    def lm(batch: dict) -> dict:
-        encoded = tokenizer(batch["text"], truncation=True, max_length=data_args.max_target_length - 1)["input_ids"]
-        ids = [[tokenizer.bos_token_id, *seq] for seq in encoded]
+    def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
+        encoded = tokenizer(
+            batch["text"], add_special_tokens=False, truncation=True, max_length=data_args.max_target_length - 2
+        )["input_ids"]
+        ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded]
         return {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
 
     return lm if task == "lm" else seq2seq
@@ -353,21 +418,27 @@ def build_model(model_args: ModelArguments, data_args: DataArguments, task: str,
     return model_class(config)
 
 
-def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments) -> dict:
-    """Write the paper's beam / length penalty for the task into ``model.generation_config``."""
-    beams, penalty = DECODING_DEFAULTS.get(run_args.task, (1, 1.0))
+def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments, saved: bool) -> dict:
+    """Beam size and length penalty of the test decoding, written into ``model.generation_config``.
+
+    ``--num_beams``/``--length_penalty`` if given, else a ``saved`` model's own, else the paper's for the task;
+    ``max_new_tokens`` is ``--max_target_length``.
+    """
+    if run_args.task == "lm":
+        return {}
+    generation = model.generation_config
+    beams, penalty = DECODING_DEFAULTS[run_args.task]
+    if saved:  # unset fields of a generation config read as greedy search, length penalty 1
+        beams, penalty = generation.num_beams or 1, 1.0 if generation.length_penalty is None else generation.length_penalty
     decoding = {
         "num_beams": run_args.num_beams or beams,
         "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
-        "max_length": data_args.max_target_length + 1,
     }
-    if run_args.task == "lm":
-        return decoding
-    model.generation_config.max_length = decoding["max_length"]
-    model.generation_config.num_beams = decoding["num_beams"]
+    generation.max_new_tokens = data_args.max_target_length
+    generation.num_beams = decoding["num_beams"]
     if decoding["num_beams"] > 1:  # beam-only settings are refused by greedy generation configs
-        model.generation_config.length_penalty = decoding["length_penalty"]
-        model.generation_config.early_stopping = True
+        generation.length_penalty = decoding["length_penalty"]
+        generation.early_stopping = True
     return decoding
 
 
@@ -403,13 +474,6 @@ def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollat
         "tokens": count,
         "words": words,
     }
-
-
-def decode_predictions(tokenizer: PreTrainedTokenizerFast, predictions) -> list[str]:
-    """Generated ids (padded with -100 or pad) -> stripped strings."""
-    ids = np.asarray(predictions[0] if isinstance(predictions, tuple) else predictions)
-    ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
-    return [text.strip() for text in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)]
 
 
 def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file: str | None) -> list[dict]:
@@ -449,45 +513,84 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> di
     return card
 
 
-def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict) -> dict:
-    """The metrics JSON in the schema of :mod:`hub.model_card`."""
-    model_args, data_args, run_args, training_args = args
+SHAPE_FIELDS = (
+    "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+    "encoder_attention_heads", "decoder_attention_heads",
+)  # fmt: skip
+
+
+def model_shape(config: ODETransformerConfig) -> str:
+    """The trained model's dimensions in words, e.g. ``3-3 layers, d_model 256, FFN 1024, 4 heads``."""
+    if not config.is_encoder_decoder:
+        return f"{config.decoder_layers} layers, d_model {config.d_model}, FFN {config.decoder_ffn_dim}, {config.decoder_attention_heads} heads"
+    return (
+        f"{config.encoder_layers}-{config.decoder_layers} layers, d_model {config.d_model}, "
+        f"FFN {config.encoder_ffn_dim}/{config.decoder_ffn_dim}, "
+        f"{config.encoder_attention_heads}/{config.decoder_attention_heads} heads"
+    )
+
+
+def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
+    """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
+    with the preset named only when nothing overrode its dimensions)."""
+    model_args, data_args, _, training_args = args
+    overrides = model_args.overrides()
+    shape = model_shape(config)
+    if not any(key in overrides for key in SHAPE_FIELDS):
+        shape += f" (preset {model_args.preset})"
+    return {
+        "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+        "recipe": {
+            "model": shape,
+            **{key: value for key, value in overrides.items() if key not in SHAPE_FIELDS},
+            "optimizer": f"Adam ({training_args.adam_beta1}, {training_args.adam_beta2})",
+            "lr": training_args.learning_rate,
+            "lr_scheduler": str(training_args.lr_scheduler_type.value),
+            "warmup_steps": training_args.warmup_steps,
+            "max_tokens": data_args.max_tokens,
+            "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+            "steps": train_metrics.get("global_step"),
+            "bf16": training_args.bf16,
+        },
+        "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
+    }
+
+
+def usage_example(task: str, raw_test: Dataset) -> str:
+    """The model card's usage input: the first test source (lm: its first three words)."""
+    if task == "lm":
+        return " ".join(raw_test[0]["text"].split()[:3])
+    return raw_test[0]["source"].strip()
+
+
+def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
+                     model, raw_test: Dataset) -> dict:  # fmt: skip
+    """The metrics JSON in the schema of :mod:`hub.model_card` (``training`` only when this run trained)."""
+    _, data_args, run_args, _ = args
     document = {
         "task": HUB_TASKS[run_args.task],
         "dataset": dataset_card(data_args, run_args.task, m2_file),
         "results": results,
-        "training": {
-            "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
-            "recipe": {
-                "preset": model_args.preset,
-                **model_args.overrides(),
-                "optimizer": f"Adam ({training_args.adam_beta1}, {training_args.adam_beta2})",
-                "lr": training_args.learning_rate,
-                "lr_scheduler": str(training_args.lr_scheduler_type.value),
-                "warmup_steps": training_args.warmup_steps,
-                "max_tokens": data_args.max_tokens,
-                "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-                "steps": train_metrics.get("global_step"),
-                "bf16": training_args.bf16,
-            },
-            "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
-        },
+        "example": usage_example(run_args.task, raw_test),
     }
+    if train_metrics:
+        document["training"] = training_card(args, train_metrics, model.config)
     if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
         document["language"] = [data_args.source_lang, data_args.target_lang]
     if run_args.task != "lm":
-        document["decoding"] = {k: decoding[k] for k in ("num_beams", "length_penalty")}
+        document["decoding"] = {**{k: decoding[k] for k in ("num_beams", "length_penalty")}, "precision": "fp32"}
     return document
 
 
 def write_card(output_dir: str, document: dict) -> None:
-    """Model card from ``hub.model_card`` (a clear message when that module is missing)."""
+    """Model card from ``hub.model_card`` (a clear message when that module or its extra is missing)."""
+    name = __package__.removesuffix("train") + "hub.model_card"  # hub.model_card, or ode_transformer.hub.model_card
     try:
-        from hub.model_card import write_model_card
+        model_card = importlib.import_module(name)
     except ImportError as error:
-        logger.warning("hub.model_card is not available (%s): no model card written", error)
+        logger.warning("%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error)
         return
-    path = write_model_card(output_dir, document)
+    path = model_card.write_model_card(output_dir, document)
     logger.info("model card: %s", path)
 
 
@@ -500,8 +603,9 @@ def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTraine
     named = model_args.tokenizer_name or model_args.model_name_or_path
     folder = named or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
+        texts = _tokenizer_texts(train, task) if train is not None else None
         return load_or_train_tokenizer(
-            folder, _tokenizer_texts(train, task), model_args.vocab_size, verify=not named, kind=model_args.tokenizer_type
+            folder, texts, model_args.vocab_size, kind=model_args.tokenizer_type, causal=task == "lm", verify=not named
         )
 
 
@@ -511,7 +615,7 @@ def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadColl
     common = {
         "model": model,
         "args": training_args,
-        "train_dataset": splits["train"],
+        "train_dataset": splits.get("train"),
         "eval_dataset": splits.get("validation"),
         "processing_class": tokenizer,
         "data_collator": collator,
@@ -559,7 +663,7 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
     """Refuse to resume a checkpoint of another model configuration, naming the fields that differ."""
     saved = ODETransformerConfig.from_pretrained(checkpoint).to_dict()
     now = config.to_dict()
-    bookkeeping = {"architectures", "transformers_version", "_name_or_path", "dtype", "use_cache"}  # not the model
+    bookkeeping = {"architectures", "auto_map", "transformers_version", "_name_or_path", "dtype", "use_cache"}  # not the model
     fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
     if fields:
         detail = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in fields)
@@ -570,70 +674,107 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
 
 
 def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
-    """Metric records for the test split and the hypotheses (empty for lm)."""
+    """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
+
+    Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
+    decoder of ``python -m train.translate`` and the same hypotheses plain ``model.generate`` gives: not
+    from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
+    """
     task, training_args = args[2].task, args[3]
+    if not trainer.is_world_process_zero():
+        return [], []
+    model = trainer.accelerator.unwrap_model(trainer.model)
     if task == "lm":
-        if not trainer.is_world_process_zero():
-            return [], []
-        scores = lm_test_results(trainer.model, test, raw_test, collator, training_args.per_device_eval_batch_size)
+        scores = lm_test_results(model, test, raw_test, collator, training_args.per_device_eval_batch_size)
         return [
             {"metric": "perplexity", "name": "Word perplexity", "value": scores["word_perplexity"]},
             {"metric": "perplexity", "name": "Subword perplexity", "value": scores["perplexity"]},
         ], []
-    output = trainer.predict(test, metric_key_prefix="test")
-    hyps = decode_predictions(tokenizer, output.predictions)
+    with fp32_forward(model):
+        ids = generate_ids(
+            model, test["input_ids"], batch_size=training_args.per_device_eval_batch_size,
+            progress=not training_args.disable_tqdm,
+        )  # fmt: skip
+    hyps = decode(tokenizer, ids)
     return seq2seq_test_results(task, hyps, raw_test, m2_file), hyps
 
 
-def run(args: tuple) -> dict:
-    """Train and test as described in the module docstring; returns the metrics document."""
-    model_args, data_args, run_args, training_args = args
-    resume = prepare_output_dir(training_args, run_args.overwrite_output_dir)
-    set_seed(training_args.seed)
-    raw, m2_file = load_raw_data(data_args, run_args.task)
-    raw["validation"] = _slice(raw["validation"], data_args.max_eval_samples) if "validation" in raw else None
-    raw["test"] = _slice(raw["test"], data_args.max_test_samples) if "test" in raw else None
-    if run_args.do_test and raw["test"] is None:
-        raise ValueError("there is no test split to test on: pass --test_file or --validation_file, or --do_test false.")
-    train = (
-        streaming_train_split(data_args, raw, training_args.world_size)
-        if data_args.streaming
-        else _slice(raw["train"], data_args.max_train_samples)
-    )
-    check_splits_not_empty({"train": train, "validation": raw["validation"], "test": raw["test"]}, data_args)
-    tokenizer = _prepare_tokenizer(model_args, training_args, train, run_args.task)
-    with training_args.main_process_first(desc="tokenize"):
-        splits = tokenize_splits(
-            {k: v for k, v in {"train": train, "validation": raw["validation"], "test": raw["test"]}.items() if v is not None},
-            tokenizer, run_args.task, data_args,
+def _splits_to_use(raw: DatasetDict, args: tuple) -> dict:
+    """The raw splits the run needs: train (``--do_train``), validation (training or ``--do_eval``), test
+    (``--do_predict``); a clear error names a missing one."""
+    _, data_args, _, training_args = args
+    flags = {"train": "--do_train", "validation": "--do_eval", "test": "--do_predict"}
+    for name, flag in flags.items():
+        needed = getattr(training_args, flag.removeprefix("--"))
+        if needed and name not in raw and not (name == "train" and data_args.streaming):
+            raise ValueError(
+                f"{flag} needs a {name} split: give --dataset, --hub_dataset or --{name}_file, or {flag} false"
+            )
+    splits = {}
+    if training_args.do_train:
+        splits["train"] = (
+            streaming_train_split(data_args, raw, training_args.world_size)
+            if data_args.streaming
+            else _slice(raw["train"], data_args.max_train_samples)
         )
-    model = build_model(model_args, data_args, run_args.task, tokenizer)
-    if resume:
-        check_resume_config(resume, model.config)
-    decoding = set_decoding_defaults(model, run_args, data_args)
-    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id, data_args.word_dropout)
-    trainer = _make_trainer(args, model, tokenizer, splits, collator)
-    trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
+    if "validation" in raw and (training_args.do_train or training_args.do_eval):
+        splits["validation"] = _slice(raw["validation"], data_args.max_eval_samples)
+    if training_args.do_predict:
+        splits["test"] = _slice(raw["test"], data_args.max_test_samples)
+    return splits
+
+
+def _train(trainer, run_args: RunArguments, resume: str | None) -> dict:
+    """Train, optionally average the last checkpoints, save model and state; the train metrics."""
     result = trainer.train(resume_from_checkpoint=resume)
-    train_metrics = {**result.metrics, "global_step": trainer.state.global_step}
     if run_args.average_last_checkpoints > 1:
         _load_average(trainer, run_args.average_last_checkpoints)
     trainer.save_model()
     trainer.save_state()
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
-    if not run_args.do_test:
+    return {**result.metrics, "global_step": trainer.state.global_step}
+
+
+def run(args: tuple) -> dict:
+    """Train (``--do_train``), evaluate on the validation split (``--do_eval``) and test (``--do_predict``) as
+    described in the module docstring; returns the metrics document (empty without ``--do_predict`` and on
+    processes other than the main one)."""
+    model_args, data_args, run_args, training_args = args
+    # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
+    resume = prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
+    set_seed(training_args.seed)
+    raw, m2_file = load_raw_data(data_args, run_args.task)
+    raw_splits = _splits_to_use(raw, args)
+    check_splits_not_empty(raw_splits, data_args)
+    tokenizer = _prepare_tokenizer(model_args, training_args, raw_splits.get("train"), run_args.task)
+    with training_args.main_process_first(desc="tokenize"):
+        splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
+    model = build_model(model_args, data_args, run_args.task, tokenizer)
+    if resume:
+        check_resume_config(resume, model.config)
+    decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
+    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id, data_args.word_dropout)
+    trainer = _make_trainer(args, model, tokenizer, splits, collator)
+    trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
+    train_metrics = _train(trainer, run_args, resume) if training_args.do_train else {}
+    if training_args.do_eval:
+        eval_metrics = trainer.evaluate()
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+    if not training_args.do_predict:
         return {}
-    results, hyps = _test(args, trainer, tokenizer, splits["test"], raw["test"], m2_file, collator)
-    document = metrics_document(args, results, decoding, m2_file, train_metrics)
-    if trainer.is_world_process_zero():
-        _write_outputs(training_args.output_dir, trainer, document, hyps)
+    results, hyps = _test(args, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
+    if not trainer.is_world_process_zero():
+        return {}
+    document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])
+    _write_outputs(training_args.output_dir, trainer, document, hyps)
     return document
 
 
 def _load_average(trainer, last: int) -> None:
     """Replace the trained weights by the average of the last ``last`` checkpoints."""
-    from train.averaging import average_checkpoints, last_checkpoints
+    from .averaging import average_checkpoints, last_checkpoints
 
     paths = last_checkpoints(trainer.args.output_dir, last)
     state = average_checkpoints(paths)
@@ -647,25 +788,28 @@ def _load_average(trainer, last: int) -> None:
 
 
 def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> None:
-    """Hypotheses, metrics JSON, loss curves and model card."""
-    from train.plots import plot_loss_curves
-
+    """Hypotheses and metrics JSON; after training also the loss curves and the model card."""
     out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
     if hyps:
         (out / "test_hypotheses.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     (out / "hub_metrics.json").write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
+    trainer.log_metrics("test", scores)
+    trainer.save_metrics("test", scores)
+    if "training" not in document:
+        logger.info("model card: python -m hub.model_card MODEL_DIR %s", out / "hub_metrics.json")
+        return
+    from .plots import plot_loss_curves
+
     plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
     write_card(output_dir, document)
-    for record in document["results"]:
-        logger.info("test %s: %.4f", record.get("name", record["metric"]), record["value"])
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.disable_progress_bars()
-    document = run(parse_arguments(argv))
-    if document:
-        print(json.dumps({r.get("name", r["metric"]): r["value"] for r in document["results"]}, indent=2))
+    run(parse_arguments(argv))  # the test metrics are printed once, by the main process (trainer.log_metrics)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Design:
   every byte is in the base alphabet, so ``<unk>`` never occurs and
   ``decode(encode(x)) == x`` for any NFKC-normalised text (umlauts, ``ș``, emoji, ...);
 * the post-processor appends ``</s>`` to every encoded sequence (``$A </s>``; pairs
-  ``$A </s> $B </s>``), as fairseq does for source and target;
+  ``$A </s> $B </s>``), as fairseq does for source and target; a causal LM's tokenizer (``causal=True``)
+  prepends ``<s>`` instead and appends nothing (``<s> $A``), so a prompt is continued, not ended;
 * ``vocab_size`` is the final vocabulary size (specials + 256 bytes + merges): the paper's
   32K merges correspond to ``vocab_size`` ~ 32.3K; use a few thousand for small corpora.
 
@@ -76,6 +77,16 @@ def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target
         yield from dataset[column]
 
 
+def _post_processor(tokenizer: Tokenizer, causal: bool) -> processors.TemplateProcessing:
+    if causal:
+        return processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+        )
+    return processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, tokenizer.token_to_id(EOS))]
+    )
+
+
 def _build_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
@@ -108,14 +119,11 @@ def _build_word_level(texts: Iterable[str], vocab_size: int, min_frequency: int)
 _BUILDERS = {"bpe": _build_bpe, "word": _build_word_level}
 
 
-def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str) -> Tokenizer:
+def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str, causal: bool) -> Tokenizer:
     if kind not in _BUILDERS:
         raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
     tokenizer = _BUILDERS[kind](texts, vocab_size, min_frequency)
-    eos_id = tokenizer.token_to_id(EOS)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
-    )
+    tokenizer.post_processor = _post_processor(tokenizer, causal)
     return tokenizer
 
 
@@ -125,6 +133,7 @@ def train_tokenizer(
     min_frequency: int = 2,
     save_to: str | os.PathLike | None = None,
     kind: str = "bpe",
+    causal: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a joint byte-level BPE (or, ``kind="word"``, a word-level vocabulary) on ``texts``.
 
@@ -134,11 +143,12 @@ def train_tokenizer(
         min_frequency: minimum pair frequency for a merge (BPE), minimum word count (word level).
         save_to: folder to save it in (``save_pretrained``), loadable with ``AutoTokenizer``.
         kind: ``"bpe"`` or ``"word"`` (see the module docstring).
+        causal: a causal LM's tokenizer: ``<s>`` before every sequence, no ``</s>`` after it.
     """
     if kind == "bpe" and vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges (specials + 256 bytes)")
     digest = _TextsDigest(texts)
-    backend = _build_backend(digest, vocab_size, min_frequency, kind)
+    backend = _build_backend(digest, vocab_size, min_frequency, kind, causal)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -149,7 +159,7 @@ def train_tokenizer(
     )
     if save_to is not None:
         tokenizer.save_pretrained(str(save_to))
-        record = {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency, **digest.summary()}
+        record = {"kind": kind, "causal": causal, "vocab_size": vocab_size, "min_frequency": min_frequency, **digest.summary()}
         (Path(save_to) / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return tokenizer
 
@@ -160,6 +170,7 @@ def load_or_train_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     kind: str = "bpe",
+    causal: bool = False,
     verify: bool = True,
 ) -> PreTrainedTokenizerFast:
     """Load the tokenizer saved in ``folder`` if there is one, else train it (``kind``) on ``texts``.
@@ -174,20 +185,19 @@ def load_or_train_tokenizer(
         record_path = Path(folder) / TRAINING_RECORD
         if verify and record_path.is_file():
             record = json.loads(record_path.read_text(encoding="utf-8"))
-            _check_record(folder, record, kind, vocab_size, min_frequency, texts)
+            _check_record(folder, record, {"kind": kind, "causal": causal, "vocab_size": vocab_size, "min_frequency": min_frequency}, texts)
         logger.info("using the tokenizer in %s (%d tokens)", folder, len(tokenizer))
         return tokenizer
     if texts is None:
         raise ValueError(f"no tokenizer in {folder} and no texts to train one on")
-    tokenizer = train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind)
+    tokenizer = train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind, causal=causal)
     logger.info("trained a %d-token tokenizer%s", len(tokenizer), f", saved in {folder}" if folder is not None else "")
     return tokenizer
 
 
 def _check_record(
-    folder: str | os.PathLike, record: dict, kind: str, vocab_size: int, min_frequency: int, texts: Iterable[str] | None
+    folder: str | os.PathLike, record: dict, asked: dict, texts: Iterable[str] | None
 ) -> None:
-    asked = {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency}
     if texts is not None:
         asked |= _TextsDigest(texts).consume().summary()
     differences = [f"{key} {record.get(key)} vs {value} now" for key, value in asked.items() if record.get(key) != value]

@@ -23,10 +23,12 @@ looks complete but is not.
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,16 +37,17 @@ from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from train import metrics
-from train.batching import TokenBudgetBatchSampler
-from train.checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
-from train.data import word_dropout
+from . import metrics
+from .batching import TokenBudgetBatchSampler
+from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
+from .data import word_dropout
 
 __all__ = [
     "PadCollator",
     "SamplerEpochCallback",
     "TokenBudgetSeq2SeqTrainer",
     "TokenBudgetTrainer",
+    "fp32_forward",
     "lm_negative_log_likelihood",
 ]
 
@@ -178,11 +181,22 @@ class _TokenBudgetMixin:
 
 
 class TokenBudgetSeq2SeqTrainer(_TokenBudgetMixin, Seq2SeqTrainer):
-    """:class:`~transformers.Seq2SeqTrainer` with token-budget training batches (``max_tokens``)."""
+    """:class:`~transformers.Seq2SeqTrainer` with token-budget training batches (``max_tokens``).
+
+    Its ``prediction_step`` leaves ``model.generation_config`` as it found it: transformers' fills in every
+    default (``max_length=20`` next to ``max_new_tokens``...), which the saved model would then carry.
+    """
 
     def __init__(self, *args, max_tokens: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        generation_config = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = generation_config
 
 
 class TokenBudgetTrainer(_TokenBudgetMixin, Trainer):
@@ -216,20 +230,35 @@ class TokenBudgetTrainer(_TokenBudgetMixin, Trainer):
         return results
 
 
+@contextmanager
+def fp32_forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Inside this block ``model`` runs its class's own forward in fp32.
+
+    Under bf16/fp16 training accelerate replaces the instance's ``forward`` by one that runs in autocast;
+    evaluation and test decoding must not depend on the training precision. (accelerate's
+    ``unwrap_model(keep_fp32_wrapper=False)`` strips every ``functools.wraps`` layer, transformers' own
+    ``can_return_tuple`` included, so the instance attribute is set aside instead and restored after.)
+    """
+    wrapped = model.__dict__.pop("forward", None)
+    try:
+        with torch.autocast(model.device.type, enabled=False):
+            yield model
+    finally:
+        if wrapped is not None:
+            model.forward = wrapped
+
+
 @torch.no_grad()
 def lm_negative_log_likelihood(model, dataset, collator: PadCollator, batch_size: int) -> tuple[float, int]:
     """Summed next-token NLL (nats, no label smoothing, fp32) over ``dataset`` and the token count."""
     model.eval()
-    # The class's forward, with autocast off: under bf16/fp16 training accelerate replaces the instance's
-    # `forward` by one that runs in autocast, and the NLL must not depend on the training precision.
-    forward = type(model).forward
     total, count = 0.0, 0
     for start in range(0, len(dataset), batch_size):
         rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
         batch = collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
         batch = {key: value.to(model.device) for key, value in batch.items()}
-        with torch.autocast(model.device.type, enabled=False):
-            logits = forward(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        with fp32_forward(model):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         targets = batch["labels"][:, 1:]
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"

@@ -1,14 +1,18 @@
 """MaxMatch (M2) precision / recall / F0.5 as a local 🤗 Evaluate metric.
 
 Load it from its folder, with no network: ``evaluate.load("train/evaluate_metrics/m2_score")``
-(the repository root must be importable, e.g. the current directory). It wraps
+(the repository root must be importable, e.g. the current directory, or the package installed: the folder
+is then ``ode_transformer/train/evaluate_metrics/m2_score`` in site-packages). It wraps
 :func:`train.metrics.m2_score`; see there for the conventions.
 """
 
 import datasets
 import evaluate
 
-from train.metrics import m2_score, parse_m2
+try:  # the repository
+    from train.metrics import m2_score, parse_m2
+except ImportError:  # pip install ode-transformer[train]
+    from ode_transformer.train.metrics import m2_score, parse_m2
 
 _DESCRIPTION = """MaxMatch (M2) scorer (Dahlmeier & Ng, 2012) for grammatical error correction:
 corpus-level precision, recall and F_beta of the system's edits against gold M2 edits."""

@@ -1,0 +1,164 @@
+"""Translate (summarise, correct, continue) text with a trained model folder, one line per input line.
+
+    python -m train.translate MODEL --input src.txt --output hyp.txt --num_beams 4
+    cat src.txt | python -m train.translate MODEL > hyp.txt
+
+``MODEL`` is a folder written by ``train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
+from the folder's ``generation_config.json`` (the run's beam size, length penalty and ``max_new_tokens``);
+flags override them. Inputs are batched by length (longest first) and written back in input order. A causal
+LM continues each line as a prompt and writes the continuation only; its batches hold prompts of equal
+length, since the model expects right padding.
+
+This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
+the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
+autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
+
+from .files import read_lines
+
+__all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
+
+
+def load_for_generation(
+    model_name_or_path: str, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id."""
+    config = AutoConfig.from_pretrained(model_name_or_path)
+    auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto_class.from_pretrained(model_name_or_path).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(model_name_or_path)
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, same_length: bool = False) -> list[list[int]]:
+    """Indices in batches of at most ``batch_size``, longest first; ``same_length``: one length per batch."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for index in order:
+        full = batches and len(batches[-1]) == batch_size
+        new_length = same_length and batches and lengths[batches[-1][0]] != lengths[index]
+        if not batches or full or new_length:
+            batches.append([])
+        batches[-1].append(index)
+    return batches
+
+
+def _pad_right(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    longest = max(len(seq) for seq in sequences)
+    input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+
+
+@torch.no_grad()
+def generate_ids(
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    batch_size: int = 32,
+    bf16: bool = False,
+    progress: bool = False,
+    **generate_kwargs,
+) -> list[list[int]]:
+    """``model.generate`` over token-id ``sequences`` in length-sorted batches; the new ids, in input order.
+
+    ``generate_kwargs`` (``num_beams``, ``length_penalty``, ``max_new_tokens``, ...) override the model's
+    generation config. A causal LM's prompts are batched by equal length and its outputs exclude the prompt.
+    """
+    model.eval()
+    causal = not model.config.is_encoder_decoder
+    pad_id = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else 0
+    outputs: list[list[int]] = [[] for _ in sequences]
+    bar = tqdm(total=len(sequences), unit="sent", disable=not progress, file=sys.stderr)
+    for batch in length_batches([len(seq) for seq in sequences], batch_size, same_length=causal):
+        inputs = _pad_right([sequences[i] for i in batch], pad_id, model.device)
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            generated = model.generate(**inputs, **generate_kwargs)
+        new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
+        for index, ids in zip(batch, new.tolist()):
+            outputs[index] = ids
+        bar.update(len(batch))
+    bar.close()
+    return outputs
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[Sequence[int]]) -> list[str]:
+    """Generated ids -> stripped strings without special tokens."""
+    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def generate_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_source_length: int | None = None,
+    **kwargs,
+) -> list[str]:
+    """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given), :func:`generate_ids`, decode."""
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    sequences = tokenizer(list(texts), **truncation)["input_ids"]
+    return decode(tokenizer, generate_ids(model, sequences, **kwargs))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}",
+        description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
+    )
+    parser.add_argument("model", help="model folder (train.run output, save_pretrained) or Hub id")
+    parser.add_argument("--input", default="-", help="text file, one input per line (.gz ok); '-' = stdin")
+    parser.add_argument("--output", default="-", help="file for the outputs, one per line; '-' = stdout")
+    parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch (batched by length)")
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
+    parser.add_argument("--length_penalty", type=float, default=None, help="default: the generation config")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: the generation config")
+    parser.add_argument("--max_source_length", type=int, default=None, help="truncate inputs to N tokens")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default fp32)")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    texts = [line.rstrip("\r\n") for line in sys.stdin] if args.input == "-" else read_lines(args.input)
+    model, tokenizer = load_for_generation(args.model, args.device)
+    overrides = {
+        key: value
+        for key in ("num_beams", "length_penalty", "max_new_tokens")
+        if (value := getattr(args, key)) is not None
+    }
+    hypotheses = generate_texts(
+        model, tokenizer, texts, args.max_source_length,
+        batch_size=args.batch_size, bf16=args.bf16, progress=not args.no_progress, **overrides,
+    )  # fmt: skip
+    text = "".join(h + "\n" for h in hypotheses)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
