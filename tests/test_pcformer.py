@@ -324,3 +324,22 @@ def test_presets_are_the_released_nmt_setting():
         assert (config.ode_coefficient_scope, config.ode_ema_alpha) == ("stack", "scalar")
         assert config.ode_function_includes_residual and config.decoder_ode_method == "euler"
         assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
+
+
+@pytest.mark.parametrize("study_name,side", [("ptb", "decoder"), ("multi30k", "encoder")])
+def test_study_rows_differ_from_the_rk_rows_only_in_pcformer_fields(study_name, side):
+    """PC-RK2/PC-RK4 rows, in both readings of F: the RK rows' data, budget and seeds, PCformer's own fields."""
+    from experiments.studies import STUDIES
+
+    study = STUDIES[study_name]
+    pc_fields = {f"{side}_ode_coefficients", f"{side}_layer_connections", "ode_coefficient_scope"}
+    for method in ("rk2", "rk4"):
+        for reading in ("", "_codeF"):
+            pc = study.flags(f"pc_{method}{reading}", study.depths[0], 0, "cpu")
+            rk = study.flags(f"{method}{reading}", study.depths[0], 0, "cpu")
+            assert {k for k in pc.keys() | rk.keys() if pc.get(k) != rk.get(k)} == pc_fields
+            assert (pc[f"{side}_ode_coefficients"], pc[f"{side}_layer_connections"]) == (
+                "ema",
+                "predictor_corrector",
+            )
+            ODETransformerConfig(**{k: v for k, v in pc.items() if k in pc_fields | {f"{side}_ode_method"}})
