@@ -86,6 +86,17 @@ def _encoder_block(method: str, coefficients: str = "tableau", **more: Any) -> F
     return {"encoder_ode_method": method, "encoder_ode_coefficients": coefficients, **more}
 
 
+def _pcformer(side: str, method: str) -> Flags:
+    """PCformer (Li et al., NeurIPS 2024) as released: an EMA predictor with one alpha for the stack, and the
+    corrector, whose layer connections (a learned history of layer-normalised states) replace the study's."""
+    return {
+        f"{side}_ode_method": method,
+        f"{side}_ode_coefficients": "ema",
+        f"{side}_layer_connections": "predictor_corrector",
+        "ode_coefficient_scope": "stack",
+    }
+
+
 def _both_readings(blocks: dict[str, tuple[str, Flags]]) -> dict[str, Variant]:
     """Each RK block in the paper's reading of F and, suffixed ``_codeF``, the authors' code's."""
     variants = {}
@@ -105,6 +116,9 @@ PTB_BLOCKS = {
     "rk2_ones": ("RK2-block (gamma=1)", _lm_block("rk2", "ones")),
     "rk2_gated": ("RK2-block (learnable gamma)", _lm_block("rk2", "gated")),
     "rk4": ("RK4-block", _lm_block("rk4")),
+    # Beyond the paper: PCformer's predictor-corrector blocks (their own connections, not plain stacking).
+    "pc_rk2": ("PC-RK2 (PCformer)", _pcformer("decoder", "rk2")),
+    "pc_rk4": ("PC-RK4 (PCformer)", _pcformer("decoder", "rk4")),
 }
 
 PTB_COMMON: Flags = {
@@ -236,6 +250,9 @@ MULTI30K_BLOCKS = {
     "rk2": ("RK2-block", _encoder_block("rk2")),
     "rk2_gated": ("RK2-block (learnable gamma)", _encoder_block("rk2", "gated")),
     "rk4": ("RK4-block", _encoder_block("rk4")),
+    # Beyond the paper: PCformer's predictor-corrector encoder blocks.
+    "pc_rk2": ("PC-RK2 (PCformer)", _pcformer("encoder", "rk2")),
+    "pc_rk4": ("PC-RK4 (PCformer)", _pcformer("encoder", "rk4")),
 }
 MULTI30K_SIZES: dict[str, Flags] = {
     # A good small baseline for 29k pairs: d 256, 4 heads, dropout 0.1 (0.3 over-regularises at this

@@ -200,12 +200,14 @@ def _method_in_words(method: str | dict, tableau) -> str:
     return f"{tableau.description} with {stages}, y_{{t+1}} = {tableau.equation}"
 
 
-def _coefficients_in_words(mode: str, tableau, scope: str) -> str:
-    from modeling_ode.ode import COEFFICIENT_MODES, COEFFICIENT_SCOPES
+def _coefficients_in_words(mode: str, tableau, scope: str, alpha_size: str = "scalar") -> str:
+    from modeling_ode.ode import COEFFICIENT_MODES, COEFFICIENT_SCOPES, EMA_ALPHA_SIZES
 
     text = f"{COEFFICIENT_MODES[mode].description}, {COEFFICIENT_MODES[mode].equation}"
     if mode == "tableau":
         return f"{text} = ({', '.join(_fraction(x) for x in tableau.b)})"
+    if mode == "ema":
+        return f"{text} ({EMA_ALPHA_SIZES[alpha_size]}, {COEFFICIENT_SCOPES[scope]})"
     return text if mode == "ones" else f"{text} ({COEFFICIENT_SCOPES[scope]})"
 
 
@@ -225,7 +227,10 @@ def describe_ode(config) -> list[str]:
         text = f"**{label}**: {layers} layers; each layer is {name}"
         if tableau.num_stages > 1:
             coefficients = _coefficients_in_words(
-                getattr(config, f"{side}_ode_coefficients"), tableau, config.ode_coefficient_scope
+                getattr(config, f"{side}_ode_coefficients"),
+                tableau,
+                config.ode_coefficient_scope,
+                config.ode_ema_alpha,
             )
             text += f", combining its stages with {coefficients}"
             text += f"; F is {ODE_FUNCTIONS[getattr(config, f'{side}_ode_function')]}"

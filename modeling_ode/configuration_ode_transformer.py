@@ -11,6 +11,7 @@ from transformers import PreTrainedConfig
 from .ode import (
     COEFFICIENT_MODES,
     COEFFICIENT_SCOPES,
+    EMA_ALPHA_SIZES,
     GATED_MODES,
     LAYER_CONNECTIONS,
     ODE_FUNCTIONS,
@@ -22,16 +23,24 @@ __all__ = ["ODETransformerConfig", "ODE_FUNCTIONS", "LAYER_CONNECTIONS", "PRESET
 
 # The paper's configurations (Appendix "Experimental Setups"): RPR (k = 8) and dense layer connections in
 # every setup; the big model uses residual dropout 0.3 (En-De).
+_BASE: dict[str, Any] = {
+    "d_model": 512,
+    "encoder_ffn_dim": 2048,
+    "decoder_ffn_dim": 2048,
+    "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8,
+    "encoder_layers": 6,
+    "decoder_layers": 6,
+}
+_PCFORMER: dict[str, Any] = {
+    "encoder_ode_coefficients": "ema",
+    "encoder_layer_connections": "predictor_corrector",
+    "ode_coefficient_scope": "stack",
+    "ode_ema_alpha": "scalar",
+    "ode_function_includes_residual": True,
+}
 PRESETS: dict[str, dict[str, Any]] = {
-    "base": {
-        "d_model": 512,
-        "encoder_ffn_dim": 2048,
-        "decoder_ffn_dim": 2048,
-        "encoder_attention_heads": 8,
-        "decoder_attention_heads": 8,
-        "encoder_layers": 6,
-        "decoder_layers": 6,
-    },
+    "base": dict(_BASE),
     "deep": {
         "d_model": 512,
         "encoder_ffn_dim": 2048,
@@ -61,6 +70,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_layers": 6,
         "dropout": 0.3,
     },
+    # PCformer (Li et al., NeurIPS 2024) in the released code's NMT setting: the base model whose encoder blocks
+    # are an RK2 or RK4 predictor with EMA coefficients (one scalar alpha for the stack, F = the whole layer)
+    # and the corrector; a residual decoder with learnable dense connections.
+    "pcformer_rk2": {**_BASE, **_PCFORMER, "encoder_ode_method": "rk2"},
+    "pcformer_rk4": {**_BASE, **_PCFORMER, "encoder_ode_method": "rk4"},
     # For tests and quick experiments.
     "tiny": {
         "vocab_size": 99,
@@ -121,18 +135,21 @@ class ODETransformerConfig(PreTrainedConfig):
       True (the authors' code): F is the whole pre-norm layer, residuals included. Euler blocks are the plain
       residual layer in both readings.
     - `ode_coefficient_scope`: who owns the learnable coefficients or gate, one of `COEFFICIENT_SCOPES`.
+    - `ode_ema_alpha`: the size of each alpha of `ema` coefficients, one of `EMA_ALPHA_SIZES` (with the scope: one
+      scalar per stack or per block, or one per dimension).
     - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
       (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
       model's, for one extra forward of those stages.
     - `encoder_layer_connections` / `decoder_layer_connections`: how blocks are stacked, one of
-      `LAYER_CONNECTIONS` (Table "comparison").
+      `LAYER_CONNECTIONS` (Table "comparison"); `predictor_corrector` makes every block PCformer's predictor and
+      corrector (one more evaluation of the layer, with its own KV-cache slot in the decoder).
 
     Positions: `use_absolute_positions` (sinusoidal, fairseq layout) and Shaw et al. relative positions in
     self-attention with clipping distance `max_relative_position` (0 disables), on keys and, with
     `relative_position_values`, values too.
 
     `ODETransformerConfig.from_preset("base", vocab_size=34040)` builds the paper's configurations
-    (`base`, `deep`, `big`, `big_deep`, and `tiny` for tests).
+    (`base`, `deep`, `big`, `big_deep`, and `tiny` for tests) and PCformer's (`pcformer_rk2`, `pcformer_rk4`).
     """
 
     model_type = "ode_transformer"
@@ -176,6 +193,7 @@ class ODETransformerConfig(PreTrainedConfig):
     ode_step_size: float | int = 1.0
     ode_function_includes_residual: bool = False
     ode_coefficient_scope: str = "block"
+    ode_ema_alpha: str = "scalar"
     ode_checkpoint_stages: bool = False
     encoder_layer_connections: str = "learnable_dense"
     decoder_layer_connections: str = "learnable_dense"
@@ -247,6 +265,7 @@ class ODETransformerConfig(PreTrainedConfig):
         if not self.ode_step_size > 0:
             raise ValueError(f"`ode_step_size` must be > 0, got {self.ode_step_size!r}.")
         _check_choice("ode_coefficient_scope", self.ode_coefficient_scope, COEFFICIENT_SCOPES)
+        _check_choice("ode_ema_alpha", self.ode_ema_alpha, EMA_ALPHA_SIZES)
         if self.activation_function not in ("relu", "gelu", "gelu_new", "silu", "swish", "tanh"):
             raise ValueError(
                 f"`activation_function`={self.activation_function!r} is not supported; allowed values: relu, "
@@ -278,7 +297,8 @@ class ODETransformerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ODETransformerConfig:
-        """The paper's configurations: `base` (6-6), `deep` (24-6), `big` (6-6), `big_deep` (12-6), `tiny`."""
+        """The paper's configurations: `base` (6-6), `deep` (24-6), `big` (6-6), `big_deep` (12-6), `tiny`; PCformer's
+        NMT setting on the base model: `pcformer_rk2`, `pcformer_rk4`."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})

@@ -317,8 +317,10 @@ def self_attention_cache(cache: Cache | None) -> Cache | None:
 class StageCacheLayout:
     """The self-attention KV cache of a stack: one slot per (layer, stage). Every stage of an ODE block attends
     over the keys and values that stage computed at earlier positions, so layer l, stage i owns slot
-    l * stages + i (with self-attention outside F, one slot per layer). Cross-attention keeps one slot per
-    layer: its keys and values come from the encoder and are the same for every stage.
+    l * stages + i (with self-attention outside F, one slot per layer). PCformer's corrector
+    (`predictor_corrector` connections) evaluates every layer once more: one more slot per layer, its last
+    (`corrector_stage`). Cross-attention keeps one slot per layer: its keys and values come from the encoder
+    and are the same for every stage.
 
     transformers' caches (and `generate`) build one cache layer per model layer; `build`/`like` build all
     slots up front instead, dynamic or static, so `generate(..., cache_implementation="static")` and
@@ -333,7 +335,8 @@ class StageCacheLayout:
         groups = ode_groups(getattr(config, f"{side}_ode_function"), (SELF_ATTENTION, FFN))
         self_attention_is_ode = next(is_ode for names, is_ode in groups if SELF_ATTENTION in names)
         stages = config.tableau(side).num_stages if self_attention_is_ode else 1
-        return cls(getattr(config, f"{side}_layers"), stages)
+        corrects = getattr(config, f"{side}_layer_connections") == "predictor_corrector"
+        return cls(getattr(config, f"{side}_layers"), stages + corrects)
 
     @property
     def num_slots(self) -> int:
@@ -567,7 +570,11 @@ class ODETransformerLayer(GradientCheckpointingLayer):
     """A pre-norm layer (self-attention, optional cross-attention, FFN) whose sublayers form one or more ODE
     blocks. Paper reading: F(y) = G(LN(y)), summed over the sublayers of a block (each sublayer's input being
     the running sum); with `ode_function_includes_residual` F is the whole pre-norm computation, residuals
-    included, as in the authors' code."""
+    included, as in the authors' code.
+
+    With `predictor_corrector` connections the blocks are PCformer's predictor, and the layer then evaluates
+    itself once more as the corrector, on the input the stack's `LayerConnections` make of the prediction
+    (`corrector_base`, `connections`): one more evaluation with the layer's parameters, at its own cache slot."""
 
     def __init__(self, config: ODETransformerConfig, side: str, layer_idx: int, has_cross_attention: bool):
         super().__init__()
@@ -592,6 +599,8 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         self.checkpoint_stages = config.ode_checkpoint_stages and self.tableau.num_stages > 1
         self.groups = ode_groups(getattr(config, f"{side}_ode_function"), sublayers)
         self.cache_layout = StageCacheLayout.from_config(config, side)
+        corrects = getattr(config, f"{side}_layer_connections") == "predictor_corrector"
+        self.corrector_stage = self.cache_layout.stages - 1 if corrects else None
 
     @property
     def num_ode_blocks(self) -> int:
@@ -624,8 +633,11 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         return self.dropout(out)
 
     def _function(self, names: tuple[str, ...], is_ode: bool, inputs: SublayerInputs) -> Callable:
-        """F(x, stage) of one block: its sublayers in sequence, each reading the running sum."""
+        """F(x, stage) of one block: its sublayers in sequence, each reading the running sum. Attention weights
+        are reported by the layer's last evaluation: the block's last stage, or the corrector."""
         last_stage = self.tableau.num_stages - 1 if is_ode else 0
+        if self.corrector_stage is not None:
+            last_stage = self.corrector_stage
         includes_residual = self.includes_residual and is_ode
 
         def function(x: torch.Tensor, stage: int) -> torch.Tensor:
@@ -645,11 +657,16 @@ class ODETransformerLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
+        corrector_base: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         relative_index: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         coefficients: Sequence[StageCoefficients] = (),
+        connections: "LayerConnections | None" = None,
     ) -> torch.Tensor:
+        """The layer's blocks on `hidden_states`; with `corrector_base` (the stack's part of the corrector input,
+        `LayerConnections.corrector_base`) their result is PCformer's prediction P, and the layer returns its
+        corrector, layer(corrector_base + V[t+1, t+1] LN'(P)). Tensors are positional for reentrant checkpointing."""
         inputs = SublayerInputs(
             attention_mask, encoder_hidden_states, encoder_attention_mask, relative_index, past_key_values
         )
@@ -662,6 +679,17 @@ class ODETransformerLayer(GradientCheckpointingLayer):
                 )
             else:
                 hidden_states = hidden_states + function(hidden_states, 0)
+        if corrector_base is None:
+            return hidden_states
+        corrector_input = connections.corrector_input(corrector_base, self.layer_idx, hidden_states)
+        return self._correct(corrector_input, inputs)
+
+    def _correct(self, hidden_states: torch.Tensor, inputs: SublayerInputs) -> torch.Tensor:
+        """PCformer's corrector: the whole layer once more, x + G(LN(x)) sublayer by sublayer, at the corrector's
+        cache slot. A single evaluation is the plain pre-norm layer in both readings of F (as an Euler block)."""
+        for names, is_ode in self.groups:
+            out = self._function(names, is_ode, inputs)(hidden_states, self.corrector_stage)
+            hidden_states = out if is_ode and self.includes_residual else hidden_states + out
         return hidden_states
 
 
@@ -681,20 +709,32 @@ class LayerConnections(nn.Module):
     - dense / learnable_dense (DLCL, Wang et al. 2019): the embedding output and the layer-normalised output of
       every block are stored; block t reads sum_j W[t, j] state_j, and the stack output is row L of W. W is lower
       triangular with rows initialised to a plain mean; `dense` keeps it fixed.
+    - predictor_corrector (PCformer, Li et al. 2024): learnable dense connections whose blocks are predictors.
+      Block t's prediction P joins the history as LN'_t(P) (its own LayerNorms, `predictor_norms`); the layer
+      is evaluated once more on the corrector input c = sum_{j<=t} V[t+1, j] state_j + V[t+1, t+1] LN'_t(P)
+      (V: `corrector_weight`, lower triangular, plain means at first), and LN_t(layer(c)) takes the
+      prediction's place: state_{t+1}. As in DLCL, block t + 1 then reads row t + 1 of W. Added parameters:
+      V ((L + 1)^2) and the L predictor LayerNorms (2 d each), besides DLCL's W and LayerNorms.
     """
 
     def __init__(self, kind: str, num_layers: int, hidden_size: int, eps: float):
         super().__init__()
         self.kind = kind
         # Dense connections read a weighted sum of every stored state; the others read the last state.
-        self.is_dense = kind in ("dense", "learnable_dense")
+        self.is_dense = kind in ("dense", "learnable_dense", "predictor_corrector")
+        self.corrects = kind == "predictor_corrector"
         if self.is_dense:
             weight = self.mean_weights(num_layers)
-            if kind == "learnable_dense":
-                self.weight = nn.Parameter(weight)
-            else:
+            if kind == "dense":
                 self.register_buffer("weight", weight, persistent=False)
+            else:
+                self.weight = nn.Parameter(weight)
             self.layer_norms = nn.ModuleList(nn.LayerNorm(hidden_size, eps=eps) for _ in range(num_layers))
+        if self.corrects:
+            self.corrector_weight = nn.Parameter(self.mean_weights(num_layers))
+            self.predictor_norms = nn.ModuleList(
+                nn.LayerNorm(hidden_size, eps=eps) for _ in range(num_layers)
+            )
         elif kind == "multistep":
             self.k = nn.Parameter(torch.empty(num_layers, hidden_size))
 
@@ -704,12 +744,24 @@ class LayerConnections(nn.Module):
         weight = torch.ones(num_layers + 1, num_layers + 1).tril()
         return weight / weight.sum(dim=1, keepdim=True)
 
-    def _weighted_sum(self, history: list[torch.Tensor], row: int) -> torch.Tensor:
-        weights = self.weight[row].to(history[0].dtype)
+    def _weighted_sum(
+        self, history: list[torch.Tensor], row: int, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        weights = (self.weight if weight is None else weight)[row].to(history[0].dtype)
         out = weights[0] * history[0]
         for j in range(1, len(history)):
             out = out + weights[j] * history[j]
         return out
+
+    def corrector_base(self, history: list[torch.Tensor], index: int) -> torch.Tensor | None:
+        """The part of block `index`'s corrector input known before its prediction, sum_{j<=t} V[t+1, j] state_j
+        (None unless the connections are `predictor_corrector`)."""
+        return self._weighted_sum(history, index + 1, self.corrector_weight) if self.corrects else None
+
+    def corrector_input(self, base: torch.Tensor, index: int, prediction: torch.Tensor) -> torch.Tensor:
+        """PCformer's corrector input c = base + V[t+1, t+1] LN'_t(P), for the prediction P of block t = `index`."""
+        weight = self.corrector_weight[index + 1, index + 1].to(prediction.dtype)
+        return base + weight * self.predictor_norms[index](prediction)
 
     def layer_input(self, history: list[torch.Tensor], index: int) -> torch.Tensor:
         return self._weighted_sum(history, index) if self.is_dense else history[-1]
@@ -811,9 +863,13 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.positions, module.position_table())
         elif isinstance(module, StageCoefficients) and module.mode == "learnable":
             init.ones_(module.weight)
+        elif isinstance(module, StageCoefficients) and module.mode == "ema":
+            init.constant_(module.alpha, 0.5)
         elif isinstance(module, LayerConnections):
             if module.is_dense:
                 init.copy_(module.weight, module.mean_weights(module.weight.shape[0] - 1))
+            if module.corrects:
+                init.copy_(module.corrector_weight, module.mean_weights(module.weight.shape[0] - 1))
             elif module.kind == "multistep":
                 init.uniform_(module.k, -1.0, 0.0)
 
@@ -844,7 +900,8 @@ class _ODEStack(ODETransformerPreTrainedModel):
         )
         mode = getattr(config, f"{side}_ode_coefficients")
         self.ode_coefficients = nn.ModuleList(
-            StageCoefficients(mode, tableau, config.d_model) for _ in range(num_coefficients)
+            StageCoefficients(mode, tableau, config.d_model, config.ode_ema_alpha)
+            for _ in range(num_coefficients)
         )
         self.connections = LayerConnections(
             getattr(config, f"{side}_layer_connections"), num_layers, config.d_model, config.layer_norm_eps
@@ -895,7 +952,9 @@ class _ODEStack(ODETransformerPreTrainedModel):
                 block_input,
                 attention_mask,
                 encoder_hidden_states,
+                self.connections.corrector_base(history, index),
                 coefficients=self._layer_coefficients(index),
+                connections=self.connections,
                 **layer_kwargs,
             )
             self.connections.push(history, index, block_input, block_output)

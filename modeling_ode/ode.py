@@ -8,13 +8,14 @@ Runge-Kutta method. Eq. (rk-yt1)-(rk-fi) of the paper:
 
 A method is *data*: a :class:`ButcherTableau` (a, b, c, plus the stage weights w of y, which lets PolyNet's
 y + F(y) + F(F(y)) be written in the same form). How the stage results are combined (gamma) is a separate,
-swappable :class:`StageCoefficients` module: the tableau's own b weights, ones, learnable scalars, or a
-gate computed from the stages (the paper's best, Eq. (learnable)). :func:`ode_step` applies both to any
+swappable :class:`StageCoefficients` module: the tableau's own b weights, ones, learnable scalars, a
+gate computed from the stages (the paper's best, Eq. (learnable)), or PCformer's exponential moving average
+(Li et al., NeurIPS 2024). :func:`ode_step` applies both to any
 function F, and is used by the encoder, the decoder and the causal LM alike.
 
 The catalogue lives here, on the data, once: every named method (`ODE_METHODS`), coefficient mode
-(`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`) and coefficient
-scope (`COEFFICIENT_SCOPES`) carries its equation and a one-line description. The config validates against
+(`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`), coefficient
+scope (`COEFFICIENT_SCOPES`) and size of an EMA coefficient (`EMA_ALPHA_SIZES`) carries its equation and a one-line description. The config validates against
 these tables, and the model card and the README's config table are written from (or tested against) them.
 """
 
@@ -30,6 +31,7 @@ from torch import nn
 __all__ = [
     "COEFFICIENT_MODES",
     "COEFFICIENT_SCOPES",
+    "EMA_ALPHA_SIZES",
     "GATED_MODES",
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
@@ -246,6 +248,10 @@ COEFFICIENT_MODES: dict[str, CoefficientMode] = {
     "gated_tanh": CoefficientMode(
         "gamma_i = tanh([F1..Fs] W_i + b_i)", 'independent tanh gates ("tanh, tanh")', gated=True
     ),
+    "ema": CoefficientMode(
+        "gamma_i = alpha (1 - alpha)^(s - i); RK2: a(1-a), a; RK4: a(1-a)^3, a(1-a)^2, a(1-a), a",
+        "an exponential moving average of the stages with a learnable alpha initialised to 0.5 (PCformer)",
+    ),
 }
 GATED_MODES = tuple(name for name, mode in COEFFICIENT_MODES.items() if mode.gated)
 
@@ -264,12 +270,23 @@ LAYER_CONNECTIONS: dict[str, str] = {
     "learnable_dense": "learnable dense layer connections (DLCL, Wang et al. 2019)",
     "leapfrog": "leapfrog connections y_{t+1} = y_{t-1} + 2F(y_t)",
     "multistep": "linear multistep connections y_{t+1} = k y_t + (1 - k) y_{t-1} + F(y_t) with learnable k",
+    "predictor_corrector": (
+        "PCformer's corrector (Li et al. 2024): the block is the predictor P; with the DLCL history h (layer-normalised"
+        " states), the corrector evaluates the layer once more, h_{t+1} = LN(layer(sum_j V[t+1, j] h_j)) with"
+        " LN'(P) as the newest state, and y_{t+1} = sum_j W[t+1, j] h_j"
+    ),
 }
 
 # Who owns the learnable coefficients or gate.
 COEFFICIENT_SCOPES: dict[str, str] = {
     "block": "one per block",
     "stack": "one shared by all blocks of the stack (the authors' code)",
+}
+
+# The size of each alpha of `ema` coefficients (who owns it: `COEFFICIENT_SCOPES`).
+EMA_ALPHA_SIZES: dict[str, str] = {
+    "scalar": "one alpha (the released PCformer's default)",
+    "dimension": "one alpha per hidden dimension (the released PCformer's `alpha_type='vector'`)",
 }
 
 
@@ -306,13 +323,14 @@ class StageCoefficients(nn.Module):
     """The coefficients gamma_i of an ODE block and the update they make, y + sum_i gamma_i F_i (Eq. (rk-yt1)).
 
     Constant gamma (`tableau`, `ones`) stays a tuple of Python floats, so each term is one fused add and zero
-    weights are skipped; learned gamma (`learnable`, the gates) is a tensor, (s,) or (s, ..., 1). The gate
+    weights are skipped; learned gamma (`learnable`, `ema`, the gates) is a tensor: (s,), (s, d) for `ema` with one
+    alpha per dimension (`alpha_size="dimension"`), or (s, ..., 1) for a gate. The
     (`gated`) generalises Eq. (learnable) to s stages as a softmax over s logits of which the last is fixed to
     0: gamma = softmax([F_1..F_s] W + b, 0). With s = 2 this is exactly sigmoid / 1 - sigmoid with W of shape
     (2d, 1), i.e. 2d + 1 parameters per gate.
     """
 
-    def __init__(self, mode: str, tableau: ButcherTableau, hidden_size: int):
+    def __init__(self, mode: str, tableau: ButcherTableau, hidden_size: int, alpha_size: str = "scalar"):
         super().__init__()
         self.mode = mode
         self.tableau = tableau
@@ -322,6 +340,8 @@ class StageCoefficients(nn.Module):
         )
         if mode == "learnable":
             self.weight = nn.Parameter(torch.ones(num_stages))
+        elif mode == "ema":
+            self.alpha = nn.Parameter(torch.full((hidden_size,) if alpha_size == "dimension" else (), 0.5))
         elif mode in GATED_MODES:
             num_logits = num_stages - 1 if mode == "gated" else num_stages
             self.gate = nn.Linear(num_stages * hidden_size, num_logits)
@@ -344,9 +364,12 @@ class StageCoefficients(nn.Module):
         return out
 
     def learned_gamma(self, stages: Sequence[torch.Tensor]) -> torch.Tensor:
-        """gamma of the learned modes: the learnable weights (s,), or a gate's output (s, ..., 1)."""
+        """gamma of the learned modes: the learnable weights (s,), the EMA weights (s,) or (s, d), or a gate's
+        output (s, ..., 1)."""
         if self.mode == "learnable":
             return self.weight
+        if self.mode == "ema":
+            return self.ema_gamma()
         logits = self.gate(torch.cat(list(stages), dim=-1))
         if self.mode == "gated":
             gamma = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1), dim=-1)
@@ -355,6 +378,13 @@ class StageCoefficients(nn.Module):
         else:
             gamma = torch.tanh(logits)
         return gamma.movedim(-1, 0).unsqueeze(-1)
+
+    def ema_gamma(self) -> torch.Tensor:
+        """gamma_i = alpha (1 - alpha)^(s - i), i = 1..s: the last stage weighs alpha, each earlier one (1 - alpha)
+        times the next (RK4: a(1-a)^3, a(1-a)^2, a(1-a), a); (s,) for a scalar alpha, (s, d) for one per dimension."""
+        alpha = self.alpha
+        exponents = torch.arange(self.tableau.num_stages - 1, -1, -1, device=alpha.device, dtype=alpha.dtype)
+        return alpha * (1 - alpha) ** exponents.view(-1, *([1] * alpha.dim()))
 
 
 def ode_step(

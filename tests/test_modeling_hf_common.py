@@ -3,10 +3,11 @@
 The test modules come from the source distribution of the installed transformers version, fetched from the
 package registry at test time (see tests/hf_common.py); without a registry the module is skipped.
 
-Four test classes: the encoder-decoder (ODETransformerModel, ODETransformerForConditionalGeneration) and the
+Six test classes: the encoder-decoder (ODETransformerModel, ODETransformerForConditionalGeneration) and the
 decoder-only ODETransformerForCausalLM, each with the paper's default ODE setup (RK2 encoder with the gated
-coefficients of Eq. (learnable), learnable dense layer connections, relative positions) and again with an
-RK4 decoder, so the per-stage self-attention KV cache slots run through the common tests too.
+coefficients of Eq. (learnable), learnable dense layer connections, relative positions), again with an
+RK4 decoder, so the per-stage self-attention KV cache slots run through the common tests too, and with
+PCformer's blocks (EMA predictor and corrector, whose evaluation has a cache slot of its own).
 """
 
 from __future__ import annotations
@@ -269,3 +270,28 @@ class ODETransformerRK4ForCausalLMTest(ODETransformerForCausalLMTest):
     """Decoder-only language model with RK4 blocks (per-stage cache slots)."""
 
     tester_kwargs = {"decoder_ode_method": "rk4"}
+
+
+_PCFORMER = {"ode_coefficients": "ema", "layer_connections": "predictor_corrector"}
+
+
+class ODETransformerPCModelTest(ODETransformerModelTest):
+    """Encoder-decoder with PCformer blocks on both sides (EMA predictor and corrector): an RK2 encoder and an RK4
+    decoder with one alpha per dimension and F the whole layer, i.e. five self-attention cache slots per decoder
+    layer (four stages and the corrector)."""
+
+    tester_kwargs = {
+        **{f"{side}_{field}": value for side in ("encoder", "decoder") for field, value in _PCFORMER.items()},
+        "decoder_ode_method": "rk4",
+        "ode_ema_alpha": "dimension",
+        "ode_function_includes_residual": True,
+    }
+
+
+class ODETransformerPCForCausalLMTest(ODETransformerForCausalLMTest):
+    """Decoder-only language model with PCformer blocks (RK2-EMA predictor and corrector)."""
+
+    tester_kwargs = {
+        "decoder_ode_method": "rk2",
+        **{f"decoder_{field}": value for field, value in _PCFORMER.items()},
+    }

@@ -31,6 +31,7 @@ def test_readme_config_table_lists_exactly_the_catalogue():
     from modeling_ode.ode import (
         COEFFICIENT_MODES,
         COEFFICIENT_SCOPES,
+        EMA_ALPHA_SIZES,
         LAYER_CONNECTIONS,
         ODE_FUNCTIONS,
         ODE_METHODS,
@@ -41,6 +42,7 @@ def test_readme_config_table_lists_exactly_the_catalogue():
         ("encoder_ode_coefficients", COEFFICIENT_MODES),
         ("encoder_ode_function", ODE_FUNCTIONS),
         ("ode_coefficient_scope", COEFFICIENT_SCOPES),
+        ("ode_ema_alpha", EMA_ALPHA_SIZES),
         ("encoder_layer_connections", LAYER_CONNECTIONS),
     ]:
         names = re.findall(r"`(\w+)`", _config_table_row(field))

@@ -111,7 +111,7 @@ class ModelArguments:
 
     _argument_group_name = "model"
 
-    preset: str = field(default="base", metadata={"help": "tiny, base, deep, big, big_deep"})
+    preset: str = field(default="base", metadata={"help": "tiny, base, deep, big, big_deep, pcformer_rk2, pcformer_rk4"})
     model_name_or_path: str | None = field(default=None, metadata={"help": "start from a saved model folder"})
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"}
