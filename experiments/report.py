@@ -93,6 +93,8 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["steps"] = runs[0]["steps"]
+            # The last logged training loss (with dropout, as trained): tells slow optimisation from overfitting.
+            row["train_loss"] = statistics.fmean(r["training_curve"][-1]["loss"] for r in runs if r["training_curve"])
             if references and variant != base_name:
                 row["bootstrap_p"] = {
                     r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
@@ -112,7 +114,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
     primary = study.metrics[0]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
-    head += ["steps", "min/run"]
+    head += ["last train loss", "steps", "min/run"]
     lines = [f"# {study.name} ({size})", "", study.description, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
@@ -121,7 +123,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
-        cells += [str(row["steps"]), f"{row['wall_time_min']:.1f}"]
+        cells += [f"{row['train_loss']:.3f}", str(row["steps"]), f"{row['wall_time_min']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     arrow = "lower" if primary.lower_is_better else "higher"
     lines += [
