@@ -18,7 +18,6 @@ columns documented per reader); language-modelling data has the column ``text``.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ import torch
 from datasets import Dataset, DatasetDict, DatasetInfo, IterableDataset, IterableDatasetDict
 from datasets.distributed import split_dataset_by_node
 
+from .files import read_byte_lines, read_lines
 from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 
 __all__ = [
@@ -84,15 +84,6 @@ class ParallelStats:
     undecodable_lines: list[int] = field(default_factory=list)
 
 
-def _read_bytes_lines(path: Path) -> list[bytes]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline ends the last line, it does not start a new one
-    return [line.removesuffix(b"\r") for line in lines]
-
-
 def _decode(line: bytes) -> str | None:
     try:
         return line.decode("utf-8")
@@ -102,7 +93,7 @@ def _decode(line: bytes) -> str | None:
 
 def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> tuple[dict[str, list[str]], ParallelStats]:
     """Read line-aligned files into columns; misalignment is an error, bad lines are skipped."""
-    raw = {name: _read_bytes_lines(path) for name, path in paths.items()}
+    raw = {name: read_byte_lines(path) for name, path in paths.items()}
     counts = {name: len(lines) for name, lines in raw.items()}
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{paths[name]}: {n} lines" for name, n in counts.items())
@@ -207,10 +198,8 @@ def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDatas
 
 def _has_rows(path: Path, header: bool) -> bool:
     """Whether a (``.gz``) text file holds a non-blank line after the header line, if any."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        lines = (line for line in f if line.strip())
-        return next(lines, None) is not None and (not header or next(lines, None) is not None)
+    rows = [line for line in read_byte_lines(path) if line.decode("utf-8", errors="replace").strip()]
+    return len(rows) > (1 if header else 0)
 
 
 def _refuse_empty_file(path: PathLike, header: bool) -> None:
@@ -240,17 +229,15 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Datas
 
 def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
     """The first line of a JSON-lines file that is not a JSON object: (1-based number, reason)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line.rstrip("\r\n"))
-            except json.JSONDecodeError as error:
-                return number, f"{error.msg} at column {error.colno}"
-            if not isinstance(value, dict):
-                return number, f"a JSON {type(value).__name__}, not an object"
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            return number, f"{error.msg} at column {error.colno}"
+        if not isinstance(value, dict):
+            return number, f"a JSON {type(value).__name__}, not an object"
     return None
 
 

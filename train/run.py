@@ -50,12 +50,14 @@ from transformers import (
 )
 
 from modeling_ode import (
+    PAPER_DECODING,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
 
 from . import metrics
+from .batching import seq2seq_lengths
 from .checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
 from .data import (
     DataSpec,
@@ -80,12 +82,6 @@ from .translate import decode, generate_ids
 logger = logging.getLogger(__name__)
 
 TASKS = ("translation", "summarization", "gec", "lm")
-# The paper's decoding settings (Appendix, table "dataset"): beam, length penalty.
-DECODING_DEFAULTS: dict[str, tuple[int, float]] = {
-    "translation": (4, 0.6),
-    "summarization": (4, 2.0),
-    "gec": (6, 0.6),
-}
 HUB_TASKS = {
     "translation": "translation",
     "summarization": "summarization",
@@ -369,7 +365,7 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
     def seq2seq(batch: dict) -> dict:
         sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)["input_ids"]
         targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)["input_ids"]
-        return {"input_ids": sources, "labels": targets, "length": [max(len(s), len(t)) for s, t in zip(sources, targets)]}
+        return {"input_ids": sources, "labels": targets, "length": seq2seq_lengths(list(map(len, sources)), list(map(len, targets)))}
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
         encoded = tokenizer(
@@ -427,7 +423,7 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     if run_args.task == "lm":
         return {}
     generation = model.generation_config
-    beams, penalty = DECODING_DEFAULTS[run_args.task]
+    beams, penalty = PAPER_DECODING[run_args.task]["num_beams"], PAPER_DECODING[run_args.task]["length_penalty"]
     if saved:  # unset fields of a generation config read as greedy search, length penalty 1
         beams, penalty = generation.num_beams or 1, 1.0 if generation.length_penalty is None else generation.length_penalty
     decoding = {
@@ -673,14 +669,14 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         )
 
 
-def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
+def _test(task: str, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
     """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
 
     Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
     decoder of ``python -m train.translate`` and the same hypotheses plain ``model.generate`` gives: not
     from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
     """
-    task, training_args = args[2].task, args[3]
+    training_args = trainer.args
     if not trainer.is_world_process_zero():
         return [], []
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -764,7 +760,7 @@ def run(args: tuple) -> dict:
         trainer.save_metrics("eval", eval_metrics)
     if not training_args.do_predict:
         return {}
-    results, hyps = _test(args, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
+    results, hyps = _test(run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
     if not trainer.is_world_process_zero():
         return {}
     document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])
