@@ -29,7 +29,6 @@ from train.data import (
     multi30k,
     parallel_stats,
     ptb,
-    split_for_node,
     wi_locness,
     wmt_test,
     word_dropout,
@@ -175,16 +174,11 @@ def test_hub_summarization_columns_detected(tmp_path):
         load_hub_dataset(str(folder), None, "body", "highlights", split="train", cache_dir=tmp_path / "cache")
 
 
-def test_hub_streaming_and_split_by_node(wmt_like, tmp_path):
+def test_hub_streaming(wmt_like, tmp_path):
     stream = load_hub_dataset(str(wmt_like), None, "de", "en", split="train", streaming=True)
     assert isinstance(stream, IterableDataset)
     rows = list(stream)
     assert rows[3] == {"source": "Satz 3", "target": "sentence 3"} and len(rows) == 8
-    parts = [list(split_for_node(stream, rank, 3)) for rank in range(3)]
-    assert sorted(r["source"] for part in parts for r in part) == sorted(r["source"] for r in rows)
-    assert [len(p) for p in parts] == [3, 3, 2]
-    with pytest.raises(ValueError, match="rank"):
-        split_for_node(stream, 3, 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,10 +63,8 @@ from .data import (
     DataSpec,
     conll2013_test,
     load_hub_dataset,
-    load_jsonl,
-    load_parallel_files,
+    load_local_file,
     load_task_data,
-    load_tsv,
 )
 from .files import read_lines
 from .tokenizer import load_or_train_tokenizer
@@ -273,20 +271,6 @@ def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrain
 # Data
 
 
-def _read_file(spec: str, task: str, data_args: DataArguments) -> Dataset:
-    """One split from ``SRC,TGT`` text files, a TSV/JSONL file, or (lm) one text file."""
-    if task == "lm":
-        return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
-    if "," in spec:
-        return load_parallel_files(*spec.split(",", 1))
-    name = spec.removesuffix(".gz")
-    if name.endswith(".tsv"):
-        return load_tsv(spec, data_args.source_column, data_args.target_column)
-    if name.endswith((".jsonl", ".json")):
-        return load_jsonl(spec, data_args.source_column, data_args.target_column)
-    raise ValueError(f"cannot read {spec!r}: give 'SRC,TGT' text files or a .tsv/.jsonl file")
-
-
 def _shared_corpus(names: str, task: str, data_args: DataArguments) -> DatasetDict:
     """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
     kind = "lm" if task == "lm" else "seq2seq"
@@ -316,7 +300,7 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         raw = DatasetDict()
     for split, spec in (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file)):
         if spec:
-            raw[split] = _read_file(spec, task, data_args)
+            raw[split] = load_local_file(spec, "lm" if task == "lm" else "seq2seq", data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
         raw["test"], conll_m2 = conll2013_test()
