@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Literal
 
 import datasets
 import yaml
@@ -271,9 +272,8 @@ def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrain
 # Data
 
 
-def _shared_corpus(names: str, task: str, data_args: DataArguments) -> DatasetDict:
+def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
     """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
-    kind = "lm" if task == "lm" else "seq2seq"
     parts = [
         load_task_data(kind, DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang))
         for name in names.split("+")
@@ -289,18 +289,19 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
 
     Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
     """
+    kind = "lm" if task == "lm" else "seq2seq"
     if data_args.dataset:
-        raw = _shared_corpus(data_args.dataset, task, data_args)
+        raw = _shared_corpus(data_args.dataset, kind, data_args)
     elif data_args.hub_dataset:
         raw = load_task_data(
-            "lm" if task == "lm" else "seq2seq",
+            kind,
             DataSpec("hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang),
         ) if not data_args.streaming else DatasetDict()
     else:
         raw = DatasetDict()
     for split, spec in (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file)):
         if spec:
-            raw[split] = load_local_file(spec, "lm" if task == "lm" else "seq2seq", data_args.source_column, data_args.target_column)
+            raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
         raw["test"], conll_m2 = conll2013_test()
