@@ -3,9 +3,10 @@
     .venv/bin/python -m benchmarks.bench_ode            # full run (base-like dims, ~10-15 min on 2 cores)
     .venv/bin/python -m benchmarks.bench_ode --quick    # tiny dims, seconds (run by tests/test_benchmarks.py)
 
-Writes <out-dir>/<run-name>.json, <out-dir>/<run-name>.md and <out-dir>/<run-name>.png (default out-dir
-benchmarks/results, run-name `latest` plus a time-stamped copy of the JSON). Every ratio in the report is
-computed from the raw numbers stored next to it in the JSON. See benchmarks/README.md.
+Writes <out-dir>/<run-name>-<time stamp>.json (one per run: the history), <out-dir>/<run-name>.json (a link to
+the newest of them), <out-dir>/<run-name>.md and <out-dir>/<run-name>.png (default out-dir benchmarks/results,
+run-name `latest`). Every ratio in the report is computed from the raw numbers stored next to it in the JSON.
+See benchmarks/README.md.
 
 Timing: training steps and inference run in this process, all models loaded, measured round-robin (model A, B,
 C, ... then again) so that load bursts and allocator or frequency drift hit every model alike. Peak memory needs
@@ -229,159 +230,132 @@ def lookup(results: dict, path: list):
     return value
 
 
+def _training(dtype: str, name: str, metric: str) -> list[str]:
+    return ["training", dtype, name, metric]
+
+
+def _inference(name: str, metric: str) -> list[str]:
+    return ["inference", name, metric]
+
+
+_DTYPES = ("fp32", "bf16")
+_BEAM4 = "beam4_sentences_per_s"
+
+TARGETS: list[tuple[str, list[str], list[str], str, float]] = [
+    *[
+        (f"residual vs Marian: training tokens/s ({d})", _training(d, "residual", "tokens_per_s"),
+         _training(d, "marian", "tokens_per_s"), ">=", 1.0)
+        for d in _DTYPES
+    ],
+    ("residual vs Marian: beam-4 sentences/s", _inference("residual", _BEAM4), _inference("marian", _BEAM4), ">=", 1.0),
+    *[
+        (f"residual vs Marian: peak training memory ({d})", _training(d, "residual", "tensor_peak_mb"),
+         _training(d, "marian", "tensor_peak_mb"), "<=", 1.0)
+        for d in _DTYPES
+    ],
+    ("RK2 vs residual: beam-4 sentences/s", _inference("rk2", _BEAM4), _inference("residual", _BEAM4), ">=", 0.93),
+    ("RK4 vs residual: beam-4 sentences/s", _inference("rk4", _BEAM4), _inference("residual", _BEAM4), ">=", 0.83),
+    *[
+        (f"{name} training step time / FLOP prediction ({d})", _training(d, name, "seconds_per_tflop"),
+         _training(d, "residual", "seconds_per_tflop"), "<=", 1.05)
+        for d in _DTYPES
+        for name in ("rk2", "rk2_gated", "rk4")
+    ],
+    *[
+        row
+        for d in _DTYPES
+        for row in (
+            (f"RK2 vs residual: peak training memory ({d})", _training(d, "rk2", "tensor_peak_mb"),
+             _training(d, "residual", "tensor_peak_mb"), "<=", 1.25),
+            (f"RK2 + ode_checkpoint_stages vs residual: peak training memory ({d})",
+             _training(d, "rk2_ckpt", "tensor_peak_mb"), _training(d, "residual", "tensor_peak_mb"), "<=", 1.05),
+        )
+    ],
+    *[
+        (f"{name}: bf16 autocast vs fp32 training tokens/s", _training("bf16", name, "tokens_per_s"),
+         _training("fp32", name, "tokens_per_s"), ">=", 1.7)
+        for name in VARIANTS
+    ],
+]  # fmt: skip
+"""The targets: (name, numerator path, denominator path, comparison, goal) of a ratio of two raw numbers."""
+
+_TRAINING_PAIRS = [
+    ("ode_checkpoint_stages speed cost: rk2_ckpt / rk2 step time", "step_s", "rk2_ckpt", "rk2"),
+    ("paper features (RPR + dense): residual_paper / residual step time", "step_s", "residual_paper", "residual"),
+    ("paper features: residual_paper / residual peak memory", "tensor_peak_mb", "residual_paper", "residual"),
+    ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
+    ("paper model: rk2_gated_paper / residual peak memory", "tensor_peak_mb", "rk2_gated_paper", "residual"),
+    ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
+    ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
+    ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
+]
+INFORMATIVE: list[tuple[str, list[str], list[str]]] = [
+    *[
+        (f"{name} ({d})", _training(d, a, metric), _training(d, b, metric))
+        for d in _DTYPES
+        for name, metric, a, b in _TRAINING_PAIRS
+    ],
+    *[
+        (f"{name} vs residual: beam-4 sentences/s", _inference(name, _BEAM4), _inference("residual", _BEAM4))
+        for name in ("residual_paper", "rk2_gated_paper")
+    ],
+]
+"""Ratios without a target (name, numerator path, denominator path): the cost of checkpointing and of the
+paper's features."""
+
+
+def _ratio(results: dict, name: str, a: list[str], b: list[str]) -> dict:
+    return {"name": name, "a": a, "b": b, "ratio": lookup(results, a) / lookup(results, b)}
+
+
 def targets(results: dict) -> list[dict]:
+    """Every row of :data:`TARGETS` with its ratio in ``results`` and whether it meets the goal."""
     rows = []
-
-    def add(name, a, b, op, target):
-        ratio = lookup(results, a) / lookup(results, b)
-        met = ratio >= target if op == ">=" else ratio <= target
-        rows.append(
-            {"name": name, "a": a, "b": b, "ratio": ratio, "op": op, "target": target, "met": bool(met)}
-        )
-
-    tr, inf = "training", "inference"
-    add(
-        "residual vs Marian: training tokens/s (fp32)",
-        [tr, "fp32", "residual", "tokens_per_s"],
-        [tr, "fp32", "marian", "tokens_per_s"],
-        ">=",
-        1.0,
-    )
-    add(
-        "residual vs Marian: training tokens/s (bf16)",
-        [tr, "bf16", "residual", "tokens_per_s"],
-        [tr, "bf16", "marian", "tokens_per_s"],
-        ">=",
-        1.0,
-    )
-    add(
-        "residual vs Marian: beam-4 sentences/s",
-        [inf, "residual", "beam4_sentences_per_s"],
-        [inf, "marian", "beam4_sentences_per_s"],
-        ">=",
-        1.0,
-    )
-    add(
-        "residual vs Marian: peak training memory (fp32)",
-        [tr, "fp32", "residual", "tensor_peak_mb"],
-        [tr, "fp32", "marian", "tensor_peak_mb"],
-        "<=",
-        1.0,
-    )
-    add(
-        "residual vs Marian: peak training memory (bf16)",
-        [tr, "bf16", "residual", "tensor_peak_mb"],
-        [tr, "bf16", "marian", "tensor_peak_mb"],
-        "<=",
-        1.0,
-    )
-    add(
-        "RK2 vs residual: beam-4 sentences/s",
-        [inf, "rk2", "beam4_sentences_per_s"],
-        [inf, "residual", "beam4_sentences_per_s"],
-        ">=",
-        0.93,
-    )
-    add(
-        "RK4 vs residual: beam-4 sentences/s",
-        [inf, "rk4", "beam4_sentences_per_s"],
-        [inf, "residual", "beam4_sentences_per_s"],
-        ">=",
-        0.83,
-    )
-    for dtype in ("fp32", "bf16"):
-        for name in ("rk2", "rk2_gated", "rk4"):
-            add(
-                f"{name} training step time / FLOP prediction ({dtype})",
-                [tr, dtype, name, "seconds_per_tflop"],
-                [tr, dtype, "residual", "seconds_per_tflop"],
-                "<=",
-                1.05,
-            )
-    for dtype in ("fp32", "bf16"):
-        add(
-            f"RK2 vs residual: peak training memory ({dtype})",
-            [tr, dtype, "rk2", "tensor_peak_mb"],
-            [tr, dtype, "residual", "tensor_peak_mb"],
-            "<=",
-            1.25,
-        )
-        add(
-            f"RK2 + ode_checkpoint_stages vs residual: peak training memory ({dtype})",
-            [tr, dtype, "rk2_ckpt", "tensor_peak_mb"],
-            [tr, dtype, "residual", "tensor_peak_mb"],
-            "<=",
-            1.05,
-        )
-    for name in VARIANTS:
-        add(
-            f"{name}: bf16 autocast vs fp32 training tokens/s",
-            [tr, "bf16", name, "tokens_per_s"],
-            [tr, "fp32", name, "tokens_per_s"],
-            ">=",
-            1.7,
-        )
+    for name, a, b, op, goal in TARGETS:
+        row = _ratio(results, name, a, b)
+        met = row["ratio"] >= goal if op == ">=" else row["ratio"] <= goal
+        rows.append({**row, "op": op, "target": goal, "met": bool(met)})
     return rows
 
 
 def informative_ratios(results: dict) -> list[dict]:
-    """Ratios without a target: the cost of checkpointing and of the paper's features."""
-    rows = []
-    pairs = [
-        ("ode_checkpoint_stages speed cost: rk2_ckpt / rk2 step time", "step_s", "rk2_ckpt", "rk2"),
-        (
-            "paper features (RPR + dense): residual_paper / residual step time",
-            "step_s",
-            "residual_paper",
-            "residual",
-        ),
-        (
-            "paper features: residual_paper / residual peak memory",
-            "tensor_peak_mb",
-            "residual_paper",
-            "residual",
-        ),
-        ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
-        (
-            "paper model: rk2_gated_paper / residual peak memory",
-            "tensor_peak_mb",
-            "rk2_gated_paper",
-            "residual",
-        ),
-        ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
-        ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
-        ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
-    ]
-    for dtype in ("fp32", "bf16"):
-        for name, metric, a, b in pairs:
-            pa, pb = ["training", dtype, a, metric], ["training", dtype, b, metric]
-            rows.append(
-                {
-                    "name": f"{name} ({dtype})",
-                    "a": pa,
-                    "b": pb,
-                    "ratio": lookup(results, pa) / lookup(results, pb),
-                }
-            )
-    for name in ("residual_paper", "rk2_gated_paper"):
-        pa, pb = (
-            ["inference", name, "beam4_sentences_per_s"],
-            ["inference", "residual", "beam4_sentences_per_s"],
-        )
-        rows.append(
-            {
-                "name": f"{name} vs residual: beam-4 sentences/s",
-                "a": pa,
-                "b": pb,
-                "ratio": lookup(results, pa) / lookup(results, pb),
-            }
-        )
-    return rows
+    """Every row of :data:`INFORMATIVE` with its ratio in ``results``."""
+    return [_ratio(results, *row) for row in INFORMATIVE]
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------------------
+
+
+_RULES = {"l": "---", "r": "---:", "c": ":---:"}
+
+
+def _table(columns: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: ``columns`` aligns each column (``l``eft, ``r``ight or ``c``entred)."""
+    rule = "|" + "|".join(_RULES[c] for c in columns) + "|"
+    return [f"| {' | '.join(header)} |", rule, *(f"| {' | '.join(cells)} |" for cells in rows)]
+
+
+def _scaling_rows(points: list[dict], key: str) -> list[list[str]]:
+    """Cells of the scaling table over ``key`` (``length``: with the batch; ``layers``: with the time per depth
+    relative to the shallowest point of the same method)."""
+    euler = {p[key]: p for p in points if p["method"] == "euler"}
+    first: dict[str, dict] = {}
+    rows = []
+    for p in points:
+        e, f = euler[p[key]], first.setdefault(p["method"], p)
+        cells = [str(p[key]), p["method"]] + ([str(p["batch"])] if key == "length" else [])
+        cells += [
+            f"{p['step_s']:.3f}",
+            f"{p['peak_mem_mb']:.0f}",
+            f"{p['step_s'] / e['step_s']:.2f}",
+            f"{p['peak_mem_mb'] / e['peak_mem_mb']:.2f}",
+        ]
+        if key == "layers":
+            cells.append(f"{p['step_s'] / f['step_s']:.2f} (linear: {p['layers'] / f['layers']:.0f})")
+        rows.append(cells)
+    return rows
 
 
 def markdown(results: dict) -> str:
@@ -406,47 +380,39 @@ def markdown(results: dict) -> str:
         "",
         "## Targets",
         "",
-        "| target | ratio | goal | met |",
-        "|---|---:|---:|:---:|",
-    ]
-    for row in results["targets"]:
-        lines.append(
-            f"| {row['name']} | {row['ratio']:.3f} | {row['op']} {row['target']} | "
-            f"{'yes' if row['met'] else '**no**'} |"
-        )
-    lines += ["", "| other ratio | value |", "|---|---:|"]
-    lines += [f"| {row['name']} | {row['ratio']:.3f} |" for row in results["informative"]]
-    lines += [
+        *_table("lrrc", ["target", "ratio", "goal", "met"], [
+            [row["name"], f"{row['ratio']:.3f}", f"{row['op']} {row['target']}", "yes" if row["met"] else "**no**"]
+            for row in results["targets"]
+        ]),
+        "",
+        *_table("lr", ["other ratio", "value"], [[row["name"], f"{row['ratio']:.3f}"] for row in results["informative"]]),
         "",
         "## Training (forward + backward + Adam step)",
         "",
-        "| model | dtype | s/step | target tok/s | peak MB (RSS) | live-tensor peak MB | train GFLOP/step | "
-        "achieved GFLOP/s | % of matmul peak |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for dtype in ("fp32", "bf16"):
-        peak = results["matmul"][f"{dtype}_gflops"]
-        for name, r in results["training"][dtype].items():
-            lines.append(
-                f"| {name} | {dtype} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['peak_mem_mb']:.0f} | "
-                f"{r['tensor_peak_mb']:.0f} | "
-                f"{r['train_flops_per_step'] / 1e9:.1f} | {r['achieved_gflops']:.1f} | "
-                f"{100 * r['achieved_gflops'] / peak:.1f} |"
-            )
+        *_table("llrrrrrrr", [
+            "model", "dtype", "s/step", "target tok/s", "peak MB (RSS)", "live-tensor peak MB", "train GFLOP/step",
+            "achieved GFLOP/s", "% of matmul peak",
+        ], [
+            [
+                name, dtype, f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_mem_mb']:.0f}",
+                f"{r['tensor_peak_mb']:.0f}", f"{r['train_flops_per_step'] / 1e9:.1f}", f"{r['achieved_gflops']:.1f}",
+                f"{100 * r['achieved_gflops'] / results['matmul'][f'{dtype}_gflops']:.1f}",
+            ]
+            for dtype in ("fp32", "bf16")
+            for name, r in results["training"][dtype].items()
+        ]),
+    ]  # fmt: skip
     inf = results["settings"]["infer"]
     lines += [
         "",
         f"## Inference (fp32, batch {inf['batch']} x {inf['src_len']} source tokens, {inf['new_tokens']} new tokens, "
         "KV cache)",
         "",
-        "| model | beam-4 sentences/s | greedy tokens/s | encoder forward ms |",
-        "|---|---:|---:|---:|",
-    ]
-    for name, r in results["inference"].items():
-        lines.append(
-            f"| {name} | {r['beam4_sentences_per_s']:.2f} | {r['greedy_tokens_per_s']:.1f} | "
-            f"{r['encoder_forward_ms']:.1f} |"
-        )
+        *_table("lrrr", ["model", "beam-4 sentences/s", "greedy tokens/s", "encoder forward ms"], [
+            [name, f"{r['beam4_sentences_per_s']:.2f}", f"{r['greedy_tokens_per_s']:.1f}", f"{r['encoder_forward_ms']:.1f}"]
+            for name, r in results["inference"].items()
+        ]),
+    ]  # fmt: skip
     sc = results["scaling"]
     lines += [
         "",
@@ -456,34 +422,14 @@ def markdown(results: dict) -> str:
         "",
         f"Sequence length ({sc['length_tokens_per_batch']} tokens per batch):",
         "",
-        "| length | method | batch | s/step | peak MB (RSS) | time / Euler | memory / Euler |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for key, points in (("length", sc["length"]), ("layers", sc["depth"])):
-        if key == "layers":
-            lines += [
-                "",
-                f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
-                "",
-                "| layers | method | s/step | peak MB (RSS) | time / Euler | memory / Euler | time / shallowest |",
-                "|---:|---|---:|---:|---:|---:|---:|",
-            ]
-        euler = {p[key]: p for p in points if p["method"] == "euler"}
-        first = {}
-        for p in points:
-            e = euler[p[key]]
-            first.setdefault(p["method"], p)
-            cells = [str(p[key]), p["method"]] + ([str(p["batch"])] if key == "length" else [])
-            cells += [
-                f"{p['step_s']:.3f}",
-                f"{p['peak_mem_mb']:.0f}",
-                f"{p['step_s'] / e['step_s']:.2f}",
-                f"{p['peak_mem_mb'] / e['peak_mem_mb']:.2f}",
-            ]
-            if key == "layers":
-                f = first[p["method"]]
-                cells.append(f"{p['step_s'] / f['step_s']:.2f} (linear: {p['layers'] / f['layers']:.0f})")
-            lines.append("| " + " | ".join(cells) + " |")
+        *_table("rlrrrrr", ["length", "method", "batch", "s/step", "peak MB (RSS)", "time / Euler", "memory / Euler"],
+                _scaling_rows(sc["length"], "length")),
+        "",
+        f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
+        "",
+        *_table("rlrrrrr", ["layers", "method", "s/step", "peak MB (RSS)", "time / Euler", "memory / Euler",
+                            "time / shallowest"], _scaling_rows(sc["depth"], "layers")),
+    ]  # fmt: skip
     lines += [
         "",
         "## FLOP count",
@@ -544,6 +490,16 @@ def plot(results: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _write_json(results: dict, out_dir: Path, name: str) -> None:
+    """The run as ``<name>-<time stamp>.json`` (the history, one file per run) and ``<name>.json``, a link to
+    the newest run rather than a copy of it."""
+    stamped = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    stamped.write_text(json.dumps(results, indent=1))
+    latest = out_dir / f"{name}.json"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(stamped.name)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -599,9 +555,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=1)
-    (args.out_dir / f"{args.name}.json").write_text(text)
-    (args.out_dir / f"{args.name}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    _write_json(results, args.out_dir, args.name)
     (args.out_dir / f"{args.name}.md").write_text(markdown(results))
     if not args.no_plot:
         plot(results, args.out_dir / f"{args.name}.png")

@@ -26,6 +26,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from modeling_ode import (
+    PAPER_DECODING,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
@@ -36,8 +37,7 @@ from .model_card import METRICS_FILENAME, write_model_card
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
-# The paper's decoding for WMT En-De (beam 4, length penalty 0.6); En-Ro used beam 5, length penalty 1.3.
-PAPER_GENERATION_DEFAULTS = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
+PAPER_GENERATION_DEFAULTS = {**PAPER_DECODING["translation"], "early_stopping": True}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

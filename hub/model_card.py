@@ -277,7 +277,7 @@ def describe_ode(config) -> list[str]:
 
 
 def count_parameters(config) -> dict[str, int]:
-    """Parameter counts computed from the config (model built on the meta device; tied weights counted once)."""
+    """Parameter counts of the model ``config`` describes (built on the meta device; tied weights counted once)."""
     import torch
 
     from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
@@ -285,10 +285,7 @@ def count_parameters(config) -> dict[str, int]:
     cls = ODETransformerForConditionalGeneration if config.is_encoder_decoder else ODETransformerForCausalLM
     with torch.device("meta"):
         model = cls(config)
-    total = sum(p.numel() for p in model.parameters())
-    embedding_weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    embeddings = sum(w.numel() for w in embedding_weights.values())
-    return {"total": total, "non_embedding": total - embeddings}
+    return {"total": model.num_parameters(), "non_embedding": model.num_parameters(exclude_embeddings=True)}
 
 
 def _human(n: int) -> str:

@@ -8,7 +8,13 @@ AutoModelForCausalLM, and registers the classes for those auto classes (`registe
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from .configuration_ode_transformer import LAYER_CONNECTIONS, ODE_FUNCTIONS, PRESETS, ODETransformerConfig
+from .configuration_ode_transformer import (
+    LAYER_CONNECTIONS,
+    ODE_FUNCTIONS,
+    PAPER_DECODING,
+    PRESETS,
+    ODETransformerConfig,
+)
 from .modeling_ode_transformer import (
     ODETransformerDecoder,
     ODETransformerEncoder,
@@ -33,6 +39,7 @@ __all__ = [
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
     "ODE_METHODS",
+    "PAPER_DECODING",
     "PRESETS",
     "ButcherTableau",
     "ODETransformerConfig",

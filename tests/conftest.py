@@ -21,7 +21,7 @@ def pytest_configure(config):
 import pytest  # noqa: E402
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data():
     """The shared corpora folder (`train.data.data_root()`: $ODE_DATA_DIR or ../shared/data); skips without it."""
     from train.data import data_root

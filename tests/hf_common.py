@@ -14,7 +14,8 @@ lacks but `test_modeling_common.py` / `test_configuration_common.py` import rela
 
 Nothing from the sdist is committed: `.cache/` is git-ignored. When the registry cannot be reached (or the
 installed version is not published, e.g. a dev build) :class:`CommonTestsUnavailable` is raised with the
-reason, and the test module turns it into a skip.
+reason, and the test module fails loudly (:func:`unavailable_message` says how to provide the sources), unless
+`ODE_SKIP_HF_COMMON_TESTS=1` turns that into a skip.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from types import ModuleType
 import transformers
 from filelock import FileLock
 
-__all__ = ["CommonTestsUnavailable", "PACKAGE", "cache_dir", "import_common_tests"]
+__all__ = ["SKIP_ENV", "CommonTestsUnavailable", "PACKAGE", "cache_dir", "import_common_tests", "unavailable_message"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "hf_transformers_tests"
+SKIP_ENV = "ODE_SKIP_HF_COMMON_TESTS"
+"""Set to 1 to skip (instead of fail) transformers' common tests when their sources cannot be fetched."""
 _COMPLETE = ".complete"
 
 _GENERATION_SHIM = '''"""Shim (ode-transformer): the sdist does not ship tests/generation/test_utils.py.
@@ -186,6 +189,17 @@ def prepare_common_tests(version: str | None = None) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return root
+
+
+def unavailable_message(error: CommonTestsUnavailable) -> str:
+    """Why the common tests cannot run and how to make their sources available."""
+    version = transformers.__version__
+    return (
+        f"transformers' common tests are unavailable: {error}\n"
+        f"Make them available: let pip reach the package registry once (the sources are cached in "
+        f"{cache_dir(version)}), or put transformers-{version}.tar.gz (the sdist) in {cache_dir(version) / 'sdist'}, "
+        f"or point TRANSFORMERS_TESTS_CACHE at the cache of an earlier run. Set {SKIP_ENV}=1 to skip them instead."
+    )
 
 
 def import_common_tests() -> tuple[ModuleType, ModuleType]:

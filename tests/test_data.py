@@ -29,20 +29,10 @@ from train.data import (
     multi30k,
     parallel_stats,
     ptb,
-    split_for_node,
     wi_locness,
     wmt_test,
     word_dropout,
 )
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture
-def shared() -> Path:
-    if not DATA.is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
-    return DATA
 
 
 def _gz_lines(path: Path) -> list[str]:
@@ -184,64 +174,59 @@ def test_hub_summarization_columns_detected(tmp_path):
         load_hub_dataset(str(folder), None, "body", "highlights", split="train", cache_dir=tmp_path / "cache")
 
 
-def test_hub_streaming_and_split_by_node(wmt_like, tmp_path):
+def test_hub_streaming(wmt_like, tmp_path):
     stream = load_hub_dataset(str(wmt_like), None, "de", "en", split="train", streaming=True)
     assert isinstance(stream, IterableDataset)
     rows = list(stream)
     assert rows[3] == {"source": "Satz 3", "target": "sentence 3"} and len(rows) == 8
-    parts = [list(split_for_node(stream, rank, 3)) for rank in range(3)]
-    assert sorted(r["source"] for part in parts for r in part) == sorted(r["source"] for r in rows)
-    assert [len(p) for p in parts] == [3, 3, 2]
-    with pytest.raises(ValueError, match="rank"):
-        split_for_node(stream, 3, 3)
 
 
 # --------------------------------------------------------------------------------------------
 # Shared corpora (counts from the README table, cross-checked with an independent reader)
 
 
-def test_multi30k(shared):
+def test_multi30k(shared_data):
     for split, n in [("train", 29000), ("val", 1014), ("test_2016_flickr", 1000)]:
         ds = multi30k(split)
         assert ds.num_rows == n
-        assert ds["target"] == _gz_lines(shared / "multi30k" / f"{split}.de.gz")
+        assert ds["target"] == _gz_lines(shared_data / "multi30k" / f"{split}.de.gz")
     assert (
         multi30k("test", "fr", "en")[0]["target"]
-        == _gz_lines(shared / "multi30k" / "test_2016_flickr.en.gz")[0]
+        == _gz_lines(shared_data / "multi30k" / "test_2016_flickr.en.gz")[0]
     )
     with pytest.raises(ValueError, match="unknown split"):
         multi30k("dev")
 
 
-def test_wmt_test_sets(shared):
+def test_wmt_test_sets(shared_data):
     assert wmt_test("en-de", 2013).num_rows == 3000
     de_en = wmt_test("de-en", 2014)
     assert de_en.num_rows == 3003
-    assert de_en[5]["source"] == _gz_lines(shared / "wmt" / "en-de" / "newstest2014.de.gz")[5]
+    assert de_en[5]["source"] == _gz_lines(shared_data / "wmt" / "en-de" / "newstest2014.de.gz")[5]
     assert wmt_test("en-fr", 2014).num_rows == 3003
     ro = wmt_test("en-ro", 2016, "newsdev")
     assert (
         ro.num_rows == 1999
-        and ro[0]["target"] == _gz_lines(shared / "wmt" / "en-ro" / "newsdev2016.ro.gz")[0]
+        and ro[0]["target"] == _gz_lines(shared_data / "wmt" / "en-ro" / "newsdev2016.ro.gz")[0]
     )
     with pytest.raises(ValueError, match="no WMT"):
         wmt_test("en-de", 2016)
 
 
-def test_cnndm(shared):
+def test_cnndm(shared_data):
     assert cnndm("train").num_rows == 15981 and cnndm("validation").num_rows == 2000
     cased = cnndm("cased_val1000")
     assert cased.column_names == ["source", "target", "id"] and cased.num_rows == 1000
     assert cased[0]["source"].startswith("(CNN)")
 
 
-def test_gec_sets_drop_only_empty_pairs(shared, caplog):
+def test_gec_sets_drop_only_empty_pairs(shared_data, caplog):
     for reader, split, folder, src, tgt in [
         (fce, "train", "fce", "fce.train.src.gz", "fce.train.tgt.gz"),
         (wi_locness, "train", "wi_locness", "train.src.gz", "train.tgt.gz"),
         (wi_locness, "dev", "wi_locness", "dev.src.gz", "dev.tgt.gz"),
     ]:
-        pairs = list(zip(_gz_lines(shared / "gec" / folder / src), _gz_lines(shared / "gec" / folder / tgt)))
+        pairs = list(zip(_gz_lines(shared_data / "gec" / folder / src), _gz_lines(shared_data / "gec" / folder / tgt)))
         expected = [(s, t) for s, t in pairs if s.strip() and t.strip()]
         ds = reader(split)
         assert list(zip(ds["source"], ds["target"])) == expected
@@ -249,17 +234,17 @@ def test_gec_sets_drop_only_empty_pairs(shared, caplog):
     assert "2 empty line(s) skipped" in caplog.text
 
 
-def test_jfleg_and_conll2013(shared):
+def test_jfleg_and_conll2013(shared_data):
     jfleg = jfleg_dev()
     assert jfleg.num_rows == 754 and len(jfleg[0]["references"]) == 4
-    assert jfleg[10]["references"][3] == _gz_lines(shared / "gec" / "jfleg" / "dev.ref3.gz")[10]
+    assert jfleg[10]["references"][3] == _gz_lines(shared_data / "gec" / "jfleg" / "dev.ref3.gz")[10]
     conll, m2 = conll2013_test()
     assert conll.num_rows == 1381  # all kept, even the one empty reference
     assert sum(line.startswith("S ") for line in _gz_lines(m2)) == 1381
     assert conll[0]["source"] == _gz_lines(m2)[0][2:]
 
 
-def test_ptb_token_count(shared):
+def test_ptb_token_count(shared_data):
     train = ptb("train")
     assert train.column_names == ["text"] and train.num_rows == 42068
     assert sum(len(t.split()) for t in train["text"]) == 887521  # README: training tokens
@@ -278,10 +263,10 @@ def test_data_dir_env_override(tmp_path, monkeypatch):
 # load_task_data
 
 
-def test_task_data_from_shared_and_files(shared, tmp_path):
+def test_task_data_from_shared_and_files(shared_data, tmp_path):
     dd = load_task_data("seq2seq", DataSpec("shared", "multi30k", source_lang="de", target_lang="en"))
     assert {k: v.num_rows for k, v in dd.items()} == {"train": 29000, "validation": 1014, "test": 1000}
-    assert dd["validation"][0]["target"] == _gz_lines(shared / "multi30k" / "val.en.gz")[0]
+    assert dd["validation"][0]["target"] == _gz_lines(shared_data / "multi30k" / "val.en.gz")[0]
     lm = load_task_data("lm", DataSpec("shared", "ptb"))
     assert lm["validation"].num_rows == 3370
     with pytest.raises(ValueError, match="needs columns"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -28,10 +27,11 @@ from modeling_ode import (  # noqa: E402
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
+from train.data import data_root  # noqa: E402
+from train.files import read_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = Path("/work/shared/paper/ode_transformer_acl2022.tex")
-NEWSTEST = Path("/work/shared/data/wmt/en-de/newstest2014.de.gz")
+PAPER = data_root().parent / "paper" / "ode_transformer_acl2022.tex"  # the paper's source next to the shared data
 
 
 def tiny_seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
@@ -40,13 +40,10 @@ def tiny_seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
     return ODETransformerForConditionalGeneration(config).eval()
 
 
-def real_metrics() -> dict:
+def real_metrics(shared_data: Path) -> dict:
     """A real sacreBLEU/chrF score: the first newstest2014 German references against a perturbed copy."""
     sacrebleu = pytest.importorskip("sacrebleu")
-    if not NEWSTEST.is_file():
-        pytest.skip(f"{NEWSTEST} not available")
-    with gzip.open(NEWSTEST, "rt", encoding="utf-8") as f:
-        refs = [next(f).strip() for _ in range(20)]
+    refs = [line.strip() for line in read_lines(shared_data / "wmt" / "en-de" / "newstest2014.de.gz")[:20]]
     hyps = [" ".join(w for j, w in enumerate(line.split()) if j % 4 != 3) for line in refs]  # drop every 4th word
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
@@ -86,8 +83,8 @@ def test_citation_matches_paper():
     assert "year = \"2022\"" in CITATION
 
 
-def test_model_card_round_trip(tmp_path):
-    metrics = real_metrics()
+def test_model_card_round_trip(tmp_path, shared_data):
+    metrics = real_metrics(shared_data)
     model = tiny_seq2seq(ode_coefficient_scope="stack")
     model.save_pretrained(tmp_path)
     (tmp_path / "hub_metrics.json").write_text(json.dumps(metrics))

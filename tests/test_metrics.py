@@ -20,7 +20,9 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
+from train.data import data_root
 from train.evaluate_predictions import main
+from train.files import read_lines
 from train.metrics import (
     GoldEdit,
     M2Sentence,
@@ -38,18 +40,13 @@ from train.metrics import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 
 
 def read_data(relative: str, limit: int | None = None) -> list[str]:
-    path = DATA / relative
+    path = data_root() / relative
     if not path.is_file():
         pytest.skip(f"shared data not available: {path}")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines[:limit]
+    return read_lines(path)[:limit]
 
 
 def m2(text: str) -> list[M2Sentence]:

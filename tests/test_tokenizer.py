@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 import unicodedata
 from pathlib import Path
@@ -10,25 +9,18 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from train.files import read_lines
 from train.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_tokenizer
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 VOCAB_SIZE = 3000
 
 
-def _read_gz(path: Path) -> list[str]:
-    if not path.is_file():
-        pytest.skip(f"shared data not found at {path}")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
-
-
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
+def folder(tmp_path_factory, shared_data) -> Path:
     """A tokenizer trained on 8,000 Multi30k training pairs (en + de), saved to a folder."""
     texts = (
-        _read_gz(DATA / "multi30k" / "train.en.gz")[:8000]
-        + _read_gz(DATA / "multi30k" / "train.de.gz")[:8000]
+        read_lines(shared_data / "multi30k" / "train.en.gz")[:8000]
+        + read_lines(shared_data / "multi30k" / "train.de.gz")[:8000]
     )
     out = tmp_path_factory.mktemp("tok")
     train_tokenizer(texts, VOCAB_SIZE, save_to=out)
@@ -55,8 +47,8 @@ def test_eos_appended_once_and_padding_uses_pad(tok):
     assert batch[0][-1] == 1 and batch[1][-1] == 2 and len(batch[0]) == len(batch[1])
 
 
-def test_round_trip_on_unseen_german_lines_with_umlauts(tok):
-    lines = [s for s in _read_gz(DATA / "multi30k" / "val.de.gz") if any(c in s for c in "äöüÄÖÜß")]
+def test_round_trip_on_unseen_german_lines_with_umlauts(tok, shared_data):
+    lines = [s for s in read_lines(shared_data / "multi30k" / "val.de.gz") if any(c in s for c in "äöüÄÖÜß")]
     assert len(lines) > 100
     for line in lines:
         # exact round trip up to NFKC (a few lines contain a no-break space, NFKC maps it to " ")
@@ -114,8 +106,8 @@ def test_word_level_vocabulary_is_dense_and_keeps_literal_unk():
     assert tokenizer.decode([4, 6, 5, 2], skip_special_tokens=True) == "the cat sat"
 
 
-def test_word_level_ptb_has_every_word(tmp_path):
-    lines = _read_gz(DATA / "ptb" / "ptb.train.txt.gz")
+def test_word_level_ptb_has_every_word(tmp_path, shared_data):
+    lines = read_lines(shared_data / "ptb" / "ptb.train.txt.gz")
     train_tokenizer(lines, vocab_size=20_000, min_frequency=1, kind="word", save_to=tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     words = {w for line in lines for w in line.split()}

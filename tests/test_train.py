@@ -25,9 +25,8 @@ from train.data import multi30k, ptb
 from train.run import build_parser, parse_arguments, run, training_card
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+needs_data = pytest.mark.usefixtures("shared_data")
 
 TINY = [
     "--preset", "tiny", "--vocab_size", "400", "--learning_rate", "0.004",
@@ -72,10 +71,8 @@ MULTI30K = ["--task", "translation", "--dataset", "multi30k", "--source_lang", "
 
 
 @pytest.fixture(scope="module")
-def multi30k_run(tmp_path_factory) -> tuple[Path, dict]:
+def multi30k_run(tmp_path_factory, shared_data) -> tuple[Path, dict]:
     """A tiny model trained (bf16 autocast) and tested on Multi30k: its folder and metrics document."""
-    if not DATA.is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
     output_dir = tmp_path_factory.mktemp("multi30k")
     return output_dir, train_and_test(output_dir, *MULTI30K, "--max_train_samples", "400", *SEQ2SEQ)
 

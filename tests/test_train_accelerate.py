@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
@@ -41,7 +40,7 @@ with open(f"{sys.argv[1]}/batches-{seen['rank']}.json", "w") as f:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+@pytest.mark.usefixtures("shared_data")
 def test_two_process_cpu_training(tmp_path):
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     script = tmp_path / "launch.py"

@@ -5,7 +5,7 @@ columns documented per reader); language-modelling data has the column ``text``.
 
 * Generic loaders: :func:`load_parallel_files` (aligned plain-text files, optionally ``.gz``),
   :func:`load_tsv`, :func:`load_jsonl`, :func:`load_hub_dataset` (Hugging Face Hub id or a local
-  dataset folder, optionally streaming), :func:`split_for_node` (shard across processes).
+  dataset folder, optionally streaming).
 * Readers for the shared corpora in ``../shared/data`` (or ``$ODE_DATA_DIR``, see
   :func:`data_root`): :func:`multi30k`, :func:`wmt_test`, :func:`cnndm`, :func:`fce`,
   :func:`wi_locness`, :func:`jfleg_dev`, :func:`conll2013_test`, :func:`ptb`, and
@@ -18,7 +18,6 @@ columns documented per reader); language-modelling data has the column ``text``.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import logging
 import os
@@ -30,8 +29,8 @@ from typing import Literal
 import datasets
 import torch
 from datasets import Dataset, DatasetDict, DatasetInfo, IterableDataset, IterableDatasetDict
-from datasets.distributed import split_dataset_by_node
 
+from .files import read_byte_lines, read_lines
 from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 
 __all__ = [
@@ -46,13 +45,13 @@ __all__ = [
     "libreoffice",
     "load_hub_dataset",
     "load_jsonl",
+    "load_local_file",
     "load_parallel_files",
     "load_task_data",
     "load_tsv",
     "multi30k",
     "parallel_stats",
     "ptb",
-    "split_for_node",
     "wi_locness",
     "wmt_test",
     "word_dropout",
@@ -84,15 +83,6 @@ class ParallelStats:
     undecodable_lines: list[int] = field(default_factory=list)
 
 
-def _read_bytes_lines(path: Path) -> list[bytes]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline ends the last line, it does not start a new one
-    return [line.removesuffix(b"\r") for line in lines]
-
-
 def _decode(line: bytes) -> str | None:
     try:
         return line.decode("utf-8")
@@ -102,7 +92,7 @@ def _decode(line: bytes) -> str | None:
 
 def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> tuple[dict[str, list[str]], ParallelStats]:
     """Read line-aligned files into columns; misalignment is an error, bad lines are skipped."""
-    raw = {name: _read_bytes_lines(path) for name, path in paths.items()}
+    raw = {name: read_byte_lines(path) for name, path in paths.items()}
     counts = {name: len(lines) for name, lines in raw.items()}
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{paths[name]}: {n} lines" for name, n in counts.items())
@@ -207,10 +197,8 @@ def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDatas
 
 def _has_rows(path: Path, header: bool) -> bool:
     """Whether a (``.gz``) text file holds a non-blank line after the header line, if any."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        lines = (line for line in f if line.strip())
-        return next(lines, None) is not None and (not header or next(lines, None) is not None)
+    rows = [line for line in read_byte_lines(path) if line.decode("utf-8", errors="replace").strip()]
+    return len(rows) > (1 if header else 0)
 
 
 def _refuse_empty_file(path: PathLike, header: bool) -> None:
@@ -240,17 +228,15 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Datas
 
 def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
     """The first line of a JSON-lines file that is not a JSON object: (1-based number, reason)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line.rstrip("\r\n"))
-            except json.JSONDecodeError as error:
-                return number, f"{error.msg} at column {error.colno}"
-            if not isinstance(value, dict):
-                return number, f"a JSON {type(value).__name__}, not an object"
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            return number, f"{error.msg} at column {error.colno}"
+        if not isinstance(value, dict):
+            return number, f"a JSON {type(value).__name__}, not an object"
     return None
 
 
@@ -354,19 +340,6 @@ def load_hub_dataset(
     source, target = _hub_columns(columns, source_lang, target_lang)
     _check_fields(first, [source, target], f"dataset {name!r} (config {config!r})")
     return _to_source_target(dataset, source, target)
-
-
-def split_for_node(
-    dataset: Dataset | IterableDataset, rank: int, world_size: int
-) -> Dataset | IterableDataset:
-    """The part of ``dataset`` for process ``rank`` of ``world_size`` (``split_dataset_by_node``).
-
-    For an :class:`IterableDataset` whose shard count is divisible by ``world_size`` whole
-    shards are assigned; otherwise each process keeps every ``world_size``-th example.
-    """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    return split_dataset_by_node(dataset, rank=rank, world_size=world_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -544,14 +517,15 @@ class DataSpec:
     """Where the data of a training run comes from.
 
     Attributes:
-        kind: ``"shared"`` (a named shared corpus), ``"files"`` (local aligned files) or
+        kind: ``"shared"`` (a named shared corpus), ``"files"`` (local files, see :func:`load_local_file`) or
             ``"hub"`` (Hub id or local dataset folder, see :func:`load_hub_dataset`).
         name: shared corpus name (``multi30k``, ``libreoffice``, ``cnndm``, ``wi_locness``,
             ``fce``, ``ptb``) or Hub id / local dataset folder.
         config: Hub configuration (e.g. ``de-en``, ``3.0.0``).
         source_lang, target_lang: languages (Multi30k, LibreOffice, Hub ``translation``) or,
-            for the Hub, column names.
-        files: for ``kind="files"``: split -> ``(source file, target file)``.
+            for the Hub and local TSV/JSONL files, column names.
+        files: for ``kind="files"``: split -> ``(source file, target file)`` or one file spec of
+            :func:`load_local_file`.
         root: data folder overriding the default of the shared corpora.
     """
 
@@ -560,11 +534,32 @@ class DataSpec:
     config: str | None = None
     source_lang: str | None = None
     target_lang: str | None = None
-    files: Mapping[str, tuple[str, str]] | None = None
+    files: Mapping[str, tuple[str, str] | str] | None = None
     root: str | None = None
 
 
 _SPLITS = ("train", "validation", "test")
+
+
+def load_local_file(
+    spec: tuple[str, str] | str,
+    task: Literal["seq2seq", "lm"],
+    source_column: str = "source",
+    target_column: str = "target",
+) -> Dataset:
+    """One split from local files: ``(SRC, TGT)`` or ``"SRC,TGT"`` aligned text files, a TSV/JSONL file
+    (``.gz`` allowed; columns ``source_column``/``target_column``) or, for ``lm``, one text file (a ``text``
+    row per line, stripped)."""
+    if task == "lm":
+        return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
+    if isinstance(spec, tuple) or "," in spec:
+        return load_parallel_files(*(spec if isinstance(spec, tuple) else spec.split(",", 1)))
+    name = spec.removesuffix(".gz")
+    if name.endswith(".tsv"):
+        return load_tsv(spec, source_column, target_column)
+    if name.endswith((".jsonl", ".json")):
+        return load_jsonl(spec, source_column, target_column)
+    raise ValueError(f"cannot read {spec!r}: give 'SRC,TGT' text files or a .tsv/.jsonl file")
 
 
 def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
@@ -597,7 +592,8 @@ def load_task_data(task: Literal["seq2seq", "lm"], spec: DataSpec) -> DatasetDic
     elif spec.kind == "files":
         if not spec.files:
             raise ValueError("DataSpec(kind='files') needs files={split: (source, target)}")
-        result = DatasetDict({split: load_parallel_files(s, t) for split, (s, t) in spec.files.items()})
+        columns = (spec.source_lang or "source", spec.target_lang or "target")
+        result = DatasetDict({split: load_local_file(f, task, *columns) for split, f in spec.files.items()})
     elif spec.kind == "hub":
         loaded = load_hub_dataset(spec.name, spec.config, spec.source_lang, spec.target_lang)
         renames = {"valid": "validation", "dev": "validation"}

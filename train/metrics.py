@@ -648,6 +648,8 @@ _TASK_METRICS: dict[str, Callable[[list[str], list[str]], dict[str, float]]] = {
 
 def _decode(tokenizer, ids) -> list[str]:
     """Token ids (or logits) -> stripped strings; negative ids (-100 padding) become pad ids."""
+    from .translate import decode  # torch and transformers only where a model is evaluated
+
     if isinstance(ids, tuple):
         ids = ids[0]
     ids = np.asarray(ids)
@@ -655,7 +657,7 @@ def _decode(tokenizer, ids) -> list[str]:
         ids = ids.argmax(axis=-1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = np.where(ids < 0, pad_id, ids)
-    return [text.strip() for text in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)]
+    return decode(tokenizer, ids.tolist())
 
 
 def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], dict[str, float]]:

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Literal
 
 import datasets
 import yaml
@@ -50,21 +51,21 @@ from transformers import (
 )
 
 from modeling_ode import (
+    PAPER_DECODING,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
 
 from . import metrics
+from .batching import seq2seq_lengths
 from .checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
 from .data import (
     DataSpec,
     conll2013_test,
     load_hub_dataset,
-    load_jsonl,
-    load_parallel_files,
+    load_local_file,
     load_task_data,
-    load_tsv,
 )
 from .files import read_lines
 from .tokenizer import load_or_train_tokenizer
@@ -80,12 +81,6 @@ from .translate import decode, generate_ids
 logger = logging.getLogger(__name__)
 
 TASKS = ("translation", "summarization", "gec", "lm")
-# The paper's decoding settings (Appendix, table "dataset"): beam, length penalty.
-DECODING_DEFAULTS: dict[str, tuple[int, float]] = {
-    "translation": (4, 0.6),
-    "summarization": (4, 2.0),
-    "gec": (6, 0.6),
-}
 HUB_TASKS = {
     "translation": "translation",
     "summarization": "summarization",
@@ -277,23 +272,8 @@ def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrain
 # Data
 
 
-def _read_file(spec: str, task: str, data_args: DataArguments) -> Dataset:
-    """One split from ``SRC,TGT`` text files, a TSV/JSONL file, or (lm) one text file."""
-    if task == "lm":
-        return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
-    if "," in spec:
-        return load_parallel_files(*spec.split(",", 1))
-    name = spec.removesuffix(".gz")
-    if name.endswith(".tsv"):
-        return load_tsv(spec, data_args.source_column, data_args.target_column)
-    if name.endswith((".jsonl", ".json")):
-        return load_jsonl(spec, data_args.source_column, data_args.target_column)
-    raise ValueError(f"cannot read {spec!r}: give 'SRC,TGT' text files or a .tsv/.jsonl file")
-
-
-def _shared_corpus(names: str, task: str, data_args: DataArguments) -> DatasetDict:
+def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
     """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
-    kind = "lm" if task == "lm" else "seq2seq"
     parts = [
         load_task_data(kind, DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang))
         for name in names.split("+")
@@ -309,18 +289,19 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
 
     Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
     """
+    kind = "lm" if task == "lm" else "seq2seq"
     if data_args.dataset:
-        raw = _shared_corpus(data_args.dataset, task, data_args)
+        raw = _shared_corpus(data_args.dataset, kind, data_args)
     elif data_args.hub_dataset:
         raw = load_task_data(
-            "lm" if task == "lm" else "seq2seq",
+            kind,
             DataSpec("hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang),
         ) if not data_args.streaming else DatasetDict()
     else:
         raw = DatasetDict()
     for split, spec in (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file)):
         if spec:
-            raw[split] = _read_file(spec, task, data_args)
+            raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
         raw["test"], conll_m2 = conll2013_test()
@@ -369,7 +350,7 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
     def seq2seq(batch: dict) -> dict:
         sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)["input_ids"]
         targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)["input_ids"]
-        return {"input_ids": sources, "labels": targets, "length": [max(len(s), len(t)) for s, t in zip(sources, targets)]}
+        return {"input_ids": sources, "labels": targets, "length": seq2seq_lengths(list(map(len, sources)), list(map(len, targets)))}
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
         encoded = tokenizer(
@@ -427,7 +408,7 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     if run_args.task == "lm":
         return {}
     generation = model.generation_config
-    beams, penalty = DECODING_DEFAULTS[run_args.task]
+    beams, penalty = PAPER_DECODING[run_args.task]["num_beams"], PAPER_DECODING[run_args.task]["length_penalty"]
     if saved:  # unset fields of a generation config read as greedy search, length penalty 1
         beams, penalty = generation.num_beams or 1, 1.0 if generation.length_penalty is None else generation.length_penalty
     decoding = {
@@ -673,14 +654,14 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         )
 
 
-def _test(args: tuple, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
+def _test(task: str, trainer, tokenizer, test, raw_test, m2_file, collator) -> tuple[list[dict], list[str]]:
     """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
 
     Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
     decoder of ``python -m train.translate`` and the same hypotheses plain ``model.generate`` gives: not
     from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
     """
-    task, training_args = args[2].task, args[3]
+    training_args = trainer.args
     if not trainer.is_world_process_zero():
         return [], []
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -764,7 +745,7 @@ def run(args: tuple) -> dict:
         trainer.save_metrics("eval", eval_metrics)
     if not training_args.do_predict:
         return {}
-    results, hyps = _test(args, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
+    results, hyps = _test(run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
     if not trainer.is_world_process_zero():
         return {}
     document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])

@@ -30,14 +30,13 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TRAINING_RECORD", "load_or_train_tokenizer", "train_tokenizer", "training_texts"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TRAINING_RECORD", "load_or_train_tokenizer", "train_tokenizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +68,6 @@ class _TextsDigest:
 
     def summary(self) -> dict:
         return {"texts": self.count, "texts_sha256": self.hash.hexdigest()}
-
-
-def training_texts(dataset: Dataset, columns: Sequence[str] = ("source", "target")) -> Iterator[str]:
-    """Yield the texts of ``columns`` of ``dataset`` (source and target for a joint vocabulary)."""
-    for column in columns:
-        yield from dataset[column]
 
 
 def _post_processor(tokenizer: Tokenizer, causal: bool) -> processors.TemplateProcessing:
