@@ -206,7 +206,8 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     argv = train_command(run, args.work_dir, args.device, args.set)
     flags = run_flags(run, args.set)
     env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(args.threads), "ODE_DATA_DIR": str(args.data_root)}
-    if not has_checkpoint(out):  # nothing to resume: start from an empty folder
+    resumed = has_checkpoint(out)
+    if not resumed:  # nothing to resume: start from an empty folder
         shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -219,7 +220,8 @@ def execute(run: Run, args: argparse.Namespace) -> str:
         "git": git_commit(),
         "device": device_info(args.device, args.threads),
         "data": data_info(flags, args.data_root),
-        "wall_time_s": round(wall, 1),
+        "wall_time_s": round(wall, 1),  # of this invocation: a resumed run's earlier attempts are not counted
+        "resumed": resumed,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(result, collect(run, out, flags, argv, environment))
