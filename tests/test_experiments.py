@@ -45,7 +45,7 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
     for variant, result in results.items():
         assert result["flags"] == {**study.flags(variant, depth, 0, "cpu"), **{k: str(v) for k, v in TINY.items()}}
         assert result["seed"] == 0 and result["config"]["d_model"] == 16
-        assert result["steps"] == 4 and result["wall_time_s"] > 0
+        assert result["steps"] == 4 and result["wall_time_s"] > 0 and result["resumed"] is False
         assert len(result["git"]["commit"]) == 40 and result["device"]["device"] == "cpu"
         assert result["data"]["files"] and all(len(h) == 64 for h in result["data"]["files"].values())
         for metric in study.metrics:
