@@ -123,3 +123,17 @@ def test_factor_variants_compare_with_the_baseline_under_the_same_factor():
     assert STUDIES["ptb"].baseline_of("rk4_codeF") == "residual"
     for variant in pilot.variants:  # every factor has its residual run
         assert pilot.baseline_of(variant) in pilot.variants
+
+
+def test_init_diagnostic_same_start_for_the_paper_readings(shared_data):
+    """At initialisation with dropout off, Euler's single stage is its F, and an RK block's first stage is the
+    same F(y) as Euler's (same seed, same weights): the stage norms agree exactly."""
+    from experiments import init_diagnostic
+
+    rows = {(r["connections"], r["block"]): r for r in init_diagnostic.main(["--sentences", "8", "--d-model", "32"])}
+    assert len(rows) == 8
+    for connections in ("learnable_dense", "residual"):
+        residual, rk4 = rows[(connections, "residual")], rows[(connections, "rk4")]
+        assert residual["first_stage_norm"] == pytest.approx(residual["last_stage_norm"])
+        assert rk4["first_stage_norm"] == pytest.approx(residual["first_stage_norm"], rel=1e-5)
+        assert all(math.isfinite(v) for r in rows.values() for k, v in r.items() if isinstance(v, float))
