@@ -94,7 +94,8 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["steps"] = runs[0]["steps"]
             # The last logged training loss (with dropout, as trained): tells slow optimisation from overfitting.
-            row["train_loss"] = statistics.fmean(r["training_curve"][-1]["loss"] for r in runs if r["training_curve"])
+            last_losses = [r["training_curve"][-1]["loss"] for r in runs if r["training_curve"]]
+            row["train_loss"] = statistics.fmean(last_losses) if last_losses else None  # None: shorter than a log interval
             if references and variant != base_name:
                 row["bootstrap_p"] = {
                     r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
@@ -123,7 +124,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
-        cells += [f"{row['train_loss']:.3f}", str(row["steps"]), f"{row['wall_time_min']:.1f}"]
+        cells += ["" if row["train_loss"] is None else f"{row['train_loss']:.3f}", str(row["steps"]), f"{row['wall_time_min']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     arrow = "lower" if primary.lower_is_better else "higher"
     lines += [
