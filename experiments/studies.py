@@ -254,12 +254,16 @@ MULTI30K_BLOCKS = {
     "pc_rk2": ("PC-RK2 (PCformer)", _pcformer("encoder", "rk2")),
     "pc_rk4": ("PC-RK4 (PCformer)", _pcformer("encoder", "rk4")),
 }
+# The cpu-size seq2seq model of every translation-like study (multi30k, ablations, gec, cnndm).
+SMALL_SEQ2SEQ: Flags = {
+    "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+}  # fmt: skip
 MULTI30K_SIZES: dict[str, Flags] = {
     # A good small baseline for 29k pairs: d 256, 4 heads, dropout 0.1 (0.3 over-regularises at this
     # budget), label smoothing 0.1, 2K-token batches (updates are what a CPU budget buys), averaging.
     "cpu": {
-        "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
-        "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+        **SMALL_SEQ2SEQ,
         "max_tokens": 2048, "max_steps": 1500, "save_steps": 100, "learning_rate": 2e-3, "warmup_steps": 300,
         "use_cpu": True, "bf16": True,
     },
@@ -333,8 +337,7 @@ GEC = Study(
     },
     sizes={
         "cpu": {
-            "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
-            "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+            **SMALL_SEQ2SEQ,
             "max_tokens": 2048, "max_steps": 1500, "learning_rate": 2e-3, "warmup_steps": 300,
             "use_cpu": True, "bf16": True, "max_test_samples": 500,
         },
@@ -359,8 +362,7 @@ CNNDM = Study(
     },
     sizes={
         "cpu": {
-            "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
-            "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+            **SMALL_SEQ2SEQ,
             "max_tokens": 4096, "max_steps": 1000, "learning_rate": 2e-3, "warmup_steps": 300,
             "use_cpu": True, "bf16": True, "max_test_samples": 300,
         },
