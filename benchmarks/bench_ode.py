@@ -259,7 +259,7 @@ TARGETS: list[tuple[str, list[str], list[str], str, float]] = [
         (f"{name} training step time / FLOP prediction ({d})", _training(d, name, "seconds_per_tflop"),
          _training(d, "residual", "seconds_per_tflop"), "<=", 1.05)
         for d in _DTYPES
-        for name in ("rk2", "rk2_gated", "rk4")
+        for name in ("rk2", "rk2_gated", "rk4", "pc_rk2", "pc_rk4")
     ],
     *[
         row
@@ -285,6 +285,15 @@ _TRAINING_PAIRS = [
     ("paper features: residual_paper / residual peak memory", "tensor_peak_mb", "residual_paper", "residual"),
     ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
     ("paper model: rk2_gated_paper / residual peak memory", "tensor_peak_mb", "rk2_gated_paper", "residual"),
+    *[
+        row
+        for pc, rk in (("pc_rk2", "rk2"), ("pc_rk4", "rk4"))
+        for row in (
+            (f"PCformer: {pc} / {rk} step time", "step_s", pc, rk),
+            (f"PCformer: {pc} / residual step time", "step_s", pc, "residual"),
+            (f"PCformer: {pc} / residual peak memory", "tensor_peak_mb", pc, "residual"),
+        )
+    ],
     ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
     ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
     ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
@@ -297,7 +306,7 @@ INFORMATIVE: list[tuple[str, list[str], list[str]]] = [
     ],
     *[
         (f"{name} vs residual: beam-4 sentences/s", _inference(name, _BEAM4), _inference("residual", _BEAM4))
-        for name in ("residual_paper", "rk2_gated_paper")
+        for name in ("residual_paper", "rk2_gated_paper", "pc_rk2", "pc_rk4")
     ],
 ]
 """Ratios without a target (name, numerator path, denominator path): the cost of checkpointing and of the

@@ -58,6 +58,8 @@ PAPER = {
     "max_relative_position": 8,
 }
 
+PC_CORRECTOR = {"encoder_layer_connections": "predictor_corrector", "ode_coefficient_scope": "stack"}
+
 # name -> (encoder_ode_method, encoder_ode_coefficients, features, extra config fields); None = Marian.
 VARIANTS: dict[str, tuple | None] = {
     "marian": None,
@@ -68,6 +70,10 @@ VARIANTS: dict[str, tuple | None] = {
     "rk2_ckpt": ("rk2", "tableau", PLAIN, {"ode_checkpoint_stages": True}),
     "residual_paper": ("euler", "tableau", PAPER, {}),
     "rk2_gated_paper": ("rk2", "gated", PAPER, {}),
+    # PCformer: an EMA predictor (one alpha for the stack) and the corrector, whose learned history of
+    # layer-normalised states replaces plain stacking; s + 1 evaluations of F per block.
+    "pc_rk2": ("rk2", "ema", PLAIN, PC_CORRECTOR),
+    "pc_rk4": ("rk4", "ema", PLAIN, PC_CORRECTOR),
 }
 INFERENCE_VARIANTS = [name for name in VARIANTS if name != "rk2_ckpt"]  # same as rk2 at inference
 STAGES = {"euler": 1, "rk2": 2, "rk4": 4}
@@ -94,8 +100,7 @@ def ode_config(dims: Dims, method: str, coefficients: str, features: dict, extra
         encoder_ode_coefficients=coefficients,
         decoder_ode_method="euler",
         decoder_ode_coefficients="tableau",
-        **features,
-        **(extra or {}),
+        **{**features, **(extra or {})},  # extra fields may replace a feature (the corrector's connections)
         **kw,
     )
 
@@ -150,7 +155,7 @@ def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0
 
 FLOP_FORMULA = """\
 Matmul FLOPs only (2 per multiply-add); B sentences, S source and T target tokens each, d model width,
-f FFN width, V vocabulary, s encoder stages, k relative-position clip (0 = none), L_e / L_d layers:
+f FFN width, V vocabulary, s encoder evaluations of F per block (stages; PCformer: stages + 1), k relative-position clip (0 = none), L_e / L_d layers:
   encoder, per layer and stage : 2BS(4d^2 + 2df) + 4BS^2 d            [+ 2BSd(2k+1) with RPR]
   gate (gated coefficients)    : 2BS(s d)(s-1) per layer
   decoder, per layer           : 2BT(6d^2 + 2df) + 4BSd^2 + 4BT^2 d + 4BTSd   [+ 2BTd(2k+1) with RPR]
@@ -188,10 +193,10 @@ def forward_flops(dims: Dims, batch: int, src: int, tgt: int, stages: int, gated
 def train_flops(name: str, dims: Dims, batch: int, src: int, tgt: int) -> dict:
     spec = VARIANTS[name]
     method, coefficients, features, extra = spec if spec is not None else ("euler", "tableau", PLAIN, {})
-    s = STAGES[method]
-    parts = forward_flops(
-        dims, batch, src, tgt, s, coefficients == "gated", features["max_relative_position"]
-    )
+    config = {**features, **extra}
+    # PCformer's corrector evaluates F once more per block (its history weights are not matmuls).
+    s = STAGES[method] + (config["encoder_layer_connections"] == "predictor_corrector")
+    parts = forward_flops(dims, batch, src, tgt, s, coefficients == "gated", config["max_relative_position"])
     forward = parts["encoder"] + parts["decoder"] + parts["head"]
     recompute = (s - 1) * parts["encoder_stage"] if extra.get("ode_checkpoint_stages") else 0
     return {
