@@ -297,7 +297,7 @@ _TRAINING_PAIRS = [
     ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
     ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
     ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
-]
+]  # fmt: skip
 INFORMATIVE: list[tuple[str, list[str], list[str]]] = [
     *[
         (f"{name} ({d})", _training(d, a, metric), _training(d, b, metric))
