@@ -298,15 +298,20 @@ def test_streaming_multi30k(tmp_path):
     assert (tmp_path / "model.safetensors").is_file()
 
 
+def resume_flags(save_steps: int) -> list[str]:
+    """12 steps on 40 Multi30k pairs, a checkpoint every `save_steps`: the runs the resume tests compare."""
+    return [
+        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
+        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
+        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", str(save_steps),
+        "--do_predict", "false", "--report_to", "none",
+    ]  # fmt: skip
+
+
 @needs_data
 def test_resume_gives_the_same_weights(tmp_path):
     """Uninterrupted 12 steps == 7 steps, checkpoint, then a fresh trainer resuming to 12 (mid-epoch 2)."""
-    flags = [
-        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
-        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
-        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "7",
-        "--do_predict", "false", "--report_to", "none",
-    ]  # fmt: skip
+    flags = resume_flags(save_steps=7)
     full = tmp_path / "full"
     train_and_test(full, *flags)
     checkpoint = full / "checkpoint-7"
@@ -370,12 +375,7 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
 
     import train.trainer
 
-    flags = [
-        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
-        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
-        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
-        "--do_predict", "false", "--report_to", "none",
-    ]  # fmt: skip
+    flags = resume_flags(save_steps=4)
     train_and_test(tmp_path / "full", *flags)
     out = tmp_path / "killed"
 
