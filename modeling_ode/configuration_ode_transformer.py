@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Iterable
-from typing import Any
+from functools import cache
+from typing import Any, Literal, get_args, get_origin
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .ode import (
-    COEFFICIENT_MODES,
-    COEFFICIENT_SCOPES,
-    EMA_ALPHA_SIZES,
     GATED_MODES,
     LAYER_CONNECTIONS,
     ODE_FUNCTIONS,
     ButcherTableau,
+    CoefficientModeName,
+    CoefficientScopeName,
+    EmaAlphaSizeName,
+    LayerConnectionName,
+    ODEFunctionName,
+    ODEMethodName,
     resolve_tableau,
 )
 
@@ -98,9 +104,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
+ActivationName = Literal["relu", "gelu", "gelu_new", "silu", "swish", "tanh"]
+
+
+def _check_choice(field: str, value: Any, allowed: Iterable[str], default: str) -> None:
+    allowed = tuple(allowed)
     if value not in allowed:
-        raise ValueError(f"`{field}`={value!r} is not supported; allowed values: {', '.join(allowed)}.")
+        raise ValueError(
+            f"`{field}`={value!r} is not supported; allowed values: {', '.join(allowed)}; "
+            f"e.g. `{field}={default!r}`."
+        )
 
 
 def _check_positive(field: str, value: Any) -> None:
@@ -130,7 +143,8 @@ class ODETransformerConfig(PreTrainedConfig):
     (k = 8) and learnable dense layer connections, as in the paper's training setup.
 
     Transformer fields use the usual Hugging Face names (`d_model`, `encoder_layers`, ...). ODE fields, whose
-    choices (names, equations, descriptions) are catalogued once, in `modeling_ode/ode.py`:
+    choices (names, equations, descriptions) are catalogued once, in `modeling_ode/ode.py`; a field that chooses
+    from a table is typed with the table's `Literal` (`CoefficientModeName`, ...) and validated against it:
 
     - `encoder_ode_method` / `decoder_ode_method`: a named method of `ODE_METHODS` or a user Butcher tableau
       `{"a": [[], [1.0]], "b": [0.5, 0.5]}`.
@@ -177,7 +191,7 @@ class ODETransformerConfig(PreTrainedConfig):
     decoder_attention_heads: int = 8
     encoder_ffn_dim: int = 2048
     decoder_ffn_dim: int = 2048
-    activation_function: str = "relu"
+    activation_function: ActivationName = "relu"
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.1
     activation_dropout: float | int = 0.1
@@ -191,19 +205,19 @@ class ODETransformerConfig(PreTrainedConfig):
     scale_embedding: bool = True
     label_smoothing: float | int = 0.1
 
-    encoder_ode_method: str | dict = "rk2"
-    decoder_ode_method: str | dict = "euler"
-    encoder_ode_coefficients: str = "gated"
-    decoder_ode_coefficients: str = "tableau"
-    encoder_ode_function: str = "layer"
-    decoder_ode_function: str = "layer"
+    encoder_ode_method: ODEMethodName | dict = "rk2"
+    decoder_ode_method: ODEMethodName | dict = "euler"
+    encoder_ode_coefficients: CoefficientModeName = "gated"
+    decoder_ode_coefficients: CoefficientModeName = "tableau"
+    encoder_ode_function: ODEFunctionName = "layer"
+    decoder_ode_function: ODEFunctionName = "layer"
     ode_step_size: float | int = 1.0
     ode_function_includes_residual: bool = False
-    ode_coefficient_scope: str = "block"
-    ode_ema_alpha: str = "scalar"
+    ode_coefficient_scope: CoefficientScopeName = "block"
+    ode_ema_alpha: EmaAlphaSizeName = "scalar"
     ode_checkpoint_stages: bool = False
-    encoder_layer_connections: str = "learnable_dense"
-    decoder_layer_connections: str = "learnable_dense"
+    encoder_layer_connections: LayerConnectionName = "learnable_dense"
+    decoder_layer_connections: LayerConnectionName = "learnable_dense"
 
     use_cache: bool = True
     pad_token_id: int | None = 1
@@ -229,6 +243,20 @@ class ODETransformerConfig(PreTrainedConfig):
 
     def _check_fields(self) -> None:
         """Every field checked at construction; a ValueError names the field, the value and what is allowed."""
+        self._check_sizes()
+        for field, (allowed, default) in _choice_fields().items():
+            _check_choice(field, getattr(self, field), allowed, default)
+        for side in ("encoder", "decoder"):
+            self._check_ode_side(side)
+        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            _check_probability(field, getattr(self, field))
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
+            _check_token_id(field, getattr(self, field), self.vocab_size)
+        self._check_positions()
+        if not self.ode_step_size > 0:
+            raise ValueError(f"`ode_step_size` must be > 0, got {self.ode_step_size!r}.")
+
+    def _check_sizes(self) -> None:
         for field in (
             "vocab_size",
             "d_model",
@@ -256,11 +284,8 @@ class ODETransformerConfig(PreTrainedConfig):
                     f"`{side}_attention_heads`={heads} does not divide `d_model`={self.d_model}; choose a head "
                     "count that divides the hidden size."
                 )
-            self._check_ode_side(side)
-        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            _check_probability(field, getattr(self, field))
-        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
-            _check_token_id(field, getattr(self, field), self.vocab_size)
+
+    def _check_positions(self) -> None:
         if self.max_relative_position < 0:
             raise ValueError(
                 f"`max_relative_position` must be >= 0 (0 disables relative positions), got {self.max_relative_position}."
@@ -269,24 +294,11 @@ class ODETransformerConfig(PreTrainedConfig):
             raise ValueError("`relative_position_values=True` needs `max_relative_position` > 0.")
         if self.use_absolute_positions and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even `d_model`, got {self.d_model}.")
-        if not self.ode_step_size > 0:
-            raise ValueError(f"`ode_step_size` must be > 0, got {self.ode_step_size!r}.")
-        _check_choice("ode_coefficient_scope", self.ode_coefficient_scope, COEFFICIENT_SCOPES)
-        _check_choice("ode_ema_alpha", self.ode_ema_alpha, EMA_ALPHA_SIZES)
-        if self.activation_function not in ("relu", "gelu", "gelu_new", "silu", "swish", "tanh"):
-            raise ValueError(
-                f"`activation_function`={self.activation_function!r} is not supported; allowed values: relu, "
-                "gelu, gelu_new, silu, swish, tanh."
-            )
 
     def _check_ode_side(self, side: str) -> None:
+        """The side's method and the gate it needs; its other choices are `Literal` fields (`_choice_fields`)."""
         tableau = resolve_tableau(getattr(self, f"{side}_ode_method"), f"{side}_ode_method")
         coefficients = getattr(self, f"{side}_ode_coefficients")
-        _check_choice(f"{side}_ode_coefficients", coefficients, COEFFICIENT_MODES)
-        _check_choice(f"{side}_ode_function", getattr(self, f"{side}_ode_function"), ODE_FUNCTIONS)
-        _check_choice(
-            f"{side}_layer_connections", getattr(self, f"{side}_layer_connections"), LAYER_CONNECTIONS
-        )
         if coefficients in GATED_MODES and tableau.num_stages < 2:
             raise ValueError(
                 f"`{side}_ode_coefficients`={coefficients!r} gates between stages, but "
@@ -309,3 +321,16 @@ class ODETransformerConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
+
+
+@cache
+def _choice_fields() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The fields declared `Literal[...]`: name -> (allowed values, default). The annotations are the one list of
+    choices (the catalogue's Literal types of `ode.py`); `@strict` does not type-check them (this module's
+    annotations are postponed, so it sees strings), `validate_ode_transformer` does, with errors that name the fix."""
+    hints = inspect.get_annotations(ODETransformerConfig, eval_str=True)  # this class's own fields
+    return {
+        field.name: (get_args(hints[field.name]), field.default)
+        for field in dataclasses.fields(ODETransformerConfig)
+        if get_origin(hints.get(field.name)) is Literal
+    }

@@ -24,11 +24,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
 __all__ = [
+    "CoefficientModeName",
+    "CoefficientScopeName",
+    "EmaAlphaSizeName",
+    "LayerConnectionName",
+    "ODEFunctionName",
+    "ODEMethodName",
     "COEFFICIENT_MODES",
     "COEFFICIENT_SCOPES",
     "EMA_ALPHA_SIZES",
@@ -137,7 +144,13 @@ def _numbers(values: Sequence, field: str) -> tuple[float, ...]:
     return tuple(float(x) for x in values)
 
 
-ODE_METHODS: dict[str, ButcherTableau] = {
+# Each table's names are also a `Literal` type, the type of the config fields that choose from it (type checkers
+# and IDEs see the choices; the config validates against the type's values). `tests/test_ode.py` checks that each
+# type holds exactly its table's names, in the table's order.
+ODEMethodName = Literal[
+    "euler", "rk2", "midpoint", "ralston", "rk3", "rk4", "rk4_38", "weight_sharing", "polynet"
+]
+ODE_METHODS: dict[ODEMethodName, ButcherTableau] = {
     "euler": ButcherTableau(
         a=((),),
         b=(1.0,),
@@ -229,7 +242,10 @@ class CoefficientMode:
     gated: bool = False
 
 
-COEFFICIENT_MODES: dict[str, CoefficientMode] = {
+CoefficientModeName = Literal[
+    "tableau", "ones", "learnable", "gated", "gated_independent", "gated_tanh", "ema"
+]
+COEFFICIENT_MODES: dict[CoefficientModeName, CoefficientMode] = {
     "tableau": CoefficientMode(
         "gamma = b", "the method's own weights b (RK2: 1/2, 1/2; RK4: 1/6, 2/6, 2/6, 1/6)"
     ),
@@ -256,7 +272,8 @@ COEFFICIENT_MODES: dict[str, CoefficientMode] = {
 GATED_MODES = tuple(name for name, mode in COEFFICIENT_MODES.items() if mode.gated)
 
 # What F is (Figure "components"). Sublayers that are not part of F stay residual.
-ODE_FUNCTIONS: dict[str, str] = {
+ODEFunctionName = Literal["layer", "attention", "ffn", "sublayers"]
+ODE_FUNCTIONS: dict[ODEFunctionName, str] = {
     "layer": "the whole layer (self-attention and feed-forward network together, the paper's SAN+FFN)",
     "attention": "the self-attention sublayer (the other sublayers stay residual)",
     "ffn": "the feed-forward sublayer (the other sublayers stay residual)",
@@ -264,7 +281,10 @@ ODE_FUNCTIONS: dict[str, str] = {
 }
 
 # How blocks are stacked (Table "comparison").
-LAYER_CONNECTIONS: dict[str, str] = {
+LayerConnectionName = Literal[
+    "residual", "dense", "learnable_dense", "leapfrog", "multistep", "predictor_corrector"
+]
+LAYER_CONNECTIONS: dict[LayerConnectionName, str] = {
     "residual": "plain stacking, y_{t+1} = block(y_t)",
     "dense": "dense layer connections with fixed mean weights (DLCL)",
     "learnable_dense": "learnable dense layer connections (DLCL, Wang et al. 2019)",
@@ -278,13 +298,15 @@ LAYER_CONNECTIONS: dict[str, str] = {
 }
 
 # Who owns the learnable coefficients or gate.
-COEFFICIENT_SCOPES: dict[str, str] = {
+CoefficientScopeName = Literal["block", "stack"]
+COEFFICIENT_SCOPES: dict[CoefficientScopeName, str] = {
     "block": "one per block",
     "stack": "one shared by all blocks of the stack (the authors' code)",
 }
 
 # The size of each alpha of `ema` coefficients (who owns it: `COEFFICIENT_SCOPES`).
-EMA_ALPHA_SIZES: dict[str, str] = {
+EmaAlphaSizeName = Literal["scalar", "dimension"]
+EMA_ALPHA_SIZES: dict[EmaAlphaSizeName, str] = {
     "scalar": "one alpha (the released PCformer's default)",
     "dimension": "one alpha per hidden dimension (the released PCformer's `alpha_type='vector'`)",
 }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from decoding import causal_lm
 from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from modeling_ode import (
@@ -30,8 +31,7 @@ def seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
 
 
 def causal() -> ODETransformerForCausalLM:
-    torch.manual_seed(0)
-    return ODETransformerForCausalLM(ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False)).eval()
+    return causal_lm(ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False))
 
 
 def changed_config(**changes) -> ODETransformerConfig:

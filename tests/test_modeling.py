@@ -2,6 +2,14 @@
 
 import pytest
 import torch
+from decoding import (
+    NO_DROPOUT,
+    assert_incremental_decoding_equals_full_forward,
+    causal_lm,
+    generate_static_dynamic_uncached,
+    source_batch,
+    tiny,
+)
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -12,24 +20,10 @@ from modeling_ode import (
     ODETransformerModel,
 )
 
-NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
-PAD = 1
-
-
-def tiny(**overrides):
-    return ODETransformerConfig.from_preset("tiny", **{**NO_DROPOUT, **overrides})
-
 
 def seq2seq(**overrides):
     torch.manual_seed(0)
     return ODETransformerForConditionalGeneration(tiny(**overrides)).eval()
-
-
-def source_batch():
-    ids = torch.randint(4, 99, (3, 9), generator=torch.Generator().manual_seed(1))
-    ids[1, 6:] = PAD
-    ids[2, 4:] = PAD
-    return ids, (ids != PAD).long()
 
 
 # Table "main-results": parameter counts with the paper's En-De joint BPE vocabulary (34040).
@@ -80,22 +74,7 @@ DECODER_VARIANTS = [
 
 @pytest.mark.parametrize("overrides", DECODER_VARIANTS)
 def test_incremental_decoding_equals_full_forward(overrides):
-    model = seq2seq(**overrides)
-    ids, mask = source_batch()
-    target = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(2))
-    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
-    encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
-    past, steps = None, []
-    for t in range(target.shape[1]):
-        out = model(
-            encoder_outputs=encoder_outputs,
-            attention_mask=mask,
-            decoder_input_ids=target[:, t : t + 1],
-            past_key_values=past,
-            use_cache=True,
-        )
-        past, steps = out.past_key_values, steps + [out.logits]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_incremental_decoding_equals_full_forward(seq2seq(**overrides), *source_batch())
 
 
 GREEDY, BEAM = {}, {"num_beams": 3, "length_penalty": 0.6}
@@ -240,7 +219,7 @@ def test_eval_loss_is_the_nll_without_label_smoothing():
     smooth = -logp.mean(-1)[keep].mean()
     train_loss = model.train()(input_ids=ids, attention_mask=mask, labels=labels).loss  # no dropout: same logits
     torch.testing.assert_close(train_loss.double(), 0.9 * nll + 0.1 * smooth, rtol=1e-6, atol=1e-6)
-    lm = ODETransformerForCausalLM(tiny(is_encoder_decoder=False, label_smoothing=0.1, **NO_DROPOUT)).eval()
+    lm = causal_lm(tiny(is_encoder_decoder=False, label_smoothing=0.1))
     lm_out = lm(input_ids=ids, labels=ids)
     lm_logp = lm_out.logits[:, :-1].double().log_softmax(-1)
     lm_nll = -lm_logp.gather(-1, ids[:, 1:, None])[..., 0].mean()
@@ -289,14 +268,13 @@ def test_output_ode_stages():
 
 
 def test_causal_lm_cache_loss_and_auto_class(tmp_path):
-    torch.manual_seed(0)
     config = tiny(
         is_encoder_decoder=False,
         decoder_ode_method="rk2",
         decoder_ode_coefficients="gated",
         label_smoothing=0.0,
     )
-    model = ODETransformerForCausalLM(config).eval()
+    model = causal_lm(config)
     ids = torch.randint(4, 99, (2, 10))
     out = model(input_ids=ids, labels=ids)
     expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), ids[:, 1:].reshape(-1))
@@ -351,27 +329,15 @@ STATIC_CASES = [
 
 @pytest.mark.parametrize("overrides,decoding", STATIC_CASES)
 def test_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(overrides, decoding):
-    model = seq2seq(**overrides)
-    ids, mask = source_batch()
     kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
-    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **kwargs)
-    dynamic = model.generate(ids, attention_mask=mask, **kwargs)
-    uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
-    assert static.shape == (3, 9)
-    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+    assert generate_static_dynamic_uncached(seq2seq(**overrides), *source_batch(), **kwargs).shape == (3, 9)
 
 
 @pytest.mark.parametrize("method,decoding", [("euler", GREEDY), ("rk2", BEAM), ("rk4", GREEDY)])
 def test_causal_lm_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(method, decoding):
-    torch.manual_seed(0)
-    model = ODETransformerForCausalLM(tiny(is_encoder_decoder=False, decoder_ode_method=method)).eval()
-    prompt, prompt_mask = source_batch()
+    model = causal_lm(tiny(is_encoder_decoder=False, decoder_ode_method=method))
     kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, **decoding}
-    static = model.generate(prompt, attention_mask=prompt_mask, cache_implementation="static", **kwargs)
-    dynamic = model.generate(prompt, attention_mask=prompt_mask, **kwargs)
-    uncached = model.generate(prompt, attention_mask=prompt_mask, use_cache=False, **kwargs)
-    assert static.shape == (3, 15)
-    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+    assert generate_static_dynamic_uncached(model, *source_batch(), **kwargs).shape == (3, 15)
 
 
 def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage():

@@ -365,6 +365,33 @@ def test_catalogue_entries_say_what_they_are():
     assert all(ODE_FUNCTIONS.values()) and all(LAYER_CONNECTIONS.values())
 
 
+def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choose_from_it():
+    """One list of names: each table's `Literal` type holds exactly its keys, in order, and the config validates
+    every field of that type against it (`ode_method` fields also take a user tableau)."""
+    from typing import get_args
+
+    from modeling_ode import ode
+    from modeling_ode.configuration_ode_transformer import _choice_fields
+
+    tables = {
+        ode.ODEMethodName: ode.ODE_METHODS,
+        ode.CoefficientModeName: ode.COEFFICIENT_MODES,
+        ode.ODEFunctionName: ode.ODE_FUNCTIONS,
+        ode.LayerConnectionName: ode.LAYER_CONNECTIONS,
+        ode.CoefficientScopeName: ode.COEFFICIENT_SCOPES,
+        ode.EmaAlphaSizeName: ode.EMA_ALPHA_SIZES,
+    }
+    for literal, table in tables.items():
+        assert get_args(literal) == tuple(table)
+    choices = {field: allowed for field, (allowed, _) in _choice_fields().items()}
+    for side in ("encoder", "decoder"):
+        assert choices[f"{side}_ode_coefficients"] == tuple(ode.COEFFICIENT_MODES)
+        assert choices[f"{side}_ode_function"] == tuple(ode.ODE_FUNCTIONS)
+        assert choices[f"{side}_layer_connections"] == tuple(ode.LAYER_CONNECTIONS)
+    assert choices["ode_coefficient_scope"] == tuple(ode.COEFFICIENT_SCOPES)
+    assert choices["ode_ema_alpha"] == tuple(ode.EMA_ALPHA_SIZES)
+
+
 def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f):
     """What `capture_outputs` records for `output_ode_stages=True`; any forward hook on the recorder sees it too."""
     f, _ = nonlinear_f

@@ -3,6 +3,13 @@ formulas in float64, with exact parameter counts and exact per-stage KV caches (
 
 import pytest
 import torch
+from decoding import (
+    assert_incremental_decoding_equals_full_forward,
+    causal_lm,
+    generate_static_dynamic_uncached,
+    tiny,
+)
+from decoding import source_batch as padded_source_batch
 
 from modeling_ode import (
     ODETransformerConfig,
@@ -12,7 +19,6 @@ from modeling_ode import (
 from modeling_ode.ode import ODE_METHODS, StageCoefficients, ode_step
 
 D = 8
-NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 # The four alpha scopes: (who owns an alpha, its size).
 ALPHA_SCOPES = [("stack", "scalar"), ("block", "scalar"), ("stack", "dimension"), ("block", "dimension")]
 
@@ -24,7 +30,7 @@ def pc_config(side: str = "encoder", method: str = "rk2", **overrides) -> ODETra
         f"{side}_ode_coefficients": "ema",
         f"{side}_layer_connections": "predictor_corrector",
     }
-    return ODETransformerConfig.from_preset("tiny", d_model=D, **NO_DROPOUT, **{**pc, **overrides})
+    return tiny(d_model=D, **{**pc, **overrides})
 
 
 @pytest.fixture
@@ -217,9 +223,7 @@ def pc_seq2seq(**overrides):
 
 
 def source_batch():
-    ids = torch.randint(4, 99, (3, 9), generator=torch.Generator().manual_seed(1))
-    ids[1, 6:] = 1
-    return ids, (ids != 1).long()
+    return padded_source_batch(padded_from=(None, 6, None))
 
 
 def test_the_corrector_has_its_own_cache_slot_and_every_slot_is_written():
@@ -238,51 +242,25 @@ def test_the_corrector_has_its_own_cache_slot_and_every_slot_is_written():
 
 @pytest.mark.parametrize("overrides", DECODER_CASES)
 def test_incremental_decoding_equals_the_full_forward(overrides):
-    model = pc_seq2seq(**overrides)
-    ids, mask = source_batch()
-    target = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(2))
-    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
-    encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
-    past, steps = None, []
-    for t in range(target.shape[1]):
-        out = model(
-            encoder_outputs=encoder_outputs,
-            attention_mask=mask,
-            decoder_input_ids=target[:, t : t + 1],
-            past_key_values=past,
-            use_cache=True,
-        )
-        past, steps = out.past_key_values, steps + [out.logits]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_incremental_decoding_equals_full_forward(pc_seq2seq(**overrides), *source_batch())
 
 
 @pytest.mark.parametrize("overrides", DECODER_CASES)
 @pytest.mark.parametrize("decoding", [{}, {"num_beams": 3, "length_penalty": 0.6}])
 def test_static_dynamic_and_uncached_generation_agree(overrides, decoding):
-    model = pc_seq2seq(**overrides)
-    ids, mask = source_batch()
     kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
-    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **kwargs)
-    dynamic = model.generate(ids, attention_mask=mask, **kwargs)
-    uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
-    assert static.shape == (3, 9)
-    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+    assert generate_static_dynamic_uncached(pc_seq2seq(**overrides), *source_batch(), **kwargs).shape == (3, 9)
 
 
 @pytest.mark.parametrize("method,decoding", [("rk2", {}), ("rk4", {"num_beams": 3})])
 def test_causal_lm_static_dynamic_and_uncached_generation_agree(method, decoding):
-    torch.manual_seed(0)
-    model = ODETransformerForCausalLM(pc_config("decoder", method, is_encoder_decoder=False)).eval()
+    model = causal_lm(pc_config("decoder", method, is_encoder_decoder=False))
     prompt, prompt_mask = source_batch()
     full = model(prompt, attention_mask=prompt_mask, use_cache=False).logits
     past = model(prompt[:, :5], attention_mask=prompt_mask[:, :5]).past_key_values
     rest = model(prompt[:, 5:], attention_mask=prompt_mask, past_key_values=past).logits
     torch.testing.assert_close(rest, full[:, 5:], rtol=1e-5, atol=1e-5)
-    kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, **decoding}
-    static = model.generate(prompt, attention_mask=prompt_mask, cache_implementation="static", **kwargs)
-    dynamic = model.generate(prompt, attention_mask=prompt_mask, **kwargs)
-    uncached = model.generate(prompt, attention_mask=prompt_mask, use_cache=False, **kwargs)
-    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+    generate_static_dynamic_uncached(model, prompt, prompt_mask, max_new_tokens=6, min_new_tokens=6, **decoding)
 
 
 # --- training and configuration --------------------------------------------------------------------------------

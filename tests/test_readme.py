@@ -1,5 +1,6 @@
 """The README's quickstart runs as written."""
 
+import math
 import re
 from pathlib import Path
 
@@ -10,8 +11,12 @@ def test_readme_quickstart_runs():
     block = re.search(r"## Quickstart\n\n```python\n(.*?)```", README.read_text(), re.DOTALL).group(1)
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
-    assert namespace["out"].shape[0] == 2
-    assert namespace["loss"].item() > 0
+    out, config = namespace["out"], namespace["config"]
+    assert out.shape[0] == 2 and 2 <= out.shape[1] <= 1 + 20  # decoder start + at most max_new_tokens
+    assert (out[:, 0] == config.decoder_start_token_id).all()
+    # an untrained model is close to uniform over the vocabulary: its loss is about log V (label smoothing and
+    # random logits add a little), not merely positive
+    assert abs(namespace["loss"].item() - math.log(config.vocab_size)) < 1.5
 
 
 def test_readme_starts_with_the_two_commands():
@@ -47,3 +52,27 @@ def test_readme_config_table_lists_exactly_the_catalogue():
     ]:
         names = re.findall(r"`(\w+)`", _config_table_row(field))
         assert sorted(names) == sorted(table), field
+
+
+def _table_rows(text: str, header: str) -> list[str]:
+    """The rows (header included) of the Markdown table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_readme_pilot_table_is_the_result_files_table():
+    """The README's pilot table is the one `experiments.report` wrote from the result files it cites, and the
+    figures quoted under it are those of `summary.json` (the mean over seeds of each variant)."""
+    import json
+
+    folder = README.parent / "results" / "ptb_pilot" / "cpu"
+    assert "table: `results/ptb_pilot/cpu/README.md`" in README.read_text()
+    header = "| variant | depth | seeds | Word perplexity"
+    assert _table_rows(README.read_text(), header) == _table_rows((folder / "README.md").read_text(), header)
+    means = {row["variant"]: row["Word perplexity"]["mean"] for row in json.loads((folder / "summary.json").read_text())}
+    quoted = re.search(r"residual ([\d.]+) \(the issue's pilot: [\d.]+\), RK4\s+([\d.]+) \([\d.]+\), RK2-gated ([\d.]+)", README.read_text())
+    assert [float(x) for x in quoted.groups()] == [
+        round(means[v], 1) for v in ("residual.pilot", "rk4.pilot", "rk2_gated.pilot")
+    ]

@@ -278,7 +278,7 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     sequences = [[tokenizer.bos_token_id, *ids, tokenizer.eos_token_id]  # <s> text </s>, as train.run builds them
                  for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     rows = [{"input_ids": ids, "labels": ids} for ids in sequences]
-    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id)
+    collator = PadCollator(tokenizer)
     total, count = lm_negative_log_likelihood(model, Dataset.from_list(rows), collator, 16)
     assert count == best["eval_tokens"] == sum(len(t.split()) + 1 for t in texts)  # word level: words + </s>
     assert total / count == pytest.approx(best["eval_loss"], rel=1e-5)
@@ -298,15 +298,20 @@ def test_streaming_multi30k(tmp_path):
     assert (tmp_path / "model.safetensors").is_file()
 
 
+def resume_flags(save_steps: int) -> list[str]:
+    """12 steps on 40 Multi30k pairs, a checkpoint every `save_steps`: the runs the resume tests compare."""
+    return [
+        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
+        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
+        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", str(save_steps),
+        "--do_predict", "false", "--report_to", "none",
+    ]  # fmt: skip
+
+
 @needs_data
 def test_resume_gives_the_same_weights(tmp_path):
     """Uninterrupted 12 steps == 7 steps, checkpoint, then a fresh trainer resuming to 12 (mid-epoch 2)."""
-    flags = [
-        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
-        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
-        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "7",
-        "--do_predict", "false", "--report_to", "none",
-    ]  # fmt: skip
+    flags = resume_flags(save_steps=7)
     full = tmp_path / "full"
     train_and_test(full, *flags)
     checkpoint = full / "checkpoint-7"
@@ -370,12 +375,7 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
 
     import train.trainer
 
-    flags = [
-        "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
-        "--max_train_samples", "40", "--max_tokens", "300", "--max_source_length", "32",
-        "--max_target_length", "32", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
-        "--do_predict", "false", "--report_to", "none",
-    ]  # fmt: skip
+    flags = resume_flags(save_steps=4)
     train_and_test(tmp_path / "full", *flags)
     out = tmp_path / "killed"
 
@@ -454,3 +454,37 @@ def test_recipe_card_shows_the_actual_shape():
     assert recipe["model"] == "3-3 layers, d_model 256, FFN 1024/1024, 4/4 heads"  # not "preset: base"
     assert "preset" not in recipe and "d_model" not in recipe
     assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)
+
+
+def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
+    """`PadCollator` = `DataCollatorForSeq2Seq` + word dropout: right padding with the pad id and its mask,
+    labels padded with -100, no `labels` key without labels, and source words (never `</s>`) dropped only in
+    training, with torch's global RNG."""
+    from train.data import word_dropout
+    from train.tokenizer import SPECIAL_TOKENS, train_tokenizer
+
+    words = len(SPECIAL_TOKENS) + 8
+    tokenizer = train_tokenizer(["a b c d e f g h"] * 4, vocab_size=words, min_frequency=1, kind="word")
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    features = [
+        {"input_ids": [5, 6, 7, 8, 9, 10, eos], "labels": [7, eos]},
+        {"input_ids": [11, eos], "labels": [5, 6, 7, eos]},
+    ]
+    batch = PadCollator(tokenizer, word_dropout=0.5)(features)  # not training: nothing dropped
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, eos], [11, eos, pad, pad, pad, pad, pad]]
+    assert batch["attention_mask"].tolist() == [[1] * 7, [1, 1, 0, 0, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[7, eos, -100, -100], [5, 6, 7, eos]]
+    assert all(v.dtype == torch.long for v in batch.values())
+    assert set(PadCollator(tokenizer)([{"input_ids": [5, eos]}])) == {"input_ids", "attention_mask"}
+
+    training = PadCollator(tokenizer, word_dropout=0.5, training=True)
+    torch.manual_seed(1)
+    dropped = training(features)
+    torch.manual_seed(1)
+    expected = [word_dropout(f["input_ids"], 0.5, keep_ids=(eos,)) for f in features]
+    longest = max(map(len, expected))
+    assert dropped["input_ids"].tolist() == [ids + [pad] * (longest - len(ids)) for ids in expected]
+    assert dropped["attention_mask"].tolist() == [[1] * len(ids) + [0] * (longest - len(ids)) for ids in expected]
+    assert dropped["input_ids"].shape[1] < 7 and all(eos in ids for ids in expected)
+    assert dropped["labels"].tolist() == batch["labels"].tolist()

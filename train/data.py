@@ -22,13 +22,13 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import datasets
 import torch
-from datasets import Dataset, DatasetDict, DatasetInfo, IterableDataset, IterableDatasetDict
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from .files import read_byte_lines, read_lines
 from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
@@ -36,7 +36,6 @@ from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 __all__ = [
     "DATA_DIR_ENV",
     "DataSpec",
-    "ParallelStats",
     "cnndm",
     "conll2013_test",
     "data_root",
@@ -50,7 +49,6 @@ __all__ = [
     "load_task_data",
     "load_tsv",
     "multi30k",
-    "parallel_stats",
     "ptb",
     "wi_locness",
     "wmt_test",
@@ -73,8 +71,8 @@ PathLike = str | os.PathLike
 
 
 @dataclass
-class ParallelStats:
-    """What :func:`load_parallel_files` read: line numbers are 1-based, in the original files."""
+class _LineReport:
+    """What a loader read and what it dropped, for its warning: line numbers are 1-based, in the original files."""
 
     files: list[str]
     lines: int
@@ -90,15 +88,15 @@ def _decode(line: bytes) -> str | None:
         return None
 
 
-def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> tuple[dict[str, list[str]], ParallelStats]:
-    """Read line-aligned files into columns; misalignment is an error, bad lines are skipped."""
+def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> dict[str, list[str]]:
+    """Read line-aligned files into columns; misalignment is an error, bad lines are skipped and reported."""
     raw = {name: read_byte_lines(path) for name, path in paths.items()}
     counts = {name: len(lines) for name, lines in raw.items()}
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{paths[name]}: {n} lines" for name, n in counts.items())
         raise ValueError(f"files are not aligned (different line counts): {detail}")
     n_lines = next(iter(counts.values()), 0)
-    stats = ParallelStats(files=[str(p) for p in paths.values()], lines=n_lines, kept=0)
+    stats = _LineReport(files=[str(p) for p in paths.values()], lines=n_lines, kept=0)
     columns: dict[str, list[str]] = {name: [] for name in paths}
     for i, row in enumerate(zip(*raw.values()), start=1):
         texts = [_decode(line) for line in row]
@@ -113,30 +111,31 @@ def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> tuple[dict[str
             columns[name].append(text)
     stats.kept = len(next(iter(columns.values()), []))
     _warn_skipped(stats, skip_empty)
-    return columns, stats
+    return columns
 
 
-def _warn_skipped(stats: ParallelStats, skip_empty: bool) -> None:
+def _warn_skipped(stats: _LineReport, skip_empty: bool) -> None:
+    """Never a silent loss of data: each kind of bad line, its count, its first line numbers, and what is left."""
     for what, lines, action in (
         ("undecodable (non-UTF-8)", stats.undecodable_lines, "skipped"),
         ("empty", stats.empty_lines, "skipped" if skip_empty else "kept"),
     ):
         if lines:
             logger.warning(
-                "%s: %d %s line(s) %s (line numbers %s%s)",
+                "%s: %d %s line(s) %s (line numbers %s%s); %d of %d rows loaded",
                 " / ".join(stats.files),
                 len(lines),
                 what,
                 action,
                 ", ".join(map(str, lines[:_SHOWN_LINES])),
                 ", ..." if len(lines) > _SHOWN_LINES else "",
+                stats.kept,
+                stats.lines,
             )
 
 
 def _aligned_dataset(paths: Mapping[str, PathLike], skip_empty: bool) -> Dataset:
-    columns, stats = _read_aligned({name: Path(p) for name, p in paths.items()}, skip_empty)
-    info = DatasetInfo(description=json.dumps({"parallel_stats": asdict(stats)}))
-    return Dataset.from_dict(columns, info=info)
+    return Dataset.from_dict(_read_aligned({name: Path(p) for name, p in paths.items()}, skip_empty))
 
 
 def load_parallel_files(src_path: PathLike, tgt_path: PathLike, skip_empty: bool = True) -> Dataset:
@@ -152,19 +151,10 @@ def load_parallel_files(src_path: PathLike, tgt_path: PathLike, skip_empty: bool
         ValueError: the files have different line counts (both files and counts named).
 
     Lines that are not valid UTF-8 on either side are always dropped. Every dropped or empty
-    line is logged (count and first line numbers) and recorded: see :func:`parallel_stats`.
+    line is logged as a warning (count, first line numbers, and how many rows are left).
     Text is kept verbatim (only a trailing ``\\r`` is removed).
     """
     return _aligned_dataset({"source": src_path, "target": tgt_path}, skip_empty)
-
-
-def parallel_stats(dataset: Dataset) -> ParallelStats | None:
-    """The :class:`ParallelStats` recorded by :func:`load_parallel_files` in ``dataset.info``."""
-    try:
-        payload = json.loads(dataset.info.description or "")["parallel_stats"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return ParallelStats(**payload)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,13 +198,13 @@ def _refuse_empty_file(path: PathLike, header: bool) -> None:
 
 
 def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Dataset:
-    """Drop rows whose source or target is missing or blank, with :func:`load_parallel_files`' warning and
-    :class:`ParallelStats` (line ``first_line`` is row 0)."""
+    """Drop rows whose source or target is missing or blank, with :func:`load_parallel_files`' warning (line
+    ``first_line`` of the file is row 0)."""
     empty = [
         i for i, (source, target) in enumerate(zip(dataset["source"], dataset["target"]))
         if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip()
     ]  # fmt: skip
-    stats = ParallelStats(
+    stats = _LineReport(
         files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - len(empty),
         empty_lines=[i + first_line for i in empty],
     )  # fmt: skip
@@ -222,7 +212,6 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Datas
     if empty:
         dropped = set(empty)
         dataset = dataset.select([i for i in range(dataset.num_rows) if i not in dropped])
-    dataset.info.description = json.dumps({"parallel_stats": asdict(stats)})
     return dataset
 
 
@@ -491,9 +480,8 @@ def ptb(split: str, root: PathLike | None = None) -> Dataset:
     """
     name = _split_name(split, {"train": "train", "valid": "valid", "validation": "valid", "test": "test"})
     path = data_root(root) / "ptb" / f"ptb.{name}.txt.gz"
-    columns, stats = _read_aligned({"text": path}, skip_empty=False)
-    info = DatasetInfo(description=json.dumps({"parallel_stats": asdict(stats)}))
-    return Dataset.from_dict({"text": [line.strip() for line in columns["text"]]}, info=info)
+    columns = _read_aligned({"text": path}, skip_empty=False)
+    return Dataset.from_dict({"text": [line.strip() for line in columns["text"]]})
 
 
 def libreoffice(split: str, root: PathLike | None = None, src: str = "en", tgt: str = "de") -> Dataset:

@@ -735,7 +735,7 @@ def run(args: tuple) -> dict:
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
-    collator = PadCollator(tokenizer.pad_token_id, tokenizer.eos_token_id, data_args.word_dropout)
+    collator = PadCollator(tokenizer, word_dropout=data_args.word_dropout)
     trainer = _make_trainer(args, model, tokenizer, splits, collator)
     trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
     train_metrics = _train(trainer, run_args, resume) if training_args.do_train else {}

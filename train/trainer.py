@@ -27,14 +27,14 @@ import copy
 import math
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from . import metrics
@@ -52,38 +52,30 @@ __all__ = [
 ]
 
 
-def _pad(sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
-    """Right-pad int sequences into a ``(batch, longest)`` long tensor."""
-    longest = max(len(seq) for seq in sequences)
-    out = torch.full((len(sequences), longest), value, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-    return out
-
-
 @dataclass
-class PadCollator:
-    """Pad ``input_ids`` (with ``pad_id``) and ``labels`` (with -100) of tokenised examples.
+class PadCollator(DataCollatorForSeq2Seq):
+    """transformers' :class:`~transformers.DataCollatorForSeq2Seq` (``input_ids`` padded with the tokenizer's pad
+    id on its padding side, right for every tokenizer this project trains, with their ``attention_mask``;
+    ``labels`` padded with -100) plus the paper's GEC source word dropout.
 
-    With ``word_dropout > 0`` each source token except ``</s>`` is dropped with that probability
-    (the paper's GEC setup) when ``training`` is true; the draw uses torch's global RNG, which the
-    trainer seeds and restores on resume. The trainers below use a ``training=True`` copy for the
-    training batches only, so evaluation and prediction never see dropped words.
+    With ``word_dropout > 0`` each source token except ``</s>`` is dropped with that probability when
+    ``training`` is true; the draw uses torch's global RNG, which the trainer seeds and restores on resume. The
+    trainers below use a ``training=True`` copy for the training batches only, so evaluation and prediction never
+    see dropped words. A batch without labels has no ``labels`` key.
     """
 
-    pad_id: int
-    eos_id: int
     word_dropout: float = 0.0
     training: bool = False
 
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        sources = [f["input_ids"] for f in features]
+    def __call__(self, features: list[dict], return_tensors: str | None = None) -> dict[str, torch.Tensor]:
         if self.training and self.word_dropout > 0:
-            sources = [word_dropout(ids, self.word_dropout, keep_ids=(self.eos_id,)) for ids in sources]
-        input_ids = _pad(sources, self.pad_id)
-        batch = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long()}
-        if "labels" in features[0]:
-            batch["labels"] = _pad([f["labels"] for f in features], -100)
+            keep = (self.tokenizer.eos_token_id,)
+            features = [
+                {**f, "input_ids": word_dropout(f["input_ids"], self.word_dropout, keep_ids=keep)} for f in features
+            ]
+        batch = super().__call__(features, return_tensors)
+        if batch.get("labels") is None:
+            del batch["labels"]
         return batch
 
 
