@@ -223,6 +223,24 @@ PTB_PILOT = Study(
 )
 
 # --------------------------------------------------------------------------------------------
+# ptb_long: does the gap of the `ptb` study close with training? Its cpu setting for 6 epochs instead of 2.
+# The inverse square-root schedule does not depend on the number of epochs, so epochs 1-2 of these runs are
+# the `ptb` runs of the same seed, and the validation curve continues them.
+
+PTB_LONG = Study(
+    name="ptb_long",
+    description="The ptb study's cpu setting (1 layer) trained for 6 epochs instead of 2: validation perplexity "
+    "per epoch, and test perplexity per word at the best validation epoch.",
+    common={**PTB_COMMON, **PTB.sizes["cpu"], "num_train_epochs": 6},
+    sizes={"cpu": {}},
+    variants={key: PTB.variants[key] for key in ("residual", "rk2", "rk2_gated", "rk4")},
+    depth_flags=("decoder_layers",),
+    depths=(1,),
+    metrics=PTB.metrics,
+    seeds=(0,),
+)
+
+# --------------------------------------------------------------------------------------------
 # multi30k: translation En-De (Table "main-results" at a small scale)
 
 MULTI30K_COMMON: Flags = {
@@ -379,4 +397,4 @@ CNNDM = Study(
     seeds=(0,),
 )  # fmt: skip
 
-STUDIES: dict[str, Study] = {study.name: study for study in (PTB, PTB_PILOT, MULTI30K, ABLATIONS, GEC, CNNDM)}
+STUDIES: dict[str, Study] = {study.name: study for study in (PTB, PTB_PILOT, PTB_LONG, MULTI30K, ABLATIONS, GEC, CNNDM)}
