@@ -39,7 +39,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, _active_collector, capture_outputs
 
 from .configuration_ode_transformer import ODETransformerConfig
 from .ode import ODEStageRecorder, StageCoefficients, ode_step
@@ -399,6 +399,14 @@ def _cache_config(num_slots: int) -> PreTrainedConfig:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _collecting_attention_weights() -> bool:
+    """Whether the running `capture_outputs` call records attention weights. Its hooks stay on the modules once
+    any output was recorded, so the hooks alone do not say it: `output_hidden_states=True` once must not switch
+    every later forward to eager attention."""
+    collecting = _active_collector.get()
+    return bool(collecting) and ("attentions" in collecting or "cross_attentions" in collecting)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -514,9 +522,9 @@ class ODETransformerAttention(nn.Module):
 
     def _attention_function(self, return_weights: bool) -> Callable:
         """The configured attention backend; relative position values need the eager path, and so do recorded
-        weights (`output_attentions=True` hooks this module): SDPA computes none."""
+        weights (`output_attentions=True`): SDPA computes none."""
         implementation = self.config._attn_implementation
-        if return_weights and self._forward_hooks and implementation not in (None, "eager"):
+        if return_weights and _collecting_attention_weights() and implementation not in (None, "eager"):
             logger.warning_once(
                 f"`output_attentions=True`: the {implementation!r} attention returns no weights, so these calls use "
                 "eager attention; load the model with `attn_implementation='eager'` to make that the default."

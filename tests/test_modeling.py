@@ -146,6 +146,27 @@ def test_sdpa_and_eager_attention_agree(overrides):
     torch.testing.assert_close(logits["eager"], logits["sdpa"], rtol=1e-5, atol=1e-5)
 
 
+def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch):
+    """`capture_outputs` leaves its hooks on the modules after any recording call; only a call that records
+    attention weights may take the eager path under SDPA, not the plain forwards after it."""
+    from modeling_ode import modeling_ode_transformer
+
+    eager_calls = []
+    eager = modeling_ode_transformer.eager_attention_forward
+    monkeypatch.setattr(
+        modeling_ode_transformer, "eager_attention_forward", lambda *a, **k: eager_calls.append(1) or eager(*a, **k)
+    )
+    model = seq2seq(max_relative_position=0)
+    model.set_attn_implementation("sdpa")
+    ids, mask = source_batch()
+    batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": torch.randint(4, 99, (3, 5))}
+    model(**batch, output_hidden_states=True, output_ode_stages=True)
+    model(**batch)
+    assert eager_calls == []
+    output = model(**batch, output_attentions=True)
+    assert eager_calls and output.encoder_attentions[0] is not None and output.cross_attentions[0] is not None
+
+
 def test_save_load_round_trip_is_bit_exact(tmp_path):
     model = seq2seq(
         decoder_ode_method="rk2", decoder_ode_coefficients="learnable", ode_coefficient_scope="stack"
