@@ -110,6 +110,13 @@ def _build_word_level(texts: Iterable[str], vocab_size: int, min_frequency: int)
 
 
 _BUILDERS = {"bpe": _build_bpe, "word": _build_word_level}
+# A merge needs a pair seen twice; a word-level vocabulary keeps every word up to its size (PTB's train split has
+# 30 words seen once, all in its first line, which are in the paper's 10k vocabulary).
+DEFAULT_MIN_FREQUENCY = {"bpe": 2, "word": 1}
+
+
+def _min_frequency(kind: str, min_frequency: int | None) -> int:
+    return DEFAULT_MIN_FREQUENCY.get(kind, 2) if min_frequency is None else min_frequency
 
 
 def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str, causal: bool) -> Tokenizer:
@@ -123,7 +130,7 @@ def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, ki
 def train_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
-    min_frequency: int = 2,
+    min_frequency: int | None = None,
     save_to: str | os.PathLike | None = None,
     kind: str = "bpe",
     causal: bool = False,
@@ -133,13 +140,15 @@ def train_tokenizer(
     Args:
         texts: training sentences (source and target sides together).
         vocab_size: final vocabulary size, special tokens (and for BPE the 256 byte symbols) included.
-        min_frequency: minimum pair frequency for a merge (BPE), minimum word count (word level).
+        min_frequency: minimum pair frequency for a merge (BPE, default 2), minimum word count (word level,
+            default 1: every word, up to ``vocab_size``).
         save_to: folder to save it in (``save_pretrained``), loadable with ``AutoTokenizer``.
         kind: ``"bpe"`` or ``"word"`` (see the module docstring).
         causal: a causal LM's tokenizer: ``<s>`` before every sequence, no ``</s>`` after it.
     """
     if kind == "bpe" and vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges (specials + 256 bytes)")
+    min_frequency = _min_frequency(kind, min_frequency)
     digest = _TextsDigest(texts)
     backend = _build_backend(digest, vocab_size, min_frequency, kind, causal)
     tokenizer = PreTrainedTokenizerFast(
@@ -161,7 +170,7 @@ def load_or_train_tokenizer(
     folder: str | os.PathLike | None,
     texts: Iterable[str] | None,
     vocab_size: int,
-    min_frequency: int = 2,
+    min_frequency: int | None = None,
     kind: str = "bpe",
     causal: bool = False,
     verify: bool = True,
@@ -173,6 +182,7 @@ def load_or_train_tokenizer(
     ``min_frequency`` and (when given) ``texts``, else a ValueError names the difference; tokenizers
     without a record (not trained here) are reused as they are. Which tokenizer is used is logged.
     """
+    min_frequency = _min_frequency(kind, min_frequency)
     if folder is not None and (Path(folder) / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         record_path = Path(folder) / TRAINING_RECORD
