@@ -1,4 +1,5 @@
-"""The demo end to end with a tiny model and a few steps (the real run trains ~15 minutes)."""
+"""The demo: its defaults (a step budget, no time budget) and end to end with a tiny model and a few steps
+(the real run trains ~15 minutes)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,75 @@ import json
 import math
 
 import pytest
+import yaml
+from datasets import Dataset
 
-from train.demo import main
+from train.demo import RECIPE, main, parse_demo_arguments
+from train.run import drop_long_training_pairs, parse_arguments
 
 TINY_MODEL = [
     "--d_model", "32", "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_layers", "1",
     "--decoder_layers", "1", "--vocab_size", "1000", "--per_device_eval_batch_size", "32", "--num_beams", "1",
+    "--save_strategy", "no", "--average_last_checkpoints", "0",
 ]  # fmt: skip
 
 
+def test_demo_defaults_are_a_step_budget():
+    """``make demo`` trains the recipe's number of updates whatever the machine's speed: no time budget."""
+    demo_args, passthrough = parse_demo_arguments([])
+    assert demo_args.max_steps is None and passthrough == []
+    _, _, run_args, training_args = parse_arguments([str(RECIPE), "--output_dir", "unused"])
+    recipe = yaml.safe_load(RECIPE.read_text())
+    assert run_args.time_budget_minutes is None and "time_budget_minutes" not in recipe
+    assert training_args.max_steps == recipe["max_steps"] > 0
+    assert (recipe["encoder_ode_method"], recipe["encoder_ode_coefficients"]) == ("rk2", "gated")
+
+
+def test_drop_long_training_pairs_keeps_the_other_splits():
+    train = Dataset.from_dict({"length": [3, 9, 5, 10, 11]})
+    test = Dataset.from_dict({"length": [30, 2]})
+    kept = drop_long_training_pairs({"train": train, "test": test}, 10)
+    assert kept["train"]["length"] == [3, 9, 5, 10] and kept["test"] is test
+    assert drop_long_training_pairs({"train": train}, None)["train"] is train
+
+
+def test_max_train_tokens_must_be_below_the_truncation_length():
+    with pytest.raises(ValueError, match="max_train_tokens"):
+        parse_arguments(
+            [str(RECIPE), "--output_dir", "unused", "--max_train_tokens", "128", "--max_source_length", "128"]
+        )
+
+
 @pytest.mark.slow
-def test_demo_tiny(tmp_path, capsys):
-    summary = main(["--output_dir", str(tmp_path), "--max_steps", "6", "--max_test_samples", "24", *TINY_MODEL])
+def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys):
+    runs = [
+        main(
+            [
+                "--output_dir",
+                str(tmp_path / name),
+                "--max_steps",
+                "7",
+                "--max_test_samples",
+                "24",
+                *TINY_MODEL,
+            ]
+        )
+        for name in ("a", "b")
+    ]
+    summary = runs[0]
     for key in ("bleu", "chrf", "copy_baseline_bleu", "copy_baseline_chrf"):
         assert math.isfinite(summary[key]) and 0 <= summary[key] <= 100, key
-    assert summary["copy_baseline_bleu"] > 0 and summary["steps"] == 6
-    assert len(summary["examples"]) == 4
-    assert json.loads((tmp_path / "demo_summary.json").read_text())["bleu"] == summary["bleu"]
-    assert (tmp_path / "README.md").is_file() and (tmp_path / "loss_curves.png").is_file()
-    assert "copy-the-source baseline" in capsys.readouterr().out
+    assert summary["copy_baseline_bleu"] > 0 and summary["steps"] == summary["max_steps"] == 7
+    assert summary["decoding"]["precision"] == "fp32" and summary["train_seconds"] > 0
+    assert summary["bleu_signature"].startswith("nrefs:1|") and len(summary["examples"]) == 4
+    assert json.loads((tmp_path / "a" / "demo_summary.json").read_text())["bleu"] == summary["bleu"]
+    assert (tmp_path / "a" / "README.md").is_file() and (tmp_path / "a" / "loss_curves.png").is_file()
+    # Same seed, same number of updates: the same model and the same translations, however long it took.
+    assert (tmp_path / "a" / "test_hypotheses.txt").read_text() == (
+        tmp_path / "b" / "test_hypotheses.txt"
+    ).read_text()
+    assert {k: v for k, v in runs[1].items() if k not in ("train_seconds", "wall_seconds")} == {
+        k: v for k, v in summary.items() if k not in ("train_seconds", "wall_seconds")
+    }
+    out = capsys.readouterr().out
+    assert "copy-the-source baseline" in out and "7 of 7 updates" in out

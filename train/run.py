@@ -174,6 +174,10 @@ class DataArguments:
     max_source_length: int = 256
     max_target_length: int = 256
     max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
+    max_train_tokens: int | None = field(
+        default=None,
+        metadata={"help": "drop training pairs with more tokens (</s> included) on either side, instead of truncating them"},
+    )
     word_dropout: float = field(default=0.0, metadata={"help": "source word dropout in training (GEC)"})
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
@@ -246,6 +250,12 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
     if run_args.task not in TASKS:
         raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
+    longest = min(data_args.max_source_length, data_args.max_target_length)
+    if data_args.max_train_tokens is not None and not 0 < data_args.max_train_tokens < longest:
+        raise ValueError(
+            f"--max_train_tokens {data_args.max_train_tokens} must be positive and below --max_source_length/"
+            f"--max_target_length ({longest}): longer sides are truncated to those before the filter counts them"
+        )
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
     if not training_args.do_train and not model_args.model_name_or_path:
@@ -370,6 +380,17 @@ def tokenize_splits(splits: dict, tokenizer: PreTrainedTokenizerFast, task: str,
         columns = dataset.column_names or list(next(iter(dataset)).keys())
         out[name] = dataset.map(function, batched=True, remove_columns=columns)
     return out
+
+
+def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict:
+    """Without the training pairs whose longer side has more than ``max_train_tokens`` tokens (a long pair
+    costs much compute per update and, truncated, teaches cut-off sentences); other splits are kept whole."""
+    train = splits.get("train")
+    if not max_train_tokens or not isinstance(train, Dataset):
+        return splits
+    kept = train.filter(lambda lengths: [n <= max_train_tokens for n in lengths], input_columns="length", batched=True)
+    logger.info("--max_train_tokens %d: %d of %d training pairs kept", max_train_tokens, kept.num_rows, train.num_rows)
+    return {**splits, "train": kept}
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,6 +550,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
             "lr_scheduler": str(training_args.lr_scheduler_type.value),
             "warmup_steps": training_args.warmup_steps,
             "max_tokens": data_args.max_tokens,
+            **({"max_train_tokens": data_args.max_train_tokens} if data_args.max_train_tokens else {}),
             "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
             "steps": train_metrics.get("global_step"),
             "bf16": training_args.bf16,
@@ -731,6 +753,7 @@ def run(args: tuple) -> dict:
     tokenizer = _prepare_tokenizer(model_args, training_args, raw_splits.get("train"), run_args.task)
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
+        splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer)
     if resume:
         check_resume_config(resume, model.config)
