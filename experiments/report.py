@@ -16,7 +16,7 @@ import argparse
 import json
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +106,37 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
     return rows
 
 
+def provenance(results: list[dict[str, Any]]) -> list[str]:
+    """What the runs of one table were made with, printed under it: the code commits and, where the same tokenizer
+    flags built vocabularies of different sizes (a code change), those sizes. Runs on different data files are
+    refused: their numbers do not compare."""
+    data = {json.dumps(r["data"]["files"], sort_keys=True) for r in results}
+    if len(data) > 1:
+        raise ValueError(
+            f"the runs in this folder read {len(data)} different versions of the data files (see each result's "
+            "`data`); move the runs of the other version elsewhere, or run them again on one version."
+        )
+    commits = Counter(r["git"]["commit"][:7] + (" (dirty)" if r["git"]["dirty"] else "") for r in results)
+    lines = ["Code: " + ", ".join(f"commit {commit} ({n} runs)" for commit, n in sorted(commits.items())) + "."]
+    asked: dict[tuple, Counter] = defaultdict(Counter)  # the tokenizer the flags asked for -> the sizes built
+    for r in results:
+        asked[(r["flags"].get("tokenizer_type"), r["flags"].get("vocab_size"))][r["config"]["vocab_size"]] += 1
+    for (kind, size), built in asked.items():
+        if len(built) > 1:
+            sizes = ", ".join(f"{n} ({count} runs)" for n, count in sorted(built.items()))
+            lines.append(
+                f"**The same tokenizer flags ({kind or 'bpe'}, {size}) built different vocabularies**: {sizes}; "
+                "their perplexities do not compare."
+            )
+    return lines
+
+
 def _cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.2f}" + (f" +- {stats['std']:.2f}" if stats["std"] is not None else "")
 
 
-def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
-    """The study's table: one line per variant and depth."""
+def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
+    """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`)."""
     primary = study.metrics[0]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
@@ -132,6 +157,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]]) -> str:
         f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
         "(under the same factor where variants are BLOCK.FACTOR); '> noise': it exceeds twice its standard error over seeds.",
         f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
+        *notes,
     ]
     return "\n".join(lines) + "\n"
 
@@ -184,7 +210,7 @@ def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[st
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
-    (folder / "README.md").write_text(markdown(study, size, rows), encoding="utf-8")
+    (folder / "README.md").write_text(markdown(study, size, rows, provenance(results)), encoding="utf-8")
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     plot(study, rows, results, folder / "summary.png")
     return rows

@@ -137,3 +137,21 @@ def test_init_diagnostic_same_start_for_the_paper_readings(shared_data):
         assert residual["first_stage_norm"] == pytest.approx(residual["last_stage_norm"])
         assert rk4["first_stage_norm"] == pytest.approx(residual["first_stage_norm"], rel=1e-5)
         assert all(math.isfinite(v) for r in rows.values() for k, v in r.items() if isinstance(v, float))
+
+
+def _run_record(commit: str, vocab_size: int, train_sha: str = "a" * 64) -> dict:
+    return {"data": {"files": {"ptb/ptb.train.txt.gz": train_sha}}, "git": {"commit": commit, "dirty": False},
+            "config": {"vocab_size": vocab_size}, "flags": {"tokenizer_type": "word", "vocab_size": 10002}}  # fmt: skip
+
+
+def test_provenance_names_commits_and_mixed_vocabularies_and_refuses_mixed_data():
+    same = [_run_record("92924fb" + "0" * 33, 9972), _run_record("92924fb" + "0" * 33, 9972)]
+    assert report_module.provenance(same) == ["Code: commit 92924fb (2 runs)."]
+    mixed = [*same, _run_record("186199b" + "0" * 33, 10002)]
+    lines = report_module.provenance(mixed)
+    assert lines[0] == "Code: commit 186199b (1 runs), commit 92924fb (2 runs)."
+    assert "(word, 10002) built different vocabularies**: 9972 (2 runs), 10002 (1 runs)" in lines[1]
+    bpe = {**_run_record("92924fb" + "0" * 33, 10000), "flags": {"tokenizer_type": "bpe", "vocab_size": 10000}}
+    assert len(report_module.provenance([*same, bpe])) == 1  # other flags, other vocabulary: a factor, not a mix
+    with pytest.raises(ValueError, match="2 different versions of the data files"):
+        report_module.provenance([*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
