@@ -15,6 +15,7 @@ import torch
 from modeling_ode import ODETransformerConfig, ODETransformerForCausalLM
 from train.data import ptb
 from train.tokenizer import train_tokenizer
+from train.trainer import PadCollator
 
 BLOCKS = {
     "residual": {"decoder_ode_method": "euler", "decoder_ode_coefficients": "tableau"},
@@ -28,12 +29,9 @@ NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.
 def batch(sentences: int) -> tuple[int, dict[str, torch.Tensor]]:
     """The first PTB training sentences as ``<s> words </s>`` and a word-level vocabulary of the whole split."""
     texts = list(ptb("train")["text"])
-    tokenizer = train_tokenizer(texts, 20_000, min_frequency=1, kind="word", causal=True)
+    tokenizer = train_tokenizer(texts, 20_000, kind="word", causal=True)
     ids = [[*row, tokenizer.eos_token_id] for row in tokenizer(texts[:sentences])["input_ids"]]
-    width = max(map(len, ids))
-    input_ids = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids])
-    mask = (input_ids != tokenizer.pad_token_id).long()
-    return len(tokenizer), {"input_ids": input_ids, "attention_mask": mask, "labels": input_ids.masked_fill(mask == 0, -100)}
+    return len(tokenizer), PadCollator(tokenizer)([{"input_ids": row, "labels": row} for row in ids])
 
 
 def measure(vocab_size: int, inputs: dict, d_model: int, connections: str, block: dict) -> dict[str, float]:

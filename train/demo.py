@@ -100,11 +100,12 @@ def main(argv: list[str] | None = None) -> dict:
         overrides += ["--max_test_samples", str(demo_args.max_test_samples)]
     print("[2/4] tokenizer + [3/4] training + test translation (train.run)")
     args = parse_arguments([str(RECIPE), *overrides, *passthrough])
+    *_, training_args = args  # (model, data, run, training) arguments
     document = run(args)
     print("[4/4] copy-the-source baseline and example translations")
     baseline = copy_baseline(demo_args.max_test_samples)
     summary = _summary(document, baseline, demo_args.output_dir)
-    summary["max_steps"] = args[3].max_steps
+    summary["max_steps"] = training_args.max_steps
     translations, summary["parameters"] = translate(demo_args.output_dir, EXAMPLES)
     summary["examples"] = dict(zip(EXAMPLES, translations))
     summary["wall_seconds"] = round(time.monotonic() - start, 1)
