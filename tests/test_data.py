@@ -8,6 +8,7 @@ import json
 import logging
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -370,15 +371,29 @@ def test_extract_paragraphs_strips_html():
     }
 
 
-def test_pairing_cleaning_and_module_split(tmp_path):
+def test_split_of_page_is_a_stable_hash_of_the_path():
+    # sha256 of the path mod 100, computed once by hand (hashlib): "swriter/p.html" 0 (dev), "schart/page19.html"
+    # 8 (test), "swriter/main.html" 90 (train); fixed values, so any change of the rule shows here.
+    assert [lo.split_of_page(p) for p in ("swriter/p.html", "schart/page19.html", "swriter/main.html")] == [
+        "dev",
+        "test",
+        "train",
+    ]
+    pages = [f"m/{i}.html" for i in range(20000)]
+    shares = Counter(lo.split_of_page(p) for p in pages)
+    assert abs(shares["dev"] / len(pages) - lo.DEV_PERCENT / 100) < 0.005
+    assert abs(shares["test"] / len(pages) - lo.TEST_PERCENT / 100) < 0.005
+
+
+def test_pairing_cleaning_and_page_split(tmp_path):
     same = dict(DE, p4="Cell text")  # an untranslated (identical) paragraph
     en_root, de_root = _help_tree(
         tmp_path,
         {
-            "swriter/main.html": (EN, dict(DE, p6="Drinnen")),  # shares "Inner" with schart
+            "swriter/main.html": (EN, dict(DE, p6="Drinnen")),  # shares "Inner" with the test page
             "shared/01/a.html": (EN, same),
-            "smath/b.html": (dict(EN, p2="Formula"), dict(DE, p2="Formel")),
-            "schart/c.html": (dict(EN, p2="Chart " * 300), dict(DE, p2="Diagramm")),
+            "smath/page1.html": (dict(EN, p2="Formula"), dict(DE, p2="Formel")),  # a dev page
+            "schart/page19.html": (dict(EN, p2="Chart " * 300), dict(DE, p2="Diagramm")),  # a test page
         },
     )
     (en_root / "sdatabase").mkdir()
@@ -398,10 +413,10 @@ def test_pairing_cleaning_and_module_split(tmp_path):
     texts = {(p.en, p.de) for p in kept}
     assert ("Cell text", "Zellentext") in texts and ("Formula", "Formel") in texts and len(kept) == len(texts)
 
-    splits, overlap = lo.split_by_module(kept, dev_modules=("smath",), test_modules=("schart",))
+    splits, overlap = lo.split_by_page(kept)
     pairs_of = {name: [(p.en, p.de) for p in split] for name, split in splits.items()}
     assert pairs_of["dev"] == [("Formula", "Formel")]
-    # schart/c.html is the first page in path order, so the paragraphs common to all pages stay there
+    # the test page is the first in path order, so the paragraphs common to all pages stay there
     assert pairs_of["test"] == [
         ("Insert Table", "Tabelle einfügen"),
         ("Cell text", "Zellentext"),
@@ -413,8 +428,6 @@ def test_pairing_cleaning_and_module_split(tmp_path):
         ("Opens the dialog for <b> & co. Next", "Öffnet den Dialog für <b> & Co. Weiter")
     ]
     assert overlap == 1
-    with pytest.raises(ValueError, match="overlap"):
-        lo.split_by_module(kept, ("smath",), ("smath",))
 
 
 def _fake_deb(folder: Path, package: str, lang_dir: str, pages: dict[str, str]) -> None:
@@ -439,9 +452,14 @@ def _fake_deb(folder: Path, package: str, lang_dir: str, pages: dict[str, str]) 
 def test_build_corpus_from_debs_is_idempotent(tmp_path):
     debs = tmp_path / "debs"
     debs.mkdir()
-    modules = (*lo.DEV_MODULES, *lo.TEST_MODULES, "swriter")
-    pages_en = {f"{m}/p.html": PAGE.format(**dict(EN, p2=f"{m} text", p4=f"{m} cell")) for m in modules}
-    pages_de = {f"{m}/p.html": PAGE.format(**dict(DE, p2=f"{m} Text", p4=f"{m} Zelle")) for m in modules}
+    # one page per module: sdatabase's in dev, schart's and smath's in test, swriter's in train
+    pages = {"sdatabase": "page26", "schart": "page19", "smath": "page5", "swriter": "page1"}
+    pages_en = {
+        f"{m}/{p}.html": PAGE.format(**dict(EN, p2=f"{m} text", p4=f"{m} cell")) for m, p in pages.items()
+    }
+    pages_de = {
+        f"{m}/{p}.html": PAGE.format(**dict(DE, p2=f"{m} Text", p4=f"{m} Zelle")) for m, p in pages.items()
+    }
     _fake_deb(debs, "libreoffice-help-en-us", "en-US", pages_en)
     _fake_deb(debs, "libreoffice-help-de", "de", pages_de)
     out = tmp_path / "corpus"
@@ -468,6 +486,11 @@ def test_build_corpus_from_debs_is_idempotent(tmp_path):
     mtime = (out / "train.en").stat().st_mtime_ns
     assert lo.build_corpus(out, debs_dir=tmp_path / "nowhere") == stats  # reused, debs not needed
     assert (out / "train.en").stat().st_mtime_ns == mtime
+    # a folder built by another split rule (the old module split) is rebuilt, never passed off as this one
+    (out / "stats.json").write_text(json.dumps({**stats, "split_rule": None}), encoding="utf-8")
+    (out / "test.de").write_text("stale\n", encoding="utf-8")
+    assert lo.build_corpus(out, debs_dir=debs) == stats
+    assert (out / "test.de").read_text(encoding="utf-8").splitlines() == lines["test.de"]
 
 
 def test_build_corpus_missing_debs_says_what_to_do(tmp_path):
@@ -487,10 +510,9 @@ def test_real_libreoffice_corpus(tmp_path_factory):
         assert len(lines) == stats["splits"][split]
         assert len((out / f"{split}.de").read_text(encoding="utf-8").splitlines()) == len(lines)
     assert stats["splits"]["train"] > 20000
-    assert 1000 <= stats["splits"]["dev"] <= 2000 and 1000 <= stats["splits"]["test"] <= 2000
-    assert set(stats["modules"]["test"]) == set(lo.TEST_MODULES)
-    assert set(stats["modules"]["dev"]) == set(lo.DEV_MODULES)
-    assert not set(stats["modules"]["train"]) & set(lo.TEST_MODULES + lo.DEV_MODULES)
+    assert 800 <= stats["splits"]["dev"] <= 1500 and 1200 <= stats["splits"]["test"] <= 2000
+    assert stats["split_rule"] == lo.SPLIT_RULE
+    assert {"shared", "swriter", "scalc"} <= set(stats["modules"]["test"])  # held-out pages from every module
     assert not set(splits["test"]) & set(splits["train"])
     ds = load_parallel_files(out / "test.en", out / "test.de")
     assert ds.num_rows == stats["splits"]["test"]

@@ -485,7 +485,7 @@ def ptb(split: str, root: PathLike | None = None) -> Dataset:
 
 
 def libreoffice(split: str, root: PathLike | None = None, src: str = "en", tgt: str = "de") -> Dataset:
-    """LibreOffice-help en-de corpus (``train``/``dev``/``test``, split by help module).
+    """LibreOffice-help en-de corpus (``train``/``dev``/``test``, held-out help pages).
 
     Built (or reused) by :func:`train.libreoffice_corpus.build_corpus` in ``root`` (default
     ``.cache/libreoffice-help`` in the repo); ``validation`` = ``dev``.
