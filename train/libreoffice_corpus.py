@@ -20,13 +20,15 @@ Held-out split BY HELP PAGE: every page (one ``.html`` file, a document) goes wh
 chosen by a hash of its path (:func:`split_of_page`: :data:`DEV_PERCENT` % of the pages to dev,
 :data:`TEST_PERCENT` % to test), so dev and test are unseen documents from every help module, the
 same domain as training. Training pairs whose English or German side also occurs in dev or test
-are dropped from train, so the held-out sets share no segment with it. (Until the demo was tuned,
-whole modules were held out, charts and the formula editor for test: an out-of-domain test set on
-which no 1,200-update recipe we tried passed BLEU 11.5; README, "The demo".) Outputs in the cache folder (default ``.cache/libreoffice-help``
-in the repo): ``train.{en,de}``, ``dev.{en,de}``, ``test.{en,de}`` (one segment per line) and
-``stats.json`` (counts per split and per module, package names and versions, licence, the split
-rule). An existing complete output folder is reused when its ``stats.json`` records the same split
-rule, and rebuilt otherwise (an old folder never passes for the current corpus).
+are dropped from train, so the held-out sets share no segment with it. (Earlier versions held out
+whole modules, charts and the formula editor for test: an out-of-domain test set on which no
+1,200-update recipe we tried passed BLEU 11.5; README, "The demo".)
+
+Outputs in the cache folder (default ``.cache/libreoffice-help`` in the repo): ``train.{en,de}``,
+``dev.{en,de}``, ``test.{en,de}`` (one segment per line) and ``stats.json`` (counts per split and
+per module, package names and versions, licence, the split rule). An existing complete output
+folder is reused when its ``stats.json`` records the same split rule and ``max_chars``, and rebuilt
+otherwise (an old folder never passes for the current corpus).
 
 Licence of the text: MPL-2.0 (LibreOffice help content; see ``usr/share/doc/*/copyright`` in
 the packages). CLI: ``python -m train.libreoffice_corpus --out DIR [--debs-dir DIR]``.
