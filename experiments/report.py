@@ -4,8 +4,8 @@ Reads every ``results/<study>/<size>/*.json`` and writes beside them ``README.md
 mean +- std over seeds for each variant and depth, the paper's number beside ours, the gap to the
 baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
 
-Noise: a gap to the baseline counts as more than noise when it exceeds twice its standard error,
-``2 * sqrt(s_a^2/n_a + s_b^2/n_b)`` over seeds (needs two seeds or more on both sides). For
+Noise: the gap to the baseline is taken over the seeds both rows have, and counts as more than noise
+when it exceeds twice its standard error, ``2 * sqrt(s_a^2/n + s_b^2/n)`` over those n seeds (n >= 2). For
 translation, sacreBLEU's paired bootstrap (1,000 resamples) of each variant against the baseline of
 the same seed on the same test set gives a p-value per seed.
 """
@@ -87,9 +87,12 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
                 values = [r["metrics"][metric.name] for r in runs]
                 mean, std = mean_std(values)
                 row[metric.name] = {"values": values, "mean": mean, "std": std}
-                base_values = [r["metrics"][metric.name] for r in baseline.values()]
-                if variant != base_name and base_values:
-                    row[metric.name]["vs_baseline"] = gap_verdict(values, base_values)
+                # Compare on the seeds both rows have: a seed's data order and initialisation move every variant.
+                shared = [r for r in runs if r["seed"] in baseline]
+                if variant != base_name and shared:
+                    row[metric.name]["vs_baseline"] = gap_verdict(
+                        [r["metrics"][metric.name] for r in shared], [baseline[r["seed"]]["metrics"][metric.name] for r in shared]
+                    )
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["steps"] = runs[0]["steps"]
@@ -155,7 +158,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
     lines += [
         "",
         f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
-        "(under the same factor where variants are BLOCK.FACTOR); '> noise': it exceeds twice its standard error over seeds.",
+        "(under the same factor where variants are BLOCK.FACTOR), over the seeds both have; '> noise': it exceeds twice its standard error over seeds.",
         f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
         *notes,
     ]

@@ -107,6 +107,24 @@ def test_gap_verdict_compares_the_gap_with_its_standard_error():
     assert report_module.gap_verdict([10.0], [11.0]) == "-1.00 (1 seed)"
 
 
+def fake_result(variant: str, seed: int, bleu: float) -> dict:
+    return {"variant": variant, "depth": 3, "seed": seed, "metrics": {"BLEU": bleu, "chrF": 50.0},
+            "wall_time_s": 60.0, "steps": 10, "training_curve": []}  # fmt: skip
+
+
+def test_gap_is_taken_over_the_seeds_both_rows_have():
+    """Residual has seeds 0-2, RK4 seed 0 only: the gap is RK4's seed 0 minus residual's seed 0 (31 - 30), not
+    minus residual's three-seed mean (28)."""
+    results = [fake_result("residual", 0, 30.0), fake_result("residual", 1, 27.0), fake_result("residual", 2, 27.0),
+               fake_result("rk4", 0, 31.0), fake_result("rk2_gated", 1, 28.0), fake_result("rk2_gated", 2, 29.0)]  # fmt: skip
+    rows = {row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)}
+    assert rows["residual"]["BLEU"]["mean"] == pytest.approx(28.0)
+    assert rows["rk4"]["BLEU"]["vs_baseline"] == "+1.00 (1 seed)"
+    # Seeds 1-2: gap +1.5; standard error sqrt(0.5/2 + 0/2) = 0.5, so 1.5 > 2 * 0.5.
+    assert rows["rk2_gated"]["BLEU"]["vs_baseline"] == "+1.50 (> noise)"
+    assert "vs_baseline" not in rows["residual"]["BLEU"]
+
+
 def test_unknown_variant_or_size_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(["ptb", "--only", "rk5"])
