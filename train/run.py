@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Literal
 
 import datasets
+import torch
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import (
@@ -814,6 +815,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.disable_progress_bars()
     run(parse_arguments(argv))  # the test metrics are printed once, by the main process (trainer.log_metrics)
+    # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
+    # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
