@@ -83,12 +83,12 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
             baseline = {r["seed"]: r for r in by_cell.get((base_name, depth), [])}
             row = {"variant": variant, "label": study.variants[variant].label, "depth": depth, "baseline": base_name}
             row["seeds"] = [r["seed"] for r in runs]
+            # Compare on the seeds both rows have: a seed's data order and initialisation move every variant.
+            shared = [r for r in runs if r["seed"] in baseline]
             for metric in study.metrics:
                 values = [r["metrics"][metric.name] for r in runs]
                 mean, std = mean_std(values)
                 row[metric.name] = {"values": values, "mean": mean, "std": std}
-                # Compare on the seeds both rows have: a seed's data order and initialisation move every variant.
-                shared = [r for r in runs if r["seed"] in baseline]
                 if variant != base_name and shared:
                     row[metric.name]["vs_baseline"] = gap_verdict(
                         [r["metrics"][metric.name] for r in shared], [baseline[r["seed"]]["metrics"][metric.name] for r in shared]
@@ -102,8 +102,8 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
             if references and variant != base_name:
                 row["bootstrap_p"] = {
                     r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
-                    for r in runs
-                    if r.get("test_hypotheses") and r["seed"] in baseline
+                    for r in shared
+                    if r.get("test_hypotheses")
                 }
             rows.append(row)
     return rows
