@@ -173,3 +173,55 @@ def test_provenance_names_commits_and_mixed_vocabularies_and_refuses_mixed_data(
     assert len(report_module.provenance([*same, bpe])) == 1  # other flags, other vocabulary: a factor, not a mix
     with pytest.raises(ValueError, match="2 different versions of the data files"):
         report_module.provenance([*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
+
+
+def test_block_diagnostic_stage_norms_are_the_residual_updates():
+    """With Euler blocks and plain stacking, block k maps h_k to h_k + F(h_k): the diagnostic's |F_1| is the mean
+    norm of h_{k+1} - h_k over the real (unpadded) tokens, read from the encoder's hidden states."""
+    import torch
+
+    from experiments.block_diagnostic import block_statistics
+    from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset(
+        "tiny", vocab_size=50, encoder_layer_connections="residual", encoder_ode_method="euler",
+        encoder_ode_coefficients="tableau",
+    )  # fmt: skip
+    model = ODETransformerForConditionalGeneration(config).eval()
+    input_ids = torch.randint(4, 50, (2, 7))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 5:] = 0
+    rows = block_statistics(model, input_ids, attention_mask)
+    with torch.no_grad():
+        hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    updates = [(after - before).norm(dim=-1)[attention_mask.bool()].mean().item()
+               for before, after in zip(hidden.hidden_states, hidden.hidden_states[1:])]  # fmt: skip
+    assert [row["stage_norms"] for row in rows] == [pytest.approx([u], rel=1e-5) for u in updates]
+    assert [row["gamma"] for row in rows] == [[1.0], [1.0]]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_diagnostic_reads_a_forced_gate_from_a_saved_model(tmp_path, shared_data, causal):
+    """The gate of Eq. (learnable) is g = sigmoid(w [F1, F2] + b): with w = 0 it is sigmoid(b) on every token, so
+    b = +30 / -30 / 0 gives g = 1 / 0 / 0.5, a collapse to one stage on all tokens, on none for g = 0.5."""
+    import torch
+
+    from experiments import block_diagnostic
+    from modeling_ode.ode import StageCoefficients
+    from tests.tiny_folder import save_tiny_folder
+
+    side = "decoder" if causal else "encoder"
+    blocks = {f"{side}_ode_method": "rk2", f"{side}_ode_coefficients": "gated", f"{side}_layers": 3}
+    model, _ = save_tiny_folder(tmp_path, causal=causal, **blocks)
+    stack = model.get_decoder() if causal else model.get_encoder()
+    gates = [m.gate for m in stack.modules() if isinstance(m, StageCoefficients) and hasattr(m, "gate")]
+    with torch.no_grad():
+        for gate, bias in zip(gates, (30.0, -30.0, 0.0), strict=True):
+            gate.weight.zero_()
+            gate.bias.fill_(bias)
+    model.save_pretrained(tmp_path)
+    (rows,) = block_diagnostic.main([str(tmp_path), "--sentences", "4"]).values()
+    assert [row["side"] for row in rows] == [side] * 3
+    assert [row["gamma"] for row in rows] == [pytest.approx(g, abs=1e-6) for g in ([1, 0], [0, 1], [0.5, 0.5])]
+    assert [row["collapsed_share"] for row in rows] == [1.0, 1.0, 0.0]
