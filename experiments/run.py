@@ -4,7 +4,9 @@ Every run is one ``python -m train.run`` subprocess (its own process: a crash or
 run only) writing into ``WORK_DIR/<study>/<size>/<run id>/`` (checkpoints, logs; git-ignored), and
 leaves one result file, ``results/<study>/<size>/<variant>-<depth>-seed<k>.json``: the flags, the
 trained model's config, seed, data (files and SHA-256), git commit, device, wall time, steps, every
-test metric, the validation and training curves, and for seq2seq tasks the test hypotheses.
+test metric, the validation and training curves, and for seq2seq tasks the test hypotheses. A study's
+extra test sets (JFLEG for ``gec``) are scored after training with ``train.translate`` and
+``train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
 
 Resuming: a run whose result file exists is skipped; a run that was interrupted resumes from its
 last complete checkpoint. Runs go seed by seed (all variants of seed 0 first), so an interrupted
@@ -28,7 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, Study, run_id
+from experiments.studies import STUDIES, ExtraTest, Study, run_id
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -43,6 +45,8 @@ CORPUS_FOLDERS = {
     "wi_locness": "gec/wi_locness",
     "fce": "gec/fce",
     "libreoffice": "libreoffice",
+    "conll2013": "gec/conll2013",
+    "jfleg": "gec/jfleg",
 }
 
 
@@ -136,10 +140,10 @@ def _cpuinfo() -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
-def data_info(flags: dict[str, Any], data_root: Path) -> dict[str, Any]:
+def data_info(flags: dict[str, Any], data_root: Path, test_corpora: tuple[str, ...] = ()) -> dict[str, Any]:
     """The corpus names, the data root and the SHA-256 of every file of the shared corpora used."""
     files = {}
-    for name in str(flags.get("dataset", "")).split("+"):
+    for name in [*str(flags.get("dataset", "")).split("+"), *test_corpora]:
         folder = data_root / CORPUS_FOLDERS.get(name, name)
         for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
             if path.is_file():
@@ -156,8 +160,8 @@ def curves(log_history: list[dict]) -> tuple[list[dict], list[dict]]:
     return validation, training
 
 
-def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict) -> dict[str, Any]:
-    """The result record of a finished run (see the module docstring)."""
+def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict, extra: dict) -> dict[str, Any]:
+    """The result record of a finished run (see the module docstring); ``extra``: the extra tests' records."""
     document = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
     state = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))
     validation, training = curves(state["log_history"])
@@ -177,11 +181,15 @@ def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict
         "epochs": state.get("epoch"),
         "best_metric": state.get("best_metric"),
         "best_checkpoint": Path(state["best_model_checkpoint"]).name if state.get("best_model_checkpoint") else None,
-        "metrics": {r.get("name", r["metric"]): r["value"] for r in document["results"]},
+        "metrics": {
+            **{r.get("name", r["metric"]): r["value"] for r in document["results"]},
+            **{name: value for record in extra.values() for name, value in record["metrics"].items()},
+        },
         "signatures": {r["name"]: r["signature"] for r in document["results"] if "signature" in r},
         "validation_curve": validation,
         "training_curve": training,
         "test_hypotheses": hypotheses.read_text(encoding="utf-8").split("\n")[:-1] if hypotheses.is_file() else None,
+        "extra_tests": extra,
     }
 
 
@@ -195,6 +203,35 @@ def write_json(path: Path, value: Any) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Running
+
+
+def extra_test_commands(test: ExtraTest, out: Path, flags: dict, device: str, data_root: Path) -> list[list[str]]:
+    """Decode the test's sources with the trained model in ``out`` (the run's batch size and source length),
+    then score the hypotheses: the two commands a user would run."""
+    hypotheses, scores = out / f"{test.name}_hypotheses.txt", out / f"{test.name}_metrics.json"
+    translate = [
+        sys.executable, "-m", "train.translate", str(out), "--input", str(data_root / test.source),
+        "--output", str(hypotheses), "--device", device, "--no_progress",
+        "--batch_size", str(flags.get("per_device_eval_batch_size", 32)),
+    ]  # fmt: skip
+    if "max_source_length" in flags:
+        translate += ["--max_source_length", str(flags["max_source_length"])]
+    references = [arg for path in test.references for arg in ("--ref", str(data_root / path))]
+    evaluate = [
+        sys.executable, "-m", "train.evaluate_predictions", "--task", test.task, "--hyp", str(hypotheses),
+        "--src", str(data_root / test.source), *references, "--output", str(scores),
+    ]  # fmt: skip
+    return [translate, evaluate]
+
+
+def extra_test_record(test: ExtraTest, out: Path, commands: list[list[str]]) -> dict[str, Any]:
+    """What a result records of an extra test: its commands, the study's metrics and the hypotheses."""
+    scores = json.loads((out / f"{test.name}_metrics.json").read_text(encoding="utf-8"))
+    return {
+        "commands": [command[1:] for command in commands],
+        "metrics": {name: scores[key] for key, name in test.metrics.items()},
+        "hypotheses": (out / f"{test.name}_hypotheses.txt").read_text(encoding="utf-8").split("\n")[:-1],
+    }
 
 
 def execute(run: Run, args: argparse.Namespace) -> str:
@@ -213,18 +250,25 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     start = time.monotonic()
     with open(out.parent / f"{run.id}.log", "a", encoding="utf-8") as log:
         code = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        extra = {}
+        for test in run.study.extra_tests:  # scored on the saved model once it has trained and been tested
+            commands = extra_test_commands(test, out, flags, args.device, args.data_root)
+            for command in commands if code == 0 else ():
+                code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            if code == 0:
+                extra[test.name] = extra_test_record(test, out, commands)
     wall = time.monotonic() - start
     if code != 0:
         return f"FAILED {run.id} (exit {code}; log: {out.parent / f'{run.id}.log'})"
     environment = {
         "git": git_commit(),
         "device": device_info(args.device, args.threads),
-        "data": data_info(flags, args.data_root),
+        "data": data_info(flags, args.data_root, run.study.test_corpora),
         "wall_time_s": round(wall, 1),  # of this invocation: a resumed run's earlier attempts are not counted
         "resumed": resumed,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json(result, collect(run, out, flags, argv, environment))
+    write_json(result, collect(run, out, flags, argv, environment, extra))
     return f"done {run.id} in {wall / 60:.1f} min"
 
 

@@ -35,6 +35,20 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class ExtraTest:
+    """A further test set, scored on the trained model with the commands a user would run:
+    ``python -m train.translate MODEL --input SOURCE``, then ``python -m train.evaluate_predictions --task TASK``
+    against the sources and references. Paths are relative to the data root; ``metrics`` maps a key of
+    ``evaluate_predictions``' JSON to the name the result records it under."""
+
+    name: str
+    task: str
+    source: str
+    references: tuple[str, ...]
+    metrics: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Study:
     name: str
     description: str
@@ -47,6 +61,9 @@ class Study:
     seeds: tuple[int, ...] = (0, 1, 2)
     paper: dict[tuple[str, int], float] = field(default_factory=dict)
     baseline: str = "residual"
+    # Corpora read besides the `dataset` flag's (a fixed test set): recorded with checksums in every result.
+    test_corpora: tuple[str, ...] = ()
+    extra_tests: tuple[ExtraTest, ...] = ()
 
     def baseline_of(self, variant: str) -> str:
         """The variant a gap is measured against: variants named ``BLOCK.FACTOR`` compare with the
@@ -349,7 +366,8 @@ ABLATIONS = Study(
 
 GEC = Study(
     name="gec",
-    description="Grammatical error correction: W&I+FCE train, M2 F0.5 on CoNLL-2013 (small scale).",
+    description="Grammatical error correction: W&I+FCE train, M2 F0.5 on CoNLL-2013 (its first 500 sentences "
+    "at cpu size) and GLEU on JFLEG dev (all 754, 4 references) (small scale).",
     common={
         "task": "gec", "dataset": "wi_locness+fce", "preset": "base", "vocab_size": 8000,
         "max_source_length": 96, "max_target_length": 96, "word_dropout": 0.1,
@@ -368,8 +386,15 @@ GEC = Study(
     variants={"residual": MULTI30K.variants["residual"], "rk4": MULTI30K.variants["rk4"]},
     depth_flags=("encoder_layers", "decoder_layers"),
     depths=(3,),
-    metrics=(Metric("M2 F0.5"), Metric("M2 precision"), Metric("M2 recall")),
+    metrics=(Metric("M2 F0.5"), Metric("M2 precision"), Metric("M2 recall"), Metric("JFLEG GLEU")),
     seeds=(0,),
+    test_corpora=("conll2013", "jfleg"),
+    extra_tests=(
+        ExtraTest(
+            "jfleg", "gleu", "gec/jfleg/dev.src.gz", tuple(f"gec/jfleg/dev.ref{i}.gz" for i in range(4)),
+            metrics={"gleu": "JFLEG GLEU"},
+        ),
+    ),
 )  # fmt: skip
 
 CNNDM = Study(

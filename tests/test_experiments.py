@@ -11,6 +11,8 @@ import pytest
 from experiments import report as report_module
 from experiments import run as runner
 from experiments.studies import STUDIES, run_id
+from train.files import read_lines
+from train.metrics import gleu_score
 
 TINY = {
     "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "encoder_attention_heads": 2,
@@ -52,6 +54,13 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
             assert math.isfinite(result["metrics"][metric.name]), metric.name
         layers = result["config"]["decoder_layers" if result["config"]["is_encoder_decoder"] is False else "encoder_layers"]
         assert layers == depth
+        for test in study.extra_tests:  # GLEU scored again here from the recorded hypotheses and the corpus files
+            assert test.task == "gleu" and test.source in result["data"]["files"]
+            record = result["extra_tests"][test.name]
+            sources, references = read_lines(shared_data / test.source), [read_lines(shared_data / r) for r in test.references]
+            assert len(record["hypotheses"]) == len(sources)
+            score = gleu_score(sources, record["hypotheses"], references)
+            assert record["metrics"] == {name: score[key] for key, name in test.metrics.items()}
     # The variants differ in exactly their own flags.
     a, b = (results[v]["config"] for v in variants)
     assert {k for k in a if a[k] != b.get(k)} - {"_name_or_path", "transformers_version"}
