@@ -373,7 +373,8 @@ GEC = Study(
         "task": "gec", "dataset": "wi_locness+fce", "preset": "base", "vocab_size": 8000,
         "max_source_length": 96, "max_target_length": 96, "word_dropout": 0.1,
         "adam_beta2": 0.997, "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no",
-        "save_strategy": "no", "predict_with_generate": True, "num_beams": 4, "logging_steps": 50,
+        "save_strategy": "steps", "save_steps": 250, "save_total_limit": 1,  # a checkpoint to resume from
+        "predict_with_generate": True, "num_beams": 4, "logging_steps": 50,
         "per_device_eval_batch_size": 32,
     },
     sizes={
@@ -404,7 +405,8 @@ CNNDM = Study(
     common={
         "task": "summarization", "dataset": "cnndm", "preset": "base", "vocab_size": 8000,
         "max_source_length": 400, "max_target_length": 100, "adam_beta2": 0.997,
-        "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no", "save_strategy": "no",
+        "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no",
+        "save_strategy": "steps", "save_steps": 250, "save_total_limit": 1,  # a checkpoint to resume from
         "predict_with_generate": True, "num_beams": 4, "length_penalty": 2.0, "logging_steps": 50,
         "per_device_eval_batch_size": 16,
     },
