@@ -46,7 +46,6 @@ CORPUS_FOLDERS = {
     "fce": "gec/fce",
     "libreoffice": "libreoffice",
     "conll2013": "gec/conll2013",
-    "jfleg": "gec/jfleg",
 }
 
 
@@ -140,14 +139,16 @@ def _cpuinfo() -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
-def data_info(flags: dict[str, Any], data_root: Path, test_corpora: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The corpus names, the data root and the SHA-256 of every file of the shared corpora used."""
-    files = {}
-    for name in [*str(flags.get("dataset", "")).split("+"), *test_corpora]:
+def data_info(flags: dict[str, Any], data_root: Path, study: Study) -> dict[str, Any]:
+    """The corpus names, the data root and the SHA-256 of every file of the shared corpora used: the `dataset`
+    flag's, the study's fixed test corpora and its extra test sets' files."""
+    paths = []
+    for name in [*str(flags.get("dataset", "")).split("+"), *study.test_corpora]:
         folder = data_root / CORPUS_FOLDERS.get(name, name)
-        for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
-            if path.is_file():
-                files[str(path.relative_to(data_root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        paths += sorted(path for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else []
+    for test in study.extra_tests:
+        paths += [data_root / test.source, *(data_root / path for path in test.references)]
+    files = {str(path.relative_to(data_root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths}
     return {"dataset": flags.get("dataset"), "data_root": str(data_root), "files": files}
 
 
@@ -166,6 +167,11 @@ def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict
     state = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))
     validation, training = curves(state["log_history"])
     hypotheses = out / "test_hypotheses.txt"
+    metrics = {r.get("name", r["metric"]): r["value"] for r in document["results"]}
+    for record in extra.values():
+        if clash := set(metrics) & set(record["metrics"]):
+            raise ValueError(f"extra test metrics {sorted(clash)} would overwrite the test split's; rename them")
+        metrics.update(record["metrics"])
     return {
         "study": run.study.name,
         "size": run.size,
@@ -181,16 +187,18 @@ def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict
         "epochs": state.get("epoch"),
         "best_metric": state.get("best_metric"),
         "best_checkpoint": Path(state["best_model_checkpoint"]).name if state.get("best_model_checkpoint") else None,
-        "metrics": {
-            **{r.get("name", r["metric"]): r["value"] for r in document["results"]},
-            **{name: value for record in extra.values() for name, value in record["metrics"].items()},
-        },
+        "metrics": metrics,
         "signatures": {r["name"]: r["signature"] for r in document["results"] if "signature" in r},
         "validation_curve": validation,
         "training_curve": training,
-        "test_hypotheses": hypotheses.read_text(encoding="utf-8").split("\n")[:-1] if hypotheses.is_file() else None,
+        "test_hypotheses": _lines(hypotheses) if hypotheses.is_file() else None,
         "extra_tests": extra,
     }
+
+
+def _lines(path: Path) -> list[str]:
+    """The lines of a file written one output per line (as `train.run` and `train.translate` write them)."""
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -224,14 +232,27 @@ def extra_test_commands(test: ExtraTest, out: Path, flags: dict, device: str, da
     return [translate, evaluate]
 
 
-def extra_test_record(test: ExtraTest, out: Path, commands: list[list[str]]) -> dict[str, Any]:
-    """What a result records of an extra test: its commands, the study's metrics and the hypotheses."""
-    scores = json.loads((out / f"{test.name}_metrics.json").read_text(encoding="utf-8"))
-    return {
-        "commands": [command[1:] for command in commands],
-        "metrics": {name: scores[key] for key, name in test.metrics.items()},
-        "hypotheses": (out / f"{test.name}_hypotheses.txt").read_text(encoding="utf-8").split("\n")[:-1],
-    }
+def run_extra_tests(run: Run, out: Path, flags: dict, args: argparse.Namespace, env: dict, log) -> tuple[int, dict]:
+    """Score the study's extra test sets on the trained model in ``out``: (exit code of the first failing
+    command or 0, the record of each test: its commands, the study's metrics and the hypotheses). Outputs of an
+    earlier attempt are removed first, so a result never records another attempt's hypotheses."""
+    records = {}
+    for test in run.study.extra_tests:
+        hypotheses, scores = out / f"{test.name}_hypotheses.txt", out / f"{test.name}_metrics.json"
+        hypotheses.unlink(missing_ok=True)
+        scores.unlink(missing_ok=True)
+        commands = extra_test_commands(test, out, flags, args.device, args.data_root)
+        for command in commands:
+            code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            if code != 0:
+                return code, records
+        metrics = json.loads(scores.read_text(encoding="utf-8"))
+        records[test.name] = {
+            "commands": [command[1:] for command in commands],
+            "metrics": {name: metrics[key] for key, name in test.metrics.items()},
+            "hypotheses": _lines(hypotheses),
+        }
+    return 0, records
 
 
 def execute(run: Run, args: argparse.Namespace) -> str:
@@ -250,21 +271,17 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     start = time.monotonic()
     with open(out.parent / f"{run.id}.log", "a", encoding="utf-8") as log:
         code = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        extra = {}
-        for test in run.study.extra_tests:  # scored on the saved model once it has trained and been tested
-            commands = extra_test_commands(test, out, flags, args.device, args.data_root)
-            for command in commands if code == 0 else ():
-                code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-            if code == 0:
-                extra[test.name] = extra_test_record(test, out, commands)
+        if code == 0:  # trained and tested: the extra test sets are decoded from the saved model
+            code, extra = run_extra_tests(run, out, flags, args, env, log)
     wall = time.monotonic() - start
     if code != 0:
         return f"FAILED {run.id} (exit {code}; log: {out.parent / f'{run.id}.log'})"
     environment = {
         "git": git_commit(),
         "device": device_info(args.device, args.threads),
-        "data": data_info(flags, args.data_root, run.study.test_corpora),
-        "wall_time_s": round(wall, 1),  # of this invocation: a resumed run's earlier attempts are not counted
+        "data": data_info(flags, args.data_root, run.study),
+        # of this invocation, extra tests included: a resumed run's earlier attempts are not counted
+        "wall_time_s": round(wall, 1),
         "resumed": resumed,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -184,6 +184,15 @@ def test_provenance_names_commits_and_mixed_vocabularies_and_refuses_mixed_data(
         report_module.provenance([*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
 
 
+def _padded_batch() -> tuple:
+    import torch
+
+    input_ids = torch.randint(4, 50, (2, 7))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 4:] = 0
+    return input_ids, attention_mask
+
+
 def test_block_diagnostic_stage_norms_are_the_residual_updates():
     """With Euler blocks and plain stacking, block k maps h_k to h_k + F(h_k): the diagnostic's |F_1| is the mean
     norm of h_{k+1} - h_k over the real (unpadded) tokens, read from the encoder's hidden states."""
@@ -198,9 +207,7 @@ def test_block_diagnostic_stage_norms_are_the_residual_updates():
         encoder_ode_coefficients="tableau",
     )  # fmt: skip
     model = ODETransformerForConditionalGeneration(config).eval()
-    input_ids = torch.randint(4, 50, (2, 7))
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 5:] = 0
+    input_ids, attention_mask = _padded_batch()
     rows = block_statistics(model, input_ids, attention_mask)
     with torch.no_grad():
         hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
@@ -208,6 +215,32 @@ def test_block_diagnostic_stage_norms_are_the_residual_updates():
                for before, after in zip(hidden.hidden_states, hidden.hidden_states[1:])]  # fmt: skip
     assert [row["stage_norms"] for row in rows] == [pytest.approx([u], rel=1e-5) for u in updates]
     assert [row["gamma"] for row in rows] == [[1.0], [1.0]]
+
+
+def test_block_diagnostic_gate_means_leave_out_padding():
+    """A random gate differs per token: the diagnostic's mean g is sigmoid(w [F1, F2] + b) averaged over the real
+    tokens only, recomputed here from the recorded stages and the gate's weights (padding would change it)."""
+    import torch
+
+    from experiments.block_diagnostic import block_statistics
+    from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
+    from modeling_ode.ode import StageCoefficients
+
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset("tiny", vocab_size=50, encoder_ode_method="rk2", encoder_ode_coefficients="gated")
+    model = ODETransformerForConditionalGeneration(config).eval()
+    gates = [m.gate for m in model.get_encoder().modules() if isinstance(m, StageCoefficients)]
+    input_ids, attention_mask = _padded_batch()
+    rows = block_statistics(model, input_ids, attention_mask)
+    with torch.no_grad():
+        out = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_ode_stages=True)
+        for row, stages, gate in zip(rows, out.ode_stages, gates, strict=True):
+            g = torch.sigmoid(gate(torch.cat(list(stages), dim=-1)))[..., 0]
+            real = g[attention_mask.bool()].mean().item()
+            assert row["gamma"] == pytest.approx([real, 1 - real], rel=1e-5)
+            assert real != pytest.approx(g.mean().item(), rel=1e-4)  # the padded tokens would have moved it
+            real_g = g[attention_mask.bool()]
+            assert row["collapsed_share"] == ((real_g > 0.99) | (real_g < 0.01)).float().mean().item()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -230,7 +263,35 @@ def test_block_diagnostic_reads_a_forced_gate_from_a_saved_model(tmp_path, share
             gate.weight.zero_()
             gate.bias.fill_(bias)
     model.save_pretrained(tmp_path)
-    (rows,) = block_diagnostic.main([str(tmp_path), "--sentences", "4"]).values()
+    (rows,) = block_diagnostic.main([str(tmp_path), "--sentences", "4"]).values()  # Multi30k or PTB sentences
     assert [row["side"] for row in rows] == [side] * 3
     assert [row["gamma"] for row in rows] == [pytest.approx(g, abs=1e-6) for g in ([1, 0], [0, 1], [0.5, 0.5])]
     assert [row["collapsed_share"] for row in rows] == [1.0, 1.0, 0.0]
+
+
+def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypatch):
+    """When decoding JFLEG fails after a (resumed) gec run trained, the run is FAILED with the decoder's exit code,
+    the scoring command never runs, an earlier attempt's hypotheses are gone and no result file is written."""
+    import argparse
+    import subprocess
+
+    study = STUDIES["gec"]
+    run = runner.Run(study, "cpu", "residual", 3, 0)
+    args = argparse.Namespace(results=tmp_path / "results", work_dir=tmp_path / "work", set={}, device="cpu",
+                              threads=1, data_root=tmp_path / "data")  # fmt: skip
+    out = run.work_dir(args.work_dir)
+    (out / "checkpoint-250").mkdir(parents=True)
+    (out / "checkpoint-250" / "trainer_state.json").write_text("{}")
+    stale = out / "jfleg_hypotheses.txt"
+    stale.write_text("an earlier attempt's output\n")
+    modules = []
+
+    def fake_run(command, **kwargs):
+        modules.append(command[2])
+        return subprocess.CompletedProcess(command, 3 if command[2] == "train.translate" else 0)
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    status = runner.execute(run, args)
+    assert status.startswith(f"FAILED {run.id} (exit 3;")
+    assert modules == ["train.run", "train.translate"]
+    assert not stale.exists() and not run.result_path(args.results).exists()
