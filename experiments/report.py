@@ -35,13 +35,13 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def gap_verdict(ours: list[float], baseline: list[float]) -> str:
+def gap_verdict(ours: list[float], baseline: list[float], digits: int = 2) -> str:
     """``+1.23 (> noise)`` / ``(within noise)`` / ``(1 seed)`` for ``mean(ours) - mean(baseline)``."""
     gap = statistics.fmean(ours) - statistics.fmean(baseline)
     if len(ours) < 2 or len(baseline) < 2:
-        return f"{gap:+.2f} (1 seed)"
+        return f"{gap:+.{digits}f} (1 seed)"
     error = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(baseline) / len(baseline))
-    return f"{gap:+.2f} ({'> noise' if abs(gap) > 2 * error else 'within noise'})"
+    return f"{gap:+.{digits}f} ({'> noise' if abs(gap) > 2 * error else 'within noise'})"
 
 
 def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: list[str]) -> float:
@@ -58,10 +58,13 @@ def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: lis
 
 
 def test_references(study: Study, size: str, n: int) -> list[str] | None:
-    """The test references of a translation study (from the same readers ``train.run`` uses)."""
+    """The test references of a translation study (from the same readers ``train.run`` uses); None for other
+    tasks, whose metrics (M2, ROUGE) are not the BLEU that sacreBLEU's paired bootstrap tests."""
     from train.run import DataArguments, load_raw_data
 
     flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
+    if flags["task"] != "translation":
+        return None
     data_args = DataArguments(dataset=flags["dataset"], source_lang=flags.get("source_lang"), target_lang=flags.get("target_lang"))
     raw, _ = load_raw_data(data_args, flags["task"])
     references = [text.strip() for text in raw["test"]["target"]]
@@ -91,7 +94,9 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
                 row[metric.name] = {"values": values, "mean": mean, "std": std}
                 if variant != base_name and shared:
                     row[metric.name]["vs_baseline"] = gap_verdict(
-                        [r["metrics"][metric.name] for r in shared], [baseline[r["seed"]]["metrics"][metric.name] for r in shared]
+                        [r["metrics"][metric.name] for r in shared],
+                        [baseline[r["seed"]]["metrics"][metric.name] for r in shared],
+                        metric.digits,
                     )
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
@@ -134,8 +139,8 @@ def provenance(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _cell(stats: dict[str, Any]) -> str:
-    return f"{stats['mean']:.2f}" + (f" +- {stats['std']:.2f}" if stats["std"] is not None else "")
+def _cell(stats: dict[str, Any], digits: int) -> str:
+    return f"{stats['mean']:.{digits}f}" + (f" +- {stats['std']:.{digits}f}" if stats["std"] is not None else "")
 
 
 def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
@@ -147,7 +152,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
     lines = [f"# {study.name} ({size})", "", study.description, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
-        cells += [_cell(row[m.name]) for m in study.metrics]
+        cells += [_cell(row[m.name], m.digits) for m in study.metrics]
         cells.append(row[primary.name].get("vs_baseline", "baseline" if row["variant"] == row["baseline"] else ""))
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:

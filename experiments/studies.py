@@ -32,6 +32,7 @@ class Metric:
 
     name: str
     lower_is_better: bool = False
+    digits: int = 2  # decimals in tables: 4 for metrics given as fractions (M2)
 
 
 @dataclass(frozen=True)
@@ -392,7 +393,8 @@ GEC = Study(
     variants={"residual": MULTI30K.variants["residual"], "rk4": MULTI30K.variants["rk4"]},
     depth_flags=("encoder_layers", "decoder_layers"),
     depths=(3,),
-    metrics=(Metric("M2 F0.5"), Metric("M2 precision"), Metric("M2 recall"), Metric("JFLEG GLEU")),
+    metrics=(Metric("M2 F0.5", digits=4), Metric("M2 precision", digits=4), Metric("M2 recall", digits=4),
+             Metric("JFLEG GLEU")),
     seeds=(0,),
     test_corpora=("conll2013",),
     extra_tests=(

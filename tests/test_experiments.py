@@ -77,8 +77,10 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
     table = (folder / "README.md").read_text()
     assert all(study.variants[v].label in table for v in variants)
     assert (folder / "summary.png").stat().st_size > 1000
-    if results[variants[0]]["test_hypotheses"] is not None:  # seq2seq: paired bootstrap against the baseline
+    if study.flags(variants[0], depth, 0, "cpu")["task"] == "translation":  # paired BLEU bootstrap vs baseline
         assert 0.0 <= rows[1]["bootstrap_p"][0] <= 1.0
+    else:
+        assert all("bootstrap_p" not in row for row in rows)
 
 
 def test_plan_is_seed_major_and_ids_name_variant_depth_seed():
@@ -114,6 +116,7 @@ def test_gap_verdict_compares_the_gap_with_its_standard_error():
     assert report_module.gap_verdict([10.0, 10.2, 9.8], [12.0, 12.1, 11.9]) == "-2.00 (> noise)"
     assert report_module.gap_verdict([10.0, 11.0, 9.0], [10.5, 9.5, 11.5]) == "-0.50 (within noise)"
     assert report_module.gap_verdict([10.0], [11.0]) == "-1.00 (1 seed)"
+    assert report_module.gap_verdict([0.0512], [0.0448], digits=4) == "+0.0064 (1 seed)"
 
 
 def fake_result(variant: str, seed: int, bleu: float) -> dict:
