@@ -207,7 +207,9 @@ ODE_METHODS: dict[ODEMethodName, ButcherTableau] = {
         equation="y + (F1 + 3 F2 + 3 F3 + F4) / 8",
         description="a fourth-order Runge-Kutta block (3/8 rule)",
     ),
-    # Table "scale_function", row "weight sharing".
+    # Table "scale_function", row "weight sharing". In the paper's reading of F this is also RK2 with gamma = 1
+    # (y + F1 + F2); with `ode_function="sublayers"` it is the authors' code's sublayer sharing (SAN twice, then
+    # FFN twice). Like PolyNet's, its equation assumes the paper's F (`ode_function_includes_residual=False`).
     "weight_sharing": ButcherTableau(
         a=((), (1.0,)),
         b=(1.0, 1.0),

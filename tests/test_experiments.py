@@ -100,6 +100,38 @@ def test_every_variant_of_a_study_shares_every_other_flag():
             assert all(s == shared[0] for s in shared), (study.name, size)
 
 
+@pytest.mark.parametrize("study_name", ["multi30k", "ablations"])
+def test_no_two_variants_of_a_study_compute_the_same_function(study_name):
+    """Each row is its own model: a tiny encoder built from each variant's flags, with the same randomly perturbed
+    parameters wherever two variants share them (so a learnable gamma starting at 1 differs from gamma = 1), gives
+    different outputs for every pair. Two rows with one equation (once: weight sharing of the whole layer and
+    RK2 gamma = 1) would give the same outputs."""
+    from dataclasses import fields
+
+    import torch
+
+    from modeling_ode import ODETransformerConfig, ODETransformerModel
+
+    study = STUDIES[study_name]
+    names = {f.name for f in fields(ODETransformerConfig)}
+    inputs = torch.tensor([[5, 9, 12, 7, 3, 2]])
+    outputs = {}
+    for variant in study.variants:
+        flags = study.flags(variant, 2, 0, "cpu")
+        config_fields = {k: v for k, v in {**flags, **TINY}.items() if k in names}
+        config_fields.update(dropout=0.0, encoder_layers=2, decoder_layers=1, max_relative_position=2)
+        config = ODETransformerConfig.from_preset(flags["preset"], **config_fields)
+        torch.manual_seed(0)
+        model = ODETransformerModel(config).eval()
+        with torch.no_grad():
+            for name, parameter in sorted(model.named_parameters()):
+                noise = torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name)))
+                parameter.add_(0.3 * noise)
+            outputs[variant] = model.encoder(input_ids=inputs).last_hidden_state
+    same = [(a, b) for a in outputs for b in outputs if a < b and torch.allclose(outputs[a], outputs[b], atol=1e-5)]
+    assert same == []
+
+
 def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
     run = runner.plan(STUDIES["ptb"], "cpu", [0], ["rk2_codeF"], [1])[0]
     out = run.work_dir(tmp_path)
