@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, Study
+from experiments.run import describe_changes
+from experiments.studies import STUDIES, Study, run_id
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 BOOTSTRAP_SAMPLES = 1000
@@ -114,10 +115,10 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
     return rows
 
 
-def provenance(results: list[dict[str, Any]]) -> list[str]:
-    """What the runs of one table were made with, printed under it: the code commits and, where the same tokenizer
-    flags built vocabularies of different sizes (a code change), those sizes. Runs on different data files are
-    refused: their numbers do not compare."""
+def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
+    """What the runs of one table were made with, printed under it: the code commits, the runs whose flags the
+    study has changed since and, where the same tokenizer flags built vocabularies of different sizes (a code
+    change), those sizes. Runs on different data files are refused: their numbers do not compare."""
     data = {json.dumps(r["data"]["files"], sort_keys=True) for r in results}
     if len(data) > 1:
         raise ValueError(
@@ -126,6 +127,12 @@ def provenance(results: list[dict[str, Any]]) -> list[str]:
         )
     commits = Counter(r["git"]["commit"][:7] + (" (dirty)" if r["git"]["dirty"] else "") for r in results)
     lines = ["Code: " + ", ".join(f"commit {commit} ({n} runs)" for commit, n in sorted(commits.items())) + "."]
+    changed = defaultdict(list)  # the same changes -> the runs that have them
+    for r in results:
+        if changes := study.flag_changes(r):
+            changed[describe_changes(changes)].append(run_id(r["variant"], r["depth"], r["seed"]))
+    for changes, runs in sorted(changed.items()):
+        lines.append(f"Flags the study has changed since {', '.join(runs)} ran: {changes}.")
     asked: dict[tuple, Counter] = defaultdict(Counter)  # the tokenizer the flags asked for -> the sizes built
     for r in results:
         asked[(r["flags"].get("tokenizer_type"), r["flags"].get("vocab_size"))][r["config"]["vocab_size"]] += 1
@@ -218,7 +225,7 @@ def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[st
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
-    (folder / "README.md").write_text(markdown(study, size, rows, provenance(results)), encoding="utf-8")
+    (folder / "README.md").write_text(markdown(study, size, rows, provenance(study, results)), encoding="utf-8")
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     plot(study, rows, results, folder / "summary.png")
     return rows

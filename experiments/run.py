@@ -8,7 +8,8 @@ test metric, the validation and training curves, and for seq2seq tasks the test 
 extra test sets (JFLEG for ``gec``) are scored after training with ``train.translate`` and
 ``train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
 
-Resuming: a run whose result file exists is skipped; a run that was interrupted resumes from its
+Resuming: a run whose result file exists is skipped (reported STALE and kept if the study's flags for it
+have changed since: a result is never overwritten or mixed in); a run that was interrupted resumes from its
 last complete checkpoint. Runs go seed by seed (all variants of seed 0 first), so an interrupted
 study has its first seed complete before the next one starts. ``--parallel N`` runs N at a time
 (``--threads`` intra-op threads each): independent runs side by side on one machine or one GPU.
@@ -255,10 +256,21 @@ def run_extra_tests(run: Run, out: Path, flags: dict, args: argparse.Namespace, 
     return 0, records
 
 
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``flag old -> new`` for each changed flag, ``-`` where a side lacks it."""
+    return ", ".join(f"{key} {'-' if old is None else old} -> {'-' if new is None else new}" for key, (old, new) in changes.items())
+
+
 def execute(run: Run, args: argparse.Namespace) -> str:
     """Train, test and record one run; returns a one-line status."""
     result = run.result_path(args.results)
     if result.is_file():
+        changes = run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
+        if changes:  # never mix: the study changed since this run, and re-running would overwrite a result
+            return (
+                f"STALE {run.id}: its result was made with other flags ({describe_changes(changes)}); it is kept. "
+                f"Remove {result} to run it with the study's flags now."
+            )
         return f"skip {run.id} (result exists)"
     out = run.work_dir(args.work_dir)
     argv = train_command(run, args.work_dir, args.device, args.set)
@@ -330,14 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan(study, args.size, args.seeds or list(study.seeds), args.only or list(study.variants), args.depths or list(study.depths))
     if args.dry_run:
         for run in runs:
-            state = "done" if run.result_path(args.results).is_file() else "todo"
+            result = run.result_path(args.results)
+            state = "todo"
+            if result.is_file():
+                stale = study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
+                state = "stale" if stale else "done"
             print(state, run.id, " ".join(train_command(run, args.work_dir, args.device, args.set)[1:]))
         return 0
     failed = 0
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         for status in pool.map(lambda run: execute(run, args), runs):
             print(time.strftime("%H:%M:%S"), status, flush=True)
-            failed += status.startswith("FAILED")
+            failed += status.startswith(("FAILED", "STALE"))
     return 1 if failed else 0
 
 

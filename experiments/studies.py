@@ -84,6 +84,18 @@ class Study:
         depth_flags = dict.fromkeys(self.depth_flags, depth)
         return {**self.common, **self.sizes[size], **self.variants[variant].flags, **depth_flags, "seed": seed}
 
+    def flag_changes(self, result: dict[str, Any], overrides: Flags | None = None) -> dict[str, tuple[Any, Any]]:
+        """What a recorded run's flags would be now: ``{flag: (recorded, now)}`` for every flag whose value in
+        ``result`` differs from what this study (with ``overrides``, as ``--set`` gives them) sets for that run;
+        None where a side lacks the flag. Compared as text, the way the command line passes them."""
+        now = {**self.flags(result["variant"], result["depth"], result["seed"], result["size"]), **(overrides or {})}
+        recorded = result["flags"]
+        return {
+            key: (recorded.get(key), now.get(key))
+            for key in sorted(set(recorded) | set(now))
+            if str(recorded.get(key)) != str(now.get(key))
+        }
+
 
 def run_id(variant: str, depth: int, seed: int) -> str:
     """The file stem of one run's result: ``<variant>-<depth>-seed<k>``."""

@@ -201,22 +201,54 @@ def test_init_diagnostic_same_start_for_the_paper_readings(shared_data):
         assert all(math.isfinite(v) for r in rows.values() for k, v in r.items() if isinstance(v, float))
 
 
-def _run_record(commit: str, vocab_size: int, train_sha: str = "a" * 64) -> dict:
-    return {"data": {"files": {"ptb/ptb.train.txt.gz": train_sha}}, "git": {"commit": commit, "dirty": False},
-            "config": {"vocab_size": vocab_size}, "flags": {"tokenizer_type": "word", "vocab_size": 10002}}  # fmt: skip
+def _run_record(commit: str, built_vocab_size: int, train_sha: str = "a" * 64, **flags) -> dict:
+    """A result record of the ptb study's residual, 1 layer, seed 0, made with the study's flags (and ``flags``)."""
+    return {"study": "ptb", "variant": "residual", "depth": 1, "seed": 0, "size": "cpu",
+            "data": {"files": {"ptb/ptb.train.txt.gz": train_sha}}, "git": {"commit": commit, "dirty": False},
+            "config": {"vocab_size": built_vocab_size}, "flags": {**STUDIES["ptb"].flags("residual", 1, 0, "cpu"), **flags}}  # fmt: skip
 
 
-def test_provenance_names_commits_and_mixed_vocabularies_and_refuses_mixed_data():
+def test_provenance_names_commits_changed_flags_and_mixed_vocabularies_and_refuses_mixed_data():
+    ptb = STUDIES["ptb"]
     same = [_run_record("92924fb" + "0" * 33, 9972), _run_record("92924fb" + "0" * 33, 9972)]
-    assert report_module.provenance(same) == ["Code: commit 92924fb (2 runs)."]
+    assert report_module.provenance(ptb, same) == ["Code: commit 92924fb (2 runs)."]
     mixed = [*same, _run_record("186199b" + "0" * 33, 10002)]
-    lines = report_module.provenance(mixed)
+    lines = report_module.provenance(ptb, mixed)
     assert lines[0] == "Code: commit 186199b (1 runs), commit 92924fb (2 runs)."
     assert "(word, 10002) built different vocabularies**: 9972 (2 runs), 10002 (1 runs)" in lines[1]
-    bpe = {**_run_record("92924fb" + "0" * 33, 10000), "flags": {"tokenizer_type": "bpe", "vocab_size": 10000}}
-    assert len(report_module.provenance([*same, bpe])) == 1  # other flags, other vocabulary: a factor, not a mix
+    bpe = _run_record("92924fb" + "0" * 33, 10000, tokenizer_type="bpe", vocab_size=10000)
+    lines = report_module.provenance(ptb, [*same, bpe])
+    assert not any("built different vocabularies" in line for line in lines)  # other flags: a factor, not a mix
+    # ... but flags the study no longer sets are named under the table
+    assert lines[1] == (
+        "Flags the study has changed since residual-1-seed0 ran: tokenizer_type bpe -> word, vocab_size 10000 -> 10002."
+    )
     with pytest.raises(ValueError, match="2 different versions of the data files"):
-        report_module.provenance([*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
+        report_module.provenance(ptb, [*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
+
+
+def test_a_result_made_with_other_flags_is_kept_and_reported_stale(tmp_path, monkeypatch, capsys):
+    """The runner never overwrites a result, nor skips one made with flags the study no longer sets as if it
+    were done: it names the changed flags and fails, leaving the file as it was."""
+    results = tmp_path / "results"
+    record = _run_record("92924fb" + "0" * 33, 9972, learning_rate=5e-4)
+    path = results / "ptb" / "cpu" / "residual-1-seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    before = path.read_text()
+    monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: pytest.fail("nothing may be trained"))
+    args = ["ptb", "--only", "residual", "--depths", "1", "--seeds", "0", "--results", str(results),
+            "--work-dir", str(tmp_path / "work")]  # fmt: skip
+    assert runner.main([*args, "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("stale residual-1-seed0")
+    assert runner.main(args) == 1
+    assert "STALE residual-1-seed0: its result was made with other flags (learning_rate 0.0005 -> 0.001)" in (
+        capsys.readouterr().out
+    )
+    assert path.read_text() == before
+    path.write_text(json.dumps(_run_record("92924fb" + "0" * 33, 9972)))  # the study's flags: done, skipped
+    assert runner.main(args) == 0
+    assert "skip residual-1-seed0 (result exists)" in capsys.readouterr().out
 
 
 def _padded_batch() -> tuple:
