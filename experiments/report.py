@@ -20,8 +20,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.run import describe_changes
-from experiments.studies import STUDIES, Study, run_id
+from experiments.studies import STUDIES, Study, describe_changes, run_id
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 BOOTSTRAP_SAMPLES = 1000

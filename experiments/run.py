@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, ExtraTest, Study, run_id
+from experiments.studies import STUDIES, ExtraTest, Study, describe_changes, run_id
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -256,16 +256,19 @@ def run_extra_tests(run: Run, out: Path, flags: dict, args: argparse.Namespace, 
     return 0, records
 
 
-def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
-    """``flag old -> new`` for each changed flag, ``-`` where a side lacks it."""
-    return ", ".join(f"{key} {'-' if old is None else old} -> {'-' if new is None else new}" for key, (old, new) in changes.items())
+def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[Any, Any]] | None:
+    """None while the run has no result; else the flags the study has changed since it ran (empty: done)."""
+    result = run.result_path(args.results)
+    if not result.is_file():
+        return None
+    return run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
 
 
 def execute(run: Run, args: argparse.Namespace) -> str:
     """Train, test and record one run; returns a one-line status."""
     result = run.result_path(args.results)
-    if result.is_file():
-        changes = run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
+    changes = changes_since_result(run, args)
+    if changes is not None:
         if changes:  # never mix: the study changed since this run, and re-running would overwrite a result
             return (
                 f"STALE {run.id}: its result was made with other flags ({describe_changes(changes)}); it is kept. "
@@ -342,11 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan(study, args.size, args.seeds or list(study.seeds), args.only or list(study.variants), args.depths or list(study.depths))
     if args.dry_run:
         for run in runs:
-            result = run.result_path(args.results)
-            state = "todo"
-            if result.is_file():
-                stale = study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
-                state = "stale" if stale else "done"
+            changes = changes_since_result(run, args)
+            state = "todo" if changes is None else "stale" if changes else "done"
             print(state, run.id, " ".join(train_command(run, args.work_dir, args.device, args.set)[1:]))
         return 0
     failed = 0

@@ -97,6 +97,12 @@ class Study:
         }
 
 
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``flag old -> new`` for each flag of :meth:`Study.flag_changes`, ``-`` where a side lacks it."""
+    shown = {key: ["-" if value is None else value for value in pair] for key, pair in changes.items()}
+    return ", ".join(f"{key} {old} -> {new}" for key, (old, new) in shown.items())
+
+
 def run_id(variant: str, depth: int, seed: int) -> str:
     """The file stem of one run's result: ``<variant>-<depth>-seed<k>``."""
     return f"{variant}-{depth}-seed{seed}"
