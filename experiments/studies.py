@@ -441,9 +441,13 @@ CNNDM = Study(
         "per_device_eval_batch_size": 16,
     },
     sizes={
+        # 1,000 updates over the first 400 tokens wrote no summary at all (loss 6.5, ROUGE-1 0.66: commit
+        # 6ba22aa); the lead of an article holds most of its summary, so the cpu size reads 200 tokens
+        # (twice the articles per 4K-token batch) for twice the updates.
         "cpu": {
             **SMALL_SEQ2SEQ,
-            "max_tokens": 4096, "max_steps": 1000, "save_steps": 250, "learning_rate": 2e-3, "warmup_steps": 300,
+            "max_source_length": 200,
+            "max_tokens": 4096, "max_steps": 2000, "save_steps": 250, "learning_rate": 2e-3, "warmup_steps": 300,
             "use_cpu": True, "bf16": True, "max_test_samples": 300,
         },
         "paper": {
