@@ -362,3 +362,58 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
     assert status.startswith(f"FAILED {run.id} (exit 3;")
     assert modules == ["train.run", "train.translate"]
     assert not stale.exists() and not run.result_path(args.results).exists()
+
+
+def _write(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_source_diagnostic_is_the_mean_token_cross_entropy_and_zero_without_cross_attention(tmp_path):
+    """Matched: the cross-entropy per reference token summed pair by pair (each pair alone, no padding) over all
+    reference tokens. With every cross-attention output zeroed, the decoder cannot see its source: rotated = matched."""
+    import torch
+
+    from experiments import source_diagnostic
+    from tests.tiny_folder import TEXTS, save_tiny_folder
+
+    model, tokenizer = save_tiny_folder(tmp_path / "model", label_smoothing=0.1)  # the diagnostic ignores it
+    sources, targets = TEXTS[:3], [TEXTS[1], TEXTS[2], TEXTS[0]]
+    source_file, target_file = _write(tmp_path / "src.txt", sources), _write(tmp_path / "tgt.txt", targets)
+    args = [str(tmp_path / "model"), "--source", str(source_file), "--target", str(target_file)]
+
+    def pair_by_pair(pair_sources):
+        total, tokens = 0.0, 0
+        for source, target in zip(pair_sources, targets):
+            labels = torch.tensor([tokenizer(target)["input_ids"]])
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([tokenizer(source)["input_ids"]]), labels=labels).logits
+            total += -torch.log_softmax(logits[0], dim=-1).gather(1, labels[0][:, None]).sum().item()
+            tokens += labels.shape[1]
+        return total / tokens
+
+    (row,) = source_diagnostic.main(args).values()
+    assert row["matched"] == pytest.approx(pair_by_pair(sources), rel=1e-5)
+    assert row["rotated"] == pytest.approx(pair_by_pair(sources[1:] + sources[:1]), rel=1e-5)
+    assert row["gap"] == pytest.approx(row["rotated"] - row["matched"]) and abs(row["gap"]) > 1e-3
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "encoder_attn.out_proj" in name:
+                parameter.zero_()
+    model.save_pretrained(tmp_path / "model")
+    (blind,) = source_diagnostic.main(args).values()
+    assert blind["gap"] == pytest.approx(0.0, abs=1e-6) and blind["matched"] != pytest.approx(row["matched"])
+
+
+def test_source_diagnostic_refuses_a_language_model_and_a_single_pair(tmp_path):
+    from experiments import source_diagnostic
+    from tests.tiny_folder import TEXTS, save_tiny_folder
+
+    save_tiny_folder(tmp_path / "lm", causal=True)
+    save_tiny_folder(tmp_path / "seq2seq")
+    files = ["--source", str(_write(tmp_path / "src.txt", TEXTS[:2])), "--target", str(_write(tmp_path / "tgt.txt", TEXTS[:2]))]
+    with pytest.raises(ValueError, match="language model"):
+        source_diagnostic.main([str(tmp_path / "lm"), *files])
+    with pytest.raises(ValueError, match="at least 2 aligned pairs"):
+        source_diagnostic.main([str(tmp_path / "seq2seq"), *files, "--pairs", "1"])
