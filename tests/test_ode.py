@@ -348,6 +348,17 @@ def test_components(function):
     torch.testing.assert_close(apply_layer(layer, y), expected)
 
 
+def test_sublayer_sharing_is_san_twice_then_ffn_twice():
+    """The authors' code's weight sharing (the `ablations` study's row): each sublayer applied twice in sequence
+    with the same weights, each application with its own residual."""
+    layer = tiny_layer(encoder_ode_method="weight_sharing", encoder_ode_function="sublayers")
+    y = layer_input()
+    h = y + san(layer, y)
+    h = h + san(layer, h)
+    h = h + ffn(layer, h)
+    torch.testing.assert_close(apply_layer(layer, y), h + ffn(layer, h))
+
+
 # --- the catalogue ------------------------------------------------------------------------------------------
 
 
