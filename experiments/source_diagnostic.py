@@ -24,9 +24,14 @@ from train.translate import load_for_generation
 def target_cross_entropy(model: torch.nn.Module, collator: PadCollator, sources: list, targets: list) -> float:
     """Mean cross-entropy per target token of `targets` (token ids) given `sources` (token ids), pair by pair."""
     batch = collator([{"input_ids": s, "labels": t} for s, t in zip(sources, targets, strict=True)])
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
-    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch["labels"], ignore_index=-100).item()
+    labels = batch["labels"]
+    with torch.no_grad():  # decoder inputs, not labels: the model's own (label-smoothed) loss is not wanted
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels),
+        ).logits
+    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100).item()
 
 
 def source_gap(
