@@ -100,6 +100,7 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
                     )
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
+            row["resumed"] = any(r.get("resumed", False) for r in runs)  # its wall time misses the earlier attempts
             row["steps"] = runs[0]["steps"]
             # The last logged training loss (with dropout, as trained): tells slow optimisation from overfitting.
             last_losses = [r["training_curve"][-1]["loss"] for r in runs if r["training_curve"]]
@@ -163,7 +164,8 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
-        cells += ["" if row["train_loss"] is None else f"{row['train_loss']:.3f}", str(row["steps"]), f"{row['wall_time_min']:.1f}"]
+        minutes = f"{row['wall_time_min']:.1f}" + (" *" if row["resumed"] else "")
+        cells += ["" if row["train_loss"] is None else f"{row['train_loss']:.3f}", str(row["steps"]), minutes]
         lines.append("| " + " | ".join(cells) + " |")
     arrow = "lower" if primary.lower_is_better else "higher"
     lines += [
@@ -173,6 +175,8 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
         f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
         *notes,
     ]
+    if any(row["resumed"] for row in rows):
+        lines.append("min/run *: a run of the row resumed from a checkpoint; its minutes count only the attempt that finished.")
     return "\n".join(lines) + "\n"
 
 

@@ -169,6 +169,16 @@ def test_gap_is_taken_over_the_seeds_both_rows_have():
     assert "vs_baseline" not in rows["residual"]["BLEU"]
 
 
+def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():
+    results = [fake_result("residual", 0, 30.0), {**fake_result("rk4", 0, 31.0), "resumed": True, "wall_time_s": 90.0}]
+    rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    table = report_module.markdown(STUDIES["multi30k"], "cpu", rows).splitlines()
+    assert table[6].endswith("| 10 | 1.0 |") and table[7].endswith("| 10 | 1.5 * |")  # residual, then rk4
+    assert table[-1].startswith("min/run *: a run of the row resumed from a checkpoint")
+    plain = report_module.markdown(STUDIES["multi30k"], "cpu", rows[:1])
+    assert "*" not in plain.replace("**", "")
+
+
 def test_unknown_variant_or_size_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(["ptb", "--only", "rk5"])
