@@ -25,10 +25,14 @@ from train.translate import load_for_generation
 COLLAPSED = 0.99  # a stage with more than this share of the weight carries the block alone
 
 
-def diagnostic_sentences(tokenizer, is_encoder_decoder: bool, count: int, data_root: Path | None = None) -> dict:
+def diagnostic_sentences(
+    tokenizer, is_encoder_decoder: bool, count: int, data_root: Path | None = None
+) -> dict:
     """The padded batch the diagnostic reads (see the module docstring), truncated to the model's positions."""
     if is_encoder_decoder:
-        return tokenizer(list(multi30k("test", root=data_root)["source"][:count]), return_tensors="pt", padding=True)
+        return tokenizer(
+            list(multi30k("test", root=data_root)["source"][:count]), return_tensors="pt", padding=True
+        )
     rows = tokenizer(list(ptb("test", root=data_root)["text"][:count]), add_special_tokens=False)["input_ids"]
     ids = [[tokenizer.bos_token_id, *row, tokenizer.eos_token_id] for row in rows]
     return tokenizer.pad({"input_ids": ids}, return_tensors="pt")
@@ -84,14 +88,18 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, help="saved model folders (a study run's folder)")
     parser.add_argument("--sentences", type=int, default=64)
-    parser.add_argument("--data-root", type=Path, help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)")
+    parser.add_argument(
+        "--data-root", type=Path, help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)"
+    )
     args = parser.parse_args(argv)
     results = {}
     for run_dir in args.run_dirs:
         results[str(run_dir)] = rows = diagnose(run_dir, args.sentences, args.data_root)
         print(run_dir)
         for row in rows:
-            collapsed = f"  one stage on {row['collapsed_share']:.1%} of tokens" if "collapsed_share" in row else ""
+            collapsed = (
+                f"  one stage on {row['collapsed_share']:.1%} of tokens" if "collapsed_share" in row else ""
+            )
             numbers = f"|F_i| {_numbers(row['stage_norms'])}  gamma {_numbers(row['gamma'])}"
             print(f"  {row['side']} block {row['block']} ({row['coefficients']}): {numbers}{collapsed}")
     return results

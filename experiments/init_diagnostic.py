@@ -20,7 +20,11 @@ from train.trainer import PadCollator
 BLOCKS = {
     "residual": {"decoder_ode_method": "euler", "decoder_ode_coefficients": "tableau"},
     "rk2_gated": {"decoder_ode_method": "rk2", "decoder_ode_coefficients": "gated"},
-    "rk2_gated_codeF": {"decoder_ode_method": "rk2", "decoder_ode_coefficients": "gated", "ode_function_includes_residual": True},
+    "rk2_gated_codeF": {
+        "decoder_ode_method": "rk2",
+        "decoder_ode_coefficients": "gated",
+        "ode_function_includes_residual": True,
+    },
     "rk4": {"decoder_ode_method": "rk4", "decoder_ode_coefficients": "tableau"},
 }
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
@@ -56,7 +60,9 @@ def measure(vocab_size: int, inputs: dict, d_model: int, connections: str, block
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.init_diagnostic", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.init_diagnostic", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--d-model", type=int, default=256)
     args = parser.parse_args(argv)
@@ -65,7 +71,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for connections in ("learnable_dense", "residual"):
         for name, block in BLOCKS.items():
-            row = {"connections": connections, "block": name, **measure(vocab_size, inputs, args.d_model, connections, block)}
+            row = {
+                "connections": connections,
+                "block": name,
+                **measure(vocab_size, inputs, args.d_model, connections, block),
+            }
             print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{v:16s}" for k, v in row.items()))
             rows.append(row)
     return rows

@@ -27,7 +27,11 @@ BOOTSTRAP_SAMPLES = 1000
 
 
 def load_results(folder: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json")) if path.name != "summary.json"]
+    return [
+        json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted(folder.glob("*.json"))
+        if path.name != "summary.json"
+    ]
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -65,13 +69,17 @@ def test_references(study: Study, size: str, n: int) -> list[str] | None:
     flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
     if flags["task"] != "translation":
         return None
-    data_args = DataArguments(dataset=flags["dataset"], source_lang=flags.get("source_lang"), target_lang=flags.get("target_lang"))
+    data_args = DataArguments(
+        dataset=flags["dataset"], source_lang=flags.get("source_lang"), target_lang=flags.get("target_lang")
+    )
     raw, _ = load_raw_data(data_args, flags["task"])
     references = [text.strip() for text in raw["test"]["target"]]
     return references[:n] if len(references) >= n else None
 
 
-def aggregate(study: Study, results: list[dict[str, Any]], references: list[str] | None) -> list[dict[str, Any]]:
+def aggregate(
+    study: Study, results: list[dict[str, Any]], references: list[str] | None
+) -> list[dict[str, Any]]:
     """One row per (variant, depth) present in ``results``, in the study's order."""
     by_cell: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for result in results:
@@ -84,7 +92,12 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
                 continue
             base_name = study.baseline_of(variant)
             baseline = {r["seed"]: r for r in by_cell.get((base_name, depth), [])}
-            row = {"variant": variant, "label": study.variants[variant].label, "depth": depth, "baseline": base_name}
+            row = {
+                "variant": variant,
+                "label": study.variants[variant].label,
+                "depth": depth,
+                "baseline": base_name,
+            }
             row["seeds"] = [r["seed"] for r in runs]
             # Compare on the seeds both rows have: a seed's data order and initialisation move every variant.
             shared = [r for r in runs if r["seed"] in baseline]
@@ -100,14 +113,20 @@ def aggregate(study: Study, results: list[dict[str, Any]], references: list[str]
                     )
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
-            row["resumed"] = any(r.get("resumed", False) for r in runs)  # its wall time misses the earlier attempts
+            row["resumed"] = any(
+                r.get("resumed", False) for r in runs
+            )  # its wall time misses the earlier attempts
             row["steps"] = runs[0]["steps"]
             # The last logged training loss (with dropout, as trained): tells slow optimisation from overfitting.
             last_losses = [r["training_curve"][-1]["loss"] for r in runs if r["training_curve"]]
-            row["train_loss"] = statistics.fmean(last_losses) if last_losses else None  # None: shorter than a log interval
+            row["train_loss"] = (
+                statistics.fmean(last_losses) if last_losses else None
+            )  # None: shorter than a log interval
             if references and variant != base_name:
                 row["bootstrap_p"] = {
-                    r["seed"]: paired_bootstrap(r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references)
+                    r["seed"]: paired_bootstrap(
+                        r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references
+                    )
                     for r in shared
                     if r.get("test_hypotheses")
                 }
@@ -126,7 +145,9 @@ def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
             "`data`); move the runs of the other version elsewhere, or run them again on one version."
         )
     commits = Counter(r["git"]["commit"][:7] + (" (dirty)" if r["git"]["dirty"] else "") for r in results)
-    lines = ["Code: " + ", ".join(f"commit {commit} ({n} runs)" for commit, n in sorted(commits.items())) + "."]
+    lines = [
+        "Code: " + ", ".join(f"commit {commit} ({n} runs)" for commit, n in sorted(commits.items())) + "."
+    ]
     changed = defaultdict(list)  # the same changes -> the runs that have them
     for r in results:
         if changes := study.flag_changes(r):
@@ -135,7 +156,9 @@ def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
         lines.append(f"Flags the study has changed since {', '.join(runs)} ran: {changes}.")
     asked: dict[tuple, Counter] = defaultdict(Counter)  # the tokenizer the flags asked for -> the sizes built
     for r in results:
-        asked[(r["flags"].get("tokenizer_type"), r["flags"].get("vocab_size"))][r["config"]["vocab_size"]] += 1
+        asked[(r["flags"].get("tokenizer_type"), r["flags"].get("vocab_size"))][
+            r["config"]["vocab_size"]
+        ] += 1
     for (kind, size), built in asked.items():
         if len(built) > 1:
             sizes = ", ".join(f"{n} ({count} runs)" for n, count in sorted(built.items()))
@@ -147,7 +170,9 @@ def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
 
 
 def _cell(stats: dict[str, Any], digits: int) -> str:
-    return f"{stats['mean']:.{digits}f}" + (f" +- {stats['std']:.{digits}f}" if stats["std"] is not None else "")
+    return f"{stats['mean']:.{digits}f}" + (
+        f" +- {stats['std']:.{digits}f}" if stats["std"] is not None else ""
+    )
 
 
 def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
@@ -156,11 +181,20 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
     head += ["last train loss", "steps", "min/run"]
-    lines = [f"# {study.name} ({size})", "", study.description, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# {study.name} ({size})",
+        "",
+        study.description,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
         cells += [_cell(row[m.name], m.digits) for m in study.metrics]
-        cells.append(row[primary.name].get("vs_baseline", "baseline" if row["variant"] == row["baseline"] else ""))
+        cells.append(
+            row[primary.name].get("vs_baseline", "baseline" if row["variant"] == row["baseline"] else "")
+        )
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
@@ -176,7 +210,9 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
         *notes,
     ]
     if any(row["resumed"] for row in rows):
-        lines.append("min/run *: a run of the row resumed from a checkpoint; its minutes count only the attempt that finished.")
+        lines.append(
+            "min/run *: a run of the row resumed from a checkpoint; its minutes count only the attempt that finished."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -192,10 +228,18 @@ def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]]
     bars = axes[0][0]
     primary = study.metrics[0].name
     labels = [f"{r['variant']} ({r['depth']})" for r in rows]
-    bars.barh(labels, [r[primary]["mean"] for r in rows], xerr=[r[primary]["std"] or 0 for r in rows], color="tab:blue", label="ours")
+    bars.barh(
+        labels,
+        [r[primary]["mean"] for r in rows],
+        xerr=[r[primary]["std"] or 0 for r in rows],
+        color="tab:blue",
+        label="ours",
+    )
     paper = [(i, r["paper"]) for i, r in enumerate(rows) if r["paper"] is not None]
     if paper:
-        bars.scatter([p for _, p in paper], [i for i, _ in paper], color="tab:red", marker="x", zorder=3, label="paper")
+        bars.scatter(
+            [p for _, p in paper], [i for i, _ in paper], color="tab:red", marker="x", zorder=3, label="paper"
+        )
     values = [r[primary]["mean"] for r in rows] + [p for _, p in paper]
     low, high = min(values), max(values)
     if high > low:  # zoom on the differences
@@ -224,18 +268,24 @@ def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[st
     folder = results_dir / study.name / size
     results = load_results(folder)
     if not results:
-        raise FileNotFoundError(f"no results in {folder}: run `python -m experiments.run {study.name} --size {size}` first")
+        raise FileNotFoundError(
+            f"no results in {folder}: run `python -m experiments.run {study.name} --size {size}` first"
+        )
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
-    (folder / "README.md").write_text(markdown(study, size, rows, provenance(study, results)), encoding="utf-8")
+    (folder / "README.md").write_text(
+        markdown(study, size, rows, provenance(study, results)), encoding="utf-8"
+    )
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     plot(study, rows, results, folder / "summary.png")
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.report", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("study", choices=sorted(STUDIES))
     parser.add_argument("--size", default="cpu")
     parser.add_argument("--results", type=Path, default=RESULTS)

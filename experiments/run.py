@@ -120,15 +120,26 @@ def git_commit() -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
 
 
 def device_info(device: str, threads: int) -> dict[str, Any]:
     import torch
 
-    info = {"device": device, "threads": threads, "torch": torch.__version__, "python": platform.python_version()}
+    info = {
+        "device": device,
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     if device == "cpu":
-        cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor())
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+            platform.processor(),
+        )
         info.update(name=cpu, cores=os.cpu_count())
     elif torch.cuda.is_available():
         info.update(name=torch.cuda.get_device_name(0))
@@ -149,20 +160,30 @@ def data_info(flags: dict[str, Any], data_root: Path, study: Study) -> dict[str,
         paths += sorted(path for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else []
     for test in study.extra_tests:
         paths += [data_root / test.source, *(data_root / path for path in test.references)]
-    files = {str(path.relative_to(data_root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths}
+    files = {
+        str(path.relative_to(data_root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths
+    }
     return {"dataset": flags.get("dataset"), "data_root": str(data_root), "files": files}
 
 
 def curves(log_history: list[dict]) -> tuple[list[dict], list[dict]]:
     """(validation curve, training curve) from the trainer's log history."""
     validation = [
-        {k: e[k] for k in ("epoch", "step", "eval_loss", "eval_perplexity") if k in e} for e in log_history if "eval_loss" in e
+        {k: e[k] for k in ("epoch", "step", "eval_loss", "eval_perplexity") if k in e}
+        for e in log_history
+        if "eval_loss" in e
     ]
-    training = [{k: e[k] for k in ("epoch", "step", "loss", "learning_rate") if k in e} for e in log_history if "loss" in e]
+    training = [
+        {k: e[k] for k in ("epoch", "step", "loss", "learning_rate") if k in e}
+        for e in log_history
+        if "loss" in e
+    ]
     return validation, training
 
 
-def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict, extra: dict) -> dict[str, Any]:
+def collect(
+    run: Run, out: Path, flags: dict, argv: list[str], environment: dict, extra: dict
+) -> dict[str, Any]:
     """The result record of a finished run (see the module docstring); ``extra``: the extra tests' records."""
     document = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
     state = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))
@@ -171,7 +192,9 @@ def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict
     metrics = {r.get("name", r["metric"]): r["value"] for r in document["results"]}
     for record in extra.values():
         if clash := set(metrics) & set(record["metrics"]):
-            raise ValueError(f"extra test metrics {sorted(clash)} would overwrite the test split's; rename them")
+            raise ValueError(
+                f"extra test metrics {sorted(clash)} would overwrite the test split's; rename them"
+            )
         metrics.update(record["metrics"])
     return {
         "study": run.study.name,
@@ -187,7 +210,9 @@ def collect(run: Run, out: Path, flags: dict, argv: list[str], environment: dict
         "steps": state["global_step"],
         "epochs": state.get("epoch"),
         "best_metric": state.get("best_metric"),
-        "best_checkpoint": Path(state["best_model_checkpoint"]).name if state.get("best_model_checkpoint") else None,
+        "best_checkpoint": Path(state["best_model_checkpoint"]).name
+        if state.get("best_model_checkpoint")
+        else None,
         "metrics": metrics,
         "signatures": {r["name"]: r["signature"] for r in document["results"] if "signature" in r},
         "validation_curve": validation,
@@ -214,7 +239,9 @@ def write_json(path: Path, value: Any) -> None:
 # Running
 
 
-def extra_test_commands(test: ExtraTest, out: Path, flags: dict, device: str, data_root: Path) -> list[list[str]]:
+def extra_test_commands(
+    test: ExtraTest, out: Path, flags: dict, device: str, data_root: Path
+) -> list[list[str]]:
     """Decode the test's sources with the trained model in ``out`` (the run's batch size and source length),
     then score the hypotheses: the two commands a user would run."""
     hypotheses, scores = out / f"{test.name}_hypotheses.txt", out / f"{test.name}_metrics.json"
@@ -233,7 +260,9 @@ def extra_test_commands(test: ExtraTest, out: Path, flags: dict, device: str, da
     return [translate, evaluate]
 
 
-def run_extra_tests(run: Run, out: Path, flags: dict, args: argparse.Namespace, env: dict, log) -> tuple[int, dict]:
+def run_extra_tests(
+    run: Run, out: Path, flags: dict, args: argparse.Namespace, env: dict, log
+) -> tuple[int, dict]:
     """Score the study's extra test sets on the trained model in ``out``: (exit code of the first failing
     command or 0, the record of each test: its commands, the study's metrics and the hypotheses). Outputs of an
     earlier attempt are removed first, so a result never records another attempt's hypotheses."""
@@ -278,7 +307,12 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     out = run.work_dir(args.work_dir)
     argv = train_command(run, args.work_dir, args.device, args.set)
     flags = run_flags(run, args.set)
-    env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(args.threads), "ODE_DATA_DIR": str(args.data_root)}
+    env = {
+        **os.environ,
+        **MALLOC_ENV,
+        "OMP_NUM_THREADS": str(args.threads),
+        "ODE_DATA_DIR": str(args.data_root),
+    }
     resumed = has_checkpoint(out)
     if not resumed:  # nothing to resume: start from an empty folder
         shutil.rmtree(out, ignore_errors=True)
@@ -312,13 +346,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", metavar="VARIANT", help="run these variants only")
     parser.add_argument("--depths", type=int, nargs="+", help="default: the study's depths")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--data-root", type=Path, default=None, help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)")
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
     parser.add_argument("--threads", type=int, help="intra-op threads per run (default: cores / parallel)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where result files go")
     parser.add_argument("--work-dir", type=Path, default=WORK, help="checkpoints and logs (git-ignored)")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a train.run flag in every run (smoke tests; recorded in each result's flags)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
@@ -329,7 +371,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     study = STUDIES[args.study]
     unknown = sorted(set(args.only or ()) - set(study.variants))
     if unknown:
-        parser.error(f"unknown variants {unknown} for study {study.name!r}; variants: {', '.join(study.variants)}")
+        parser.error(
+            f"unknown variants {unknown} for study {study.name!r}; variants: {', '.join(study.variants)}"
+        )
     if args.size not in study.sizes:
         parser.error(f"study {study.name!r} has sizes {', '.join(study.sizes)}, not {args.size!r}")
     from train.data import data_root
@@ -342,7 +386,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     study = STUDIES[args.study]
-    runs = plan(study, args.size, args.seeds or list(study.seeds), args.only or list(study.variants), args.depths or list(study.depths))
+    runs = plan(
+        study,
+        args.size,
+        args.seeds or list(study.seeds),
+        args.only or list(study.variants),
+        args.depths or list(study.depths),
+    )
     if args.dry_run:
         for run in runs:
             changes = changes_since_result(run, args)

@@ -21,7 +21,9 @@ from train.trainer import PadCollator
 from train.translate import load_for_generation
 
 
-def target_cross_entropy(model: torch.nn.Module, collator: PadCollator, sources: list, targets: list) -> float:
+def target_cross_entropy(
+    model: torch.nn.Module, collator: PadCollator, sources: list, targets: list
+) -> float:
     """Mean cross-entropy per target token of `targets` (token ids) given `sources` (token ids), pair by pair."""
     batch = collator([{"input_ids": s, "labels": t} for s, t in zip(sources, targets, strict=True)])
     labels = batch["labels"]
@@ -39,10 +41,14 @@ def source_gap(
 ) -> dict[str, float]:
     """Target cross-entropy with the matched and with the rotated sources, and their difference."""
     if len(sources) < 2 or len(sources) != len(targets):
-        raise ValueError(f"need at least 2 aligned pairs to rotate the sources, got {len(sources)} sources and {len(targets)} targets")
+        raise ValueError(
+            f"need at least 2 aligned pairs to rotate the sources, got {len(sources)} sources and {len(targets)} targets"
+        )
     model, tokenizer = load_for_generation(str(run_dir))
     if not model.config.is_encoder_decoder:
-        raise ValueError(f"{run_dir} holds a language model: the source diagnostic needs an encoder-decoder model")
+        raise ValueError(
+            f"{run_dir} holds a language model: the source diagnostic needs an encoder-decoder model"
+        )
     source_ids = tokenizer(sources, truncation=True, max_length=max_source_length)["input_ids"]
     target_ids = tokenizer(targets, truncation=True, max_length=max_target_length)["input_ids"]
     collator = PadCollator(tokenizer)
@@ -52,20 +58,34 @@ def source_gap(
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.source_diagnostic", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="saved model folders (a study run's folder, a checkpoint)")
-    parser.add_argument("--source", type=Path, required=True, help="source text, one example per line (.gz read too)")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.source_diagnostic", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", type=Path, help="saved model folders (a study run's folder, a checkpoint)"
+    )
+    parser.add_argument(
+        "--source", type=Path, required=True, help="source text, one example per line (.gz read too)"
+    )
     parser.add_argument("--target", type=Path, required=True, help="references aligned with --source")
     parser.add_argument("--pairs", type=int, default=48, help="the first N pairs")
-    parser.add_argument("--max-source-length", type=int, default=200, help="as the model was trained (train.run's flag)")
-    parser.add_argument("--max-target-length", type=int, default=100, help="as the model was trained (train.run's flag)")
+    parser.add_argument(
+        "--max-source-length", type=int, default=200, help="as the model was trained (train.run's flag)"
+    )
+    parser.add_argument(
+        "--max-target-length", type=int, default=100, help="as the model was trained (train.run's flag)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # same numbers on every machine of a kind
     sources, targets = read_lines(args.source)[: args.pairs], read_lines(args.target)[: args.pairs]
     results = {}
     for run_dir in args.run_dirs:
-        results[str(run_dir)] = row = source_gap(run_dir, sources, targets, args.max_source_length, args.max_target_length)
-        print(f"{run_dir}: matched {row['matched']:.3f}  rotated {row['rotated']:.3f}  gap {row['gap']:.3f} nats/token")
+        results[str(run_dir)] = row = source_gap(
+            run_dir, sources, targets, args.max_source_length, args.max_target_length
+        )
+        print(
+            f"{run_dir}: matched {row['matched']:.3f}  rotated {row['rotated']:.3f}  gap {row['gap']:.3f} nats/token"
+        )
     return results
 
 

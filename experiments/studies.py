@@ -75,20 +75,35 @@ class Study:
         if not factor:
             return self.baseline
         same = f"{self.baseline}.{factor}"
-        return same if same in self.variants else next(v for v in self.variants if v.startswith(f"{self.baseline}."))
+        return (
+            same
+            if same in self.variants
+            else next(v for v in self.variants if v.startswith(f"{self.baseline}."))
+        )
 
     def flags(self, variant: str, depth: int, seed: int, size: str) -> Flags:
         """The ``train.run`` flags of one run (later entries override earlier ones)."""
         if size not in self.sizes:
             raise ValueError(f"study {self.name!r} has no size {size!r}; sizes: {', '.join(self.sizes)}")
         depth_flags = dict.fromkeys(self.depth_flags, depth)
-        return {**self.common, **self.sizes[size], **self.variants[variant].flags, **depth_flags, "seed": seed}
+        return {
+            **self.common,
+            **self.sizes[size],
+            **self.variants[variant].flags,
+            **depth_flags,
+            "seed": seed,
+        }
 
-    def flag_changes(self, result: dict[str, Any], overrides: Flags | None = None) -> dict[str, tuple[Any, Any]]:
+    def flag_changes(
+        self, result: dict[str, Any], overrides: Flags | None = None
+    ) -> dict[str, tuple[Any, Any]]:
         """What a recorded run's flags would be now: ``{flag: (recorded, now)}`` for every flag whose value in
         ``result`` differs from what this study (with ``overrides``, as ``--set`` gives them) sets for that run;
         None where a side lacks the flag. Compared as text, the way the command line passes them."""
-        now = {**self.flags(result["variant"], result["depth"], result["seed"], result["size"]), **(overrides or {})}
+        now = {
+            **self.flags(result["variant"], result["depth"], result["seed"], result["size"]),
+            **(overrides or {}),
+        }
         recorded = result["flags"]
         return {
             key: (recorded.get(key), now.get(key))
@@ -195,13 +210,24 @@ PTB = Study(
         # The 10k-word softmax dominates a PTB step on a CPU whatever the model's width, so the budget is
         # set in tokens: 2 epochs; 2K-token batches buy twice the updates of 4K ones for the same time.
         "cpu": {
-            "d_model": 256, "decoder_ffn_dim": 1024, "decoder_attention_heads": 4,
-            "learning_rate": 1e-3, "warmup_steps": 500, "num_train_epochs": 2, "max_tokens": 2048,
-            "use_cpu": True, "bf16": True,
+            "d_model": 256,
+            "decoder_ffn_dim": 1024,
+            "decoder_attention_heads": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 500,
+            "num_train_epochs": 2,
+            "max_tokens": 2048,
+            "use_cpu": True,
+            "bf16": True,
         },
         "paper": {
-            "d_model": 512, "decoder_ffn_dim": 2048, "decoder_attention_heads": 8,
-            "learning_rate": 7e-4, "warmup_steps": 2000, "num_train_epochs": 20, "bf16": True,
+            "d_model": 512,
+            "decoder_ffn_dim": 2048,
+            "decoder_attention_heads": 8,
+            "learning_rate": 7e-4,
+            "warmup_steps": 2000,
+            "num_train_epochs": 20,
+            "bf16": True,
         },
     },  # fmt: skip
     variants=_both_readings(PTB_BLOCKS),
@@ -209,11 +235,16 @@ PTB = Study(
     depths=(1, 2),
     metrics=(Metric("Word perplexity", lower_is_better=True),),
     paper={
-        ("residual", 1): 142.33, ("residual", 2): 136.07,
-        ("rk2", 1): 131.80, ("rk2", 2): 123.12,
-        ("rk2_ones", 1): 132.67, ("rk2_ones", 2): 123.90,
-        ("rk2_gated", 1): 128.48, ("rk2_gated", 2): 121.02,
-        ("rk4", 1): 126.89, ("rk4", 2): 119.46,
+        ("residual", 1): 142.33,
+        ("residual", 2): 136.07,
+        ("rk2", 1): 131.80,
+        ("rk2", 2): 123.12,
+        ("rk2_ones", 1): 132.67,
+        ("rk2_ones", 2): 123.90,
+        ("rk2_gated", 1): 128.48,
+        ("rk2_gated", 2): 121.02,
+        ("rk4", 1): 126.89,
+        ("rk4", 2): 119.46,
     },  # fmt: skip
 )
 
@@ -367,11 +398,15 @@ ABLATION_VARIANTS: dict[str, Variant] = {
     # Figure "components": what F is, RK2-gated
     "f_san": Variant("F = SAN", _encoder_block("rk2", "gated", encoder_ode_function="attention")),
     "f_ffn": Variant("F = FFN", _encoder_block("rk2", "gated", encoder_ode_function="ffn")),
-    "f_san_and_ffn": Variant("F = SAN and FFN separately", _encoder_block("rk2", "gated", encoder_ode_function="sublayers")),
+    "f_san_and_ffn": Variant(
+        "F = SAN and FFN separately", _encoder_block("rk2", "gated", encoder_ode_function="sublayers")
+    ),
     # Table "comparison": other ODE designs
     "leapfrog": Variant("Leapfrog", {**_encoder_block("euler"), "encoder_layer_connections": "leapfrog"}),
     "multistep": Variant("Multistep", {**_encoder_block("euler"), "encoder_layer_connections": "multistep"}),
-    "dlcl": Variant("DLCL (residual blocks)", {**_encoder_block("euler"), "encoder_layer_connections": "learnable_dense"}),
+    "dlcl": Variant(
+        "DLCL (residual blocks)", {**_encoder_block("euler"), "encoder_layer_connections": "learnable_dense"}
+    ),
     "polynet": Variant("PolyNet", _encoder_block("polynet")),
     "rk4": Variant("RK4", _encoder_block("rk4")),
 }
@@ -464,4 +499,6 @@ CNNDM = Study(
     seeds=(0,),
 )  # fmt: skip
 
-STUDIES: dict[str, Study] = {study.name: study for study in (PTB, PTB_PILOT, PTB_LONG, MULTI30K, ABLATIONS, GEC, CNNDM)}
+STUDIES: dict[str, Study] = {
+    study.name: study for study in (PTB, PTB_PILOT, PTB_LONG, MULTI30K, ABLATIONS, GEC, CNNDM)
+}

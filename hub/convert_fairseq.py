@@ -77,7 +77,13 @@ _ARG_DEFAULTS: dict[str, Any] = {
     "activation_fn": "relu",
 }
 
-_HISTORY = {None: "residual", "": "residual", "none": "residual", "dense": "dense", "learnable_dense": "learnable_dense"}
+_HISTORY = {
+    None: "residual",
+    "": "residual",
+    "none": "residual",
+    "dense": "dense",
+    "learnable_dense": "learnable_dense",
+}
 _DROPPED = re.compile(r"(^|\.)(version|embed_positions\._float_tensor|embed_positions\.weights)$")
 
 
@@ -154,8 +160,12 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
         raise FairseqCheckpointError(f"unsupported checkpoint: {message}")
 
     if "encoder.embed_tokens.weight" not in state or "decoder.embed_tokens.weight" not in state:
-        missing = [k for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if k not in state]
-        raise FairseqCheckpointError(f"not an ODE Transformer encoder-decoder checkpoint: missing keys {missing}.")
+        missing = [
+            k for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if k not in state
+        ]
+        raise FairseqCheckpointError(
+            f"not an ODE Transformer encoder-decoder checkpoint: missing keys {missing}."
+        )
     d = int(_arg(args, "encoder_embed_dim"))
     if int(_arg(args, "decoder_embed_dim") or d) != d:
         unsupported("encoder_embed_dim and decoder_embed_dim differ.")
@@ -166,7 +176,9 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
             unsupported(f"{side}_learned_pos=True; only sinusoidal positions are supported.")
         declared, found = int(_arg(args, f"{side}_layers")), _layer_count(state, side)
         if declared != found:
-            raise FairseqCheckpointError(f"args.{side}_layers={declared} but the state dict has {found} {side} layers.")
+            raise FairseqCheckpointError(
+                f"args.{side}_layers={declared} but the state dict has {found} {side} layers."
+            )
     if str(_arg(args, "activation_fn")) != "relu":
         unsupported(f"activation_fn={_arg(args, 'activation_fn')!r}; the fork's layers use relu.")
 
@@ -175,13 +187,17 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
         method, coefficients = "euler", "tableau"
     elif steps == 2:
         method = "rk2"
-        coefficients = {"standard": "tableau", "initialization": "learnable", "learnable": "gated"}.get(rk_type)
+        coefficients = {"standard": "tableau", "initialization": "learnable", "learnable": "gated"}.get(
+            rk_type
+        )
         if coefficients is None:
             unsupported(f"rk_type={rk_type!r}; expected standard, initialization or learnable.")
     elif steps == 4:
         method, coefficients = "rk4", "tableau"
     else:
-        unsupported(f"enc_calculate_num={steps}; the fork's RK3 path has an index bug, only 1, 2 and 4 convert.")
+        unsupported(
+            f"enc_calculate_num={steps}; the fork's RK3 path has an index bug, only 1, 2 and 4 convert."
+        )
     has_gate, has_alpha = "encoder.gate_linear.weight" in state, "encoder.alpha" in state
     if (coefficients == "gated") != has_gate or (coefficients == "learnable") != has_alpha:
         raise FairseqCheckpointError(
@@ -225,7 +241,9 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
         attention_dropout=float(_arg(args, "attention_dropout")),
         activation_dropout=float(_arg(args, "relu_dropout")),
         layer_norm_eps=1e-5,
-        max_position_embeddings=max(int(_arg(args, "max_source_positions")), int(_arg(args, "max_target_positions"))),
+        max_position_embeddings=max(
+            int(_arg(args, "max_source_positions")), int(_arg(args, "max_target_positions"))
+        ),
         use_absolute_positions=not _arg(args, "no_token_positional_embeddings"),
         position_offset=padding_idx + 1,
         max_relative_position=max(k, 0),
@@ -257,21 +275,45 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
 def _rename(key: str) -> str | None:
     """fairseq key -> our key (without the `model.` prefix of the generation model); None for split keys."""
     rules = [
-        (r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$", r"\1.layers.\2.self_attn.qkv_proj.\3"),
-        (r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.relative_position_keys$", r"\1.layers.\2.self_attn.relative_keys"),
+        (
+            r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$",
+            r"\1.layers.\2.self_attn.qkv_proj.\3",
+        ),
+        (
+            r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.relative_position_keys$",
+            r"\1.layers.\2.self_attn.relative_keys",
+        ),
         (
             r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.relative_position_values$",
             r"\1.layers.\2.self_attn.relative_values",
         ),
         (r"^(encoder|decoder)\.layers\.(\d+)\.(fc1|fc2)\.(weight|bias)$", r"\1.layers.\2.ffn.\3.\4"),
-        (r"^encoder\.layers\.(\d+)\.layer_norms\.0\.(weight|bias)$", r"encoder.layers.\1.self_attn_layer_norm.\2"),
-        (r"^encoder\.layers\.(\d+)\.layer_norms\.1\.(weight|bias)$", r"encoder.layers.\1.final_layer_norm.\2"),
+        (
+            r"^encoder\.layers\.(\d+)\.layer_norms\.0\.(weight|bias)$",
+            r"encoder.layers.\1.self_attn_layer_norm.\2",
+        ),
+        (
+            r"^encoder\.layers\.(\d+)\.layer_norms\.1\.(weight|bias)$",
+            r"encoder.layers.\1.final_layer_norm.\2",
+        ),
         # old decoder checkpoints: layer_norms.{0,1,2} (fairseq's own upgrade_state_dict_named renames them)
-        (r"^decoder\.layers\.(\d+)\.layer_norms\.0\.(weight|bias)$", r"decoder.layers.\1.self_attn_layer_norm.\2"),
-        (r"^decoder\.layers\.(\d+)\.layer_norms\.1\.(weight|bias)$", r"decoder.layers.\1.encoder_attn_layer_norm.\2"),
-        (r"^decoder\.layers\.(\d+)\.layer_norms\.2\.(weight|bias)$", r"decoder.layers.\1.final_layer_norm.\2"),
+        (
+            r"^decoder\.layers\.(\d+)\.layer_norms\.0\.(weight|bias)$",
+            r"decoder.layers.\1.self_attn_layer_norm.\2",
+        ),
+        (
+            r"^decoder\.layers\.(\d+)\.layer_norms\.1\.(weight|bias)$",
+            r"decoder.layers.\1.encoder_attn_layer_norm.\2",
+        ),
+        (
+            r"^decoder\.layers\.(\d+)\.layer_norms\.2\.(weight|bias)$",
+            r"decoder.layers.\1.final_layer_norm.\2",
+        ),
         (r"^(encoder|decoder)\.history\.weight$", r"\1.connections.weight"),
-        (r"^(encoder|decoder)\.history\.layer_norms\.(\d+)\.(weight|bias)$", r"\1.connections.layer_norms.\2.\3"),
+        (
+            r"^(encoder|decoder)\.history\.layer_norms\.(\d+)\.(weight|bias)$",
+            r"\1.connections.layer_norms.\2.\3",
+        ),
         (r"^encoder\.gate_linear\.(weight|bias)$", r"encoder.ode_coefficients.0.gate.\1"),
         (r"^encoder\.alpha$", r"encoder.ode_coefficients.0.weight"),
         (r"^decoder\.layers\.(\d+)\.encoder_attn\.in_proj_(weight|bias)$", None),

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model_dir", help="folder written by save_pretrained")
     parser.add_argument("out_dir", help="folder to write")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder's)")
-    parser.add_argument("--metrics", default=None, help=f"metrics JSON (default: MODEL_DIR/{METRICS_FILENAME})")
+    parser.add_argument(
+        "--metrics", default=None, help=f"metrics JSON (default: MODEL_DIR/{METRICS_FILENAME})"
+    )
     parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
     args = parser.parse_args(argv)
     print(export_for_hub(args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id))

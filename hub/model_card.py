@@ -324,7 +324,9 @@ def _training_section(metrics: dict[str, Any] | None) -> str:
         parts.append(f"**Data**: {training['data']}")
     recipe = training.get("recipe") or {}
     if recipe:
-        parts.append("| Setting | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in recipe.items()))
+        parts.append(
+            "| Setting | Value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in recipe.items())
+        )
     if training.get("notes"):
         parts.append(str(training["notes"]))
     return "\n\n".join(parts)
@@ -376,7 +378,14 @@ installed, `import modeling_ode` registers the same classes with the Auto classe
 For whole files: `ode-translate MODEL --input src.txt --output hyp.txt` (`pip install ode-transformer`)."""
 
 
-_LANGUAGES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian", "cs": "Czech", "ru": "Russian"}
+_LANGUAGES = {
+    "en": "English",
+    "de": "German",
+    "fr": "French",
+    "ro": "Romanian",
+    "cs": "Czech",
+    "ru": "Russian",
+}
 
 
 def _method_name(config, side: str) -> str:
@@ -384,7 +393,11 @@ def _method_name(config, side: str) -> str:
     if not isinstance(method, str):
         return "Runge-Kutta"
     name = "residual" if method == "euler" else method.upper() if method.startswith("rk") else method
-    return f"{name}-gated" if method != "euler" and "gated" in getattr(config, f"{side}_ode_coefficients") else name
+    return (
+        f"{name}-gated"
+        if method != "euler" and "gated" in getattr(config, f"{side}_ode_coefficients")
+        else name
+    )
 
 
 def card_title(config, metrics: dict[str, Any] | None) -> str:
@@ -399,8 +412,12 @@ def card_title(config, metrics: dict[str, Any] | None) -> str:
             f"{config.encoder_layers}-{config.decoder_layers} layers, d {config.d_model}"
         )
     else:
-        shape = f"{_method_name(config, 'decoder')} causal LM, {config.decoder_layers} layers, d {config.d_model}"
-    task = (metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")).replace("-", " ")
+        shape = (
+            f"{_method_name(config, 'decoder')} causal LM, {config.decoder_layers} layers, d {config.d_model}"
+        )
+    task = (
+        metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
+    ).replace("-", " ")
     languages = metrics.get("language") or []
     if len(languages) == 2:
         task = "-".join(_LANGUAGES.get(code, code) for code in languages) + f" {task}"
@@ -431,7 +448,9 @@ def build_model_card(
     model_dir = Path(model_dir)
     config = _load_config(model_dir)
     data = load_metrics(metrics)
-    model_name = (data or {}).get("model_name") or (repo_id.split("/")[-1] if repo_id else model_dir.resolve().name)
+    model_name = (data or {}).get("model_name") or (
+        repo_id.split("/")[-1] if repo_id else model_dir.resolve().name
+    )
     task = (data or {}).get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
     training = (data or {}).get("training") or {}
     train_datasets = list(training.get("datasets") or [])
@@ -440,7 +459,9 @@ def build_model_card(
         language=(data or {}).get("language"),
         license=(data or {}).get("license", "apache-2.0"),
         library_name="transformers",
-        pipeline_tag=_PIPELINE_TAGS.get(task, "text2text-generation" if config.is_encoder_decoder else "text-generation"),
+        pipeline_tag=_PIPELINE_TAGS.get(
+            task, "text2text-generation" if config.is_encoder_decoder else "text-generation"
+        ),
         tags=["ode-transformer", "runge-kutta", "custom_code", task],
         datasets=train_datasets or None,
         metrics=sorted({r["metric"] for r in data["results"]}) if data else None,
@@ -448,11 +469,7 @@ def build_model_card(
     )
     params = count_parameters(config)
     repo = repo_id or f"path/to/{model_name}"
-    results = (
-        _results_table(data)
-        if data
-        else "No evaluation results were recorded for this model."
-    )
+    results = _results_table(data) if data else "No evaluation results were recorded for this model."
     body = f"""
 # {card_title(config, data)}
 
@@ -494,7 +511,9 @@ Inputs longer than {config.max_position_embeddings} tokens are rejected; batches
 
 
 def write_model_card(
-    model_dir: str | Path, metrics_path_or_dict: str | Path | Mapping[str, Any] | None, repo_id: str | None = None
+    model_dir: str | Path,
+    metrics_path_or_dict: str | Path | Mapping[str, Any] | None,
+    repo_id: str | None = None,
 ) -> Path:
     """Write `model_dir/README.md` from the folder's config.json and a metrics JSON (path or dict, schema in
     this module's docstring; None writes a card without results). Returns the card's path."""
@@ -524,7 +543,8 @@ def validate_card_locally(path: str | Path) -> ModelCard:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}", description="Write README.md (model card) into a trained model folder."
+        prog=f"python -m {__spec__.name}",
+        description="Write README.md (model card) into a trained model folder.",
     )
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")
     parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")

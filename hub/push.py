@@ -15,7 +15,15 @@ from pathlib import Path
 __all__ = ["IGNORE_PATTERNS", "files_to_upload", "push_folder"]
 
 # Never uploaded: VCS and cache folders, Python bytecode (upload_folder also skips .git/ and .cache/huggingface/).
-IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*/.cache/*", "__pycache__/*", "*/__pycache__/*", "*.pyc"]
+IGNORE_PATTERNS = [
+    ".git/*",
+    "*/.git/*",
+    ".cache/*",
+    "*/.cache/*",
+    "__pycache__/*",
+    "*/__pycache__/*",
+    "*.pyc",
+]
 
 
 def files_to_upload(folder: str | Path) -> list[tuple[str, int]]:
@@ -75,14 +83,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", help="folder written by `python -m hub.export`")
     parser.add_argument("--repo-id", required=True, help="USER/NAME (or ORG/NAME) of the model repo")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
-    parser.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; no network")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list the files that would be uploaded; no network"
+    )
     parser.add_argument("--commit-message", default="Upload ODE Transformer")
     args = parser.parse_args(argv)
     result = push_folder(args.folder, args.repo_id, args.private, args.dry_run, args.commit_message)
     if args.dry_run:
         total = sum(size for _, size in result)
-        print(f"dry run: would upload {len(result)} files ({_size(total)}) to {args.repo_id}"
-              f"{' (private)' if args.private else ''}:")
+        print(
+            f"dry run: would upload {len(result)} files ({_size(total)}) to {args.repo_id}"
+            f"{' (private)' if args.private else ''}:"
+        )
         for name, size in result:
             print(f"{size:>12d}  {name}")
     else:

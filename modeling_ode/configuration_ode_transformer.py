@@ -250,7 +250,13 @@ class ODETransformerConfig(PreTrainedConfig):
             self._check_ode_side(side)
         for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             _check_probability(field, getattr(self, field))
-        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
+        for field in (
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "decoder_start_token_id",
+            "forced_eos_token_id",
+        ):
             _check_token_id(field, getattr(self, field), self.vocab_size)
         self._check_positions()
         if not self.ode_step_size > 0:

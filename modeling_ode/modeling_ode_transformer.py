@@ -177,7 +177,9 @@ class ODETransformerEmbeddings(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, past_length: int = 0) -> torch.Tensor:
         length = inputs_embeds.shape[1]
         if length == 0:
-            raise ValueError("the input is empty (sequence length 0); give every sequence at least one token (e.g. `</s>`).")
+            raise ValueError(
+                "the input is empty (sequence length 0); give every sequence at least one token (e.g. `</s>`)."
+            )
         if past_length + length > self.max_positions:
             raise ValueError(
                 f"sequence of {past_length + length} positions exceeds `max_position_embeddings`="
@@ -189,7 +191,9 @@ class ODETransformerEmbeddings(nn.Module):
         return self.dropout(hidden)
 
 
-def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignore_index: int | None = None) -> None:
+def check_token_ids(
+    name: str, ids: torch.Tensor | None, vocab_size: int, ignore_index: int | None = None
+) -> None:
     """Refuse ids outside the vocabulary before the embedding lookup fails with an anonymous IndexError (or a
     device-side assert on GPU)."""
     if ids is None:
@@ -206,7 +210,9 @@ def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignore
         )
 
 
-def check_labels(input_ids: torch.Tensor | None, labels: torch.Tensor | None, vocab_size: int, same_shape: bool) -> None:
+def check_labels(
+    input_ids: torch.Tensor | None, labels: torch.Tensor | None, vocab_size: int, same_shape: bool
+) -> None:
     """Labels: ids in the vocabulary or -100 (ignored), one row per input row (the causal LM: input_ids' shape)."""
     check_token_ids("labels", labels, vocab_size, ignore_index=-100)
     if input_ids is None or labels is None:
@@ -837,7 +843,9 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name."""
         if pretrained_model_name_or_path is not None:
-            weights = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "") / "model.safetensors"
+            weights = (
+                Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "") / "model.safetensors"
+            )
             if weights.is_file():
                 check_safetensors_file(weights)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
@@ -941,7 +949,11 @@ class _ODEStack(ODETransformerPreTrainedModel):
         if inputs_embeds is not None:
             return inputs_embeds
         decoder_of_seq2seq = self.side == "decoder" and self.config.is_encoder_decoder
-        check_token_ids("decoder_input_ids" if decoder_of_seq2seq else "input_ids", input_ids, self.embed_tokens.num_embeddings)
+        check_token_ids(
+            "decoder_input_ids" if decoder_of_seq2seq else "input_ids",
+            input_ids,
+            self.embed_tokens.num_embeddings,
+        )
         return self.embed_tokens(input_ids)
 
     def _run_layers(

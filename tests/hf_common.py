@@ -33,7 +33,14 @@ from types import ModuleType
 import transformers
 from filelock import FileLock
 
-__all__ = ["SKIP_ENV", "CommonTestsUnavailable", "PACKAGE", "cache_dir", "import_common_tests", "unavailable_message"]
+__all__ = [
+    "SKIP_ENV",
+    "CommonTestsUnavailable",
+    "PACKAGE",
+    "cache_dir",
+    "import_common_tests",
+    "unavailable_message",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "hf_transformers_tests"

@@ -30,7 +30,11 @@ def run_package_free(code: str, cwd: Path, *args: str, timeout: int = 300) -> su
     """Run ``code`` (with ``args`` in ``sys.argv[1:]``) in ``cwd``; the caller checks ``returncode``."""
     paths = [p for p in [*site.getsitepackages(), site.getusersitepackages()] if Path(p).is_dir()]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_"))}
-    env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / ".hf"), "HF_MODULES_CACHE": str(cwd / ".hf" / "modules")}
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(cwd / ".hf"),
+        "HF_MODULES_CACHE": str(cwd / ".hf" / "modules"),
+    }
     script = PRELUDE.format(paths=paths) + textwrap.dedent(code)
     return subprocess.run(
         [sys.executable, "-I", "-S", "-c", script, *args],

@@ -11,9 +11,21 @@ from safetensors.torch import load_file, save_file
 from train.averaging import average_checkpoints, last_checkpoints, main
 
 STATES = [
-    {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.5], dtype=torch.bfloat16), "n": torch.tensor([7])},
-    {"w": torch.tensor([[3.0, 2.0], [1.0, 0.0]]), "b": torch.tensor([1.5], dtype=torch.bfloat16), "n": torch.tensor([7])},
-    {"w": torch.tensor([[5.0, 8.0], [2.0, 2.0]]), "b": torch.tensor([4.0], dtype=torch.bfloat16), "n": torch.tensor([7])},
+    {
+        "w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+        "b": torch.tensor([0.5], dtype=torch.bfloat16),
+        "n": torch.tensor([7]),
+    },
+    {
+        "w": torch.tensor([[3.0, 2.0], [1.0, 0.0]]),
+        "b": torch.tensor([1.5], dtype=torch.bfloat16),
+        "n": torch.tensor([7]),
+    },
+    {
+        "w": torch.tensor([[5.0, 8.0], [2.0, 2.0]]),
+        "b": torch.tensor([4.0], dtype=torch.bfloat16),
+        "n": torch.tensor([7]),
+    },
 ]
 
 
@@ -61,7 +73,10 @@ def test_checkpoints_of_two_runs_are_refused(tmp_path):
     """An old run's later checkpoints beside a new run's must not be averaged together."""
     write_run(tmp_path, steps=(10, 20), run_id="new-run")
     write_run(tmp_path, steps=(30,), run_id="old-run")
-    with pytest.raises(ValueError, match=r"different training runs \(checkpoint-10: new-run, checkpoint-20: new-run, checkpoint-30: old-run\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"different training runs \(checkpoint-10: new-run, checkpoint-20: new-run, checkpoint-30: old-run\)",
+    ):
         last_checkpoints(tmp_path, 3)
     with pytest.raises(ValueError, match="different training runs"):
         main([str(tmp_path), "--last", "2", "--out", str(tmp_path / "avg")])

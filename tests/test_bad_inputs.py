@@ -27,7 +27,9 @@ IDS = torch.tensor([[5, 6, 7, 2]])
 
 def seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
     torch.manual_seed(0)
-    return ODETransformerForConditionalGeneration(ODETransformerConfig.from_preset("tiny", **overrides)).eval()
+    return ODETransformerForConditionalGeneration(
+        ODETransformerConfig.from_preset("tiny", **overrides)
+    ).eval()
 
 
 def causal() -> ODETransformerForCausalLM:
@@ -96,7 +98,9 @@ MODEL_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("action", "error", "fragment"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+@pytest.mark.parametrize(
+    ("action", "error", "fragment"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES]
+)
 def test_model_bad_input(action, error, fragment):
     with pytest.raises(error) as raised:
         action()
@@ -111,7 +115,11 @@ def test_config_changed_after_building_is_refused_before_saving(tmp_path):
     assert not list((tmp_path / "out").glob("*")), "nothing may be written"
 
 
-@pytest.mark.parametrize(("keep", "fragment"), [(None, "its header announces"), (0, "it holds 0 bytes")], ids=["truncated", "empty"])
+@pytest.mark.parametrize(
+    ("keep", "fragment"),
+    [(None, "its header announces"), (0, "it holds 0 bytes")],
+    ids=["truncated", "empty"],
+)
 def test_truncated_or_empty_safetensors_named(tmp_path, keep, fragment):
     folder = truncated_safetensors(tmp_path, keep)
     with pytest.raises(OSError) as raised:
@@ -179,9 +187,15 @@ def test_empty_split_is_refused_before_training(tmp_path, split):
     src, tgt = corpus(tmp_path / "data")
     empty = ",".join(str(write(tmp_path / f"empty.{side}", "")) for side in ("src", "tgt"))
     files = {"train": f"{src},{tgt}", "validation": f"{src},{tgt}", "test": f"{src},{tgt}", split: empty}
-    predict = ["--do_predict", "true"] if split == "test" else []  # TINY_RUN does not test: an unused split is not read
+    predict = (
+        ["--do_predict", "true"] if split == "test" else []
+    )  # TINY_RUN does not test: an unused split is not read
     with pytest.raises(ValueError) as raised:
-        train(tmp_path / "out", *(arg for name, spec in files.items() for arg in (f"--{name}_file", spec)), *predict)
+        train(
+            tmp_path / "out",
+            *(arg for name, spec in files.items() for arg in (f"--{name}_file", spec)),
+            *predict,
+        )
     assert f"the {split} split ({empty}) has no examples" in str(raised.value)
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
@@ -190,9 +204,14 @@ def test_output_dir_of_another_run_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "checkpoint-100").mkdir()
-    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint-100, ...\); continue it with --resume_from_checkpoint last"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds a run \(checkpoint-100, ...\); continue it with --resume_from_checkpoint last",
+    ):
         train(out, "--train_file", ",".join(corpus(tmp_path / "data")))
-    with pytest.raises(ValueError, match="--overwrite_output_dir would delete what --resume_from_checkpoint continues from"):
+    with pytest.raises(
+        ValueError, match="--overwrite_output_dir would delete what --resume_from_checkpoint continues from"
+    ):
         train(out, "--overwrite_output_dir", "true", "--resume_from_checkpoint", "last")
     with pytest.raises(ValueError, match=f"--resume_from_checkpoint last: no complete checkpoint in {out}"):
         train(out, "--resume_from_checkpoint", "last")  # checkpoint-100 is empty: skipped, nothing left
@@ -212,10 +231,15 @@ def test_resume_with_another_model_config_names_the_fields(tmp_path):
     with pytest.raises(ValueError) as raised:
         train(out, "--train_file", data, "--resume_from_checkpoint", "last", "--encoder_ode_method", "midpoint",
               "--max_steps", "4")  # fmt: skip
-    assert "was trained with another model configuration (encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)" in str(raised.value)
+    assert (
+        "was trained with another model configuration (encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)"
+        in str(raised.value)
+    )
 
 
 def test_missing_test_split_is_refused_before_training(tmp_path):
-    with pytest.raises(ValueError, match="--do_predict needs a test split: give --dataset, --hub_dataset or --test_file"):
+    with pytest.raises(
+        ValueError, match="--do_predict needs a test split: give --dataset, --hub_dataset or --test_file"
+    ):
         train(tmp_path / "out", "--train_file", ",".join(corpus(tmp_path / "data")), "--do_predict", "true")
     assert not (tmp_path / "out").exists()

@@ -22,8 +22,20 @@ from benchmarks import bench_ode, common
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "benchmarks.bench_ode", "--quick", "--out-dir", str(out), "--name", "quick"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_ode",
+        "--quick",
+        "--out-dir",
+        str(out),
+        "--name",
+        "quick",
+    ]
     subprocess.run([*command, "--threads", "1"], cwd=repo, env=env, check=True)
     return out, json.loads((out / "quick.json").read_text())
 

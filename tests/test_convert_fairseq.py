@@ -198,7 +198,9 @@ def ref_ffn(s, prefix, x):
 
 def ref_encoder_layer(s, i, x, key_padding=None):
     p = f"encoder.layers.{i}"
-    h = x + ref_attention(s, f"{p}.self_attn", ref_ln(s, f"{p}.layer_norms.0", x), None, True, False, key_padding)
+    h = x + ref_attention(
+        s, f"{p}.self_attn", ref_ln(s, f"{p}.layer_norms.0", x), None, True, False, key_padding
+    )
     return h + ref_ffn(s, p, ref_ln(s, f"{p}.layer_norms.1", h))
 
 
@@ -229,7 +231,8 @@ def ref_encoder(s, calculate_num, rk_type, tokens, key_padding=None):
                 out = y + a[0] * f1 + a[1] * f2
             else:
                 gate = torch.sigmoid(
-                    torch.cat([f1, f2], -1) @ s["encoder.gate_linear.weight"].T + s["encoder.gate_linear.bias"]
+                    torch.cat([f1, f2], -1) @ s["encoder.gate_linear.weight"].T
+                    + s["encoder.gate_linear.bias"]
                 )
                 out = y + gate * f1 + (1 - gate) * f2
         states.append(ref_ln(s, f"encoder.history.layer_norms.{i}", out))
@@ -242,7 +245,9 @@ def ref_decoder(s, prev_tokens, encoder_out):
     for i in range(DEC_LAYERS):
         p = f"decoder.layers.{i}"
         x = ref_history_read(s, "decoder", states)
-        x = x + ref_attention(s, f"{p}.self_attn", ref_ln(s, f"{p}.self_attn_layer_norm", x), None, True, True)
+        x = x + ref_attention(
+            s, f"{p}.self_attn", ref_ln(s, f"{p}.self_attn_layer_norm", x), None, True, True
+        )
         x = x + ref_attention(
             s, f"{p}.encoder_attn", ref_ln(s, f"{p}.encoder_attn_layer_norm", x), encoder_out, False, False
         )
@@ -256,7 +261,12 @@ def ref_decoder(s, prev_tokens, encoder_out):
 # Tests
 # ----------------------------------------------------------------------------------------------------------
 
-CASES = [(2, "learnable", "gated"), (2, "standard", "tableau"), (2, "initialization", "learnable"), (4, "standard", "tableau")]
+CASES = [
+    (2, "learnable", "gated"),
+    (2, "standard", "tableau"),
+    (2, "initialization", "learnable"),
+    (4, "standard", "tableau"),
+]
 
 
 @pytest.mark.parametrize(("calculate_num", "rk_type", "coefficients"), CASES)

@@ -82,7 +82,10 @@ def test_parallel_files_skip_and_report_bad_lines(tmp_path, caplog):
         ds = load_parallel_files(src, tgt)
     # no shift: every kept source line is still paired with the target of the same line
     assert list(zip(ds["source"], ds["target"])) == [("s1", "t1"), ("s4", "t4"), ("s6", "t6")]
-    assert f"{src} / {tgt}: 1 undecodable (non-UTF-8) line(s) skipped (line numbers 3); 3 of 6 rows loaded" in caplog.text
+    assert (
+        f"{src} / {tgt}: 1 undecodable (non-UTF-8) line(s) skipped (line numbers 3); 3 of 6 rows loaded"
+        in caplog.text
+    )
     assert f"{src} / {tgt}: 2 empty line(s) skipped (line numbers 2, 5); 3 of 6 rows loaded" in caplog.text
 
     caplog.clear()
@@ -112,7 +115,9 @@ def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, ca
     tsv = tmp_path / "d.tsv"
     tsv.write_text("source\ttarget\na b\tc d\nno target here\n\te f\ng h\ti j\n", encoding="utf-8")
     jsonl = tmp_path / "d.jsonl"
-    jsonl.write_text('{"source": "a", "target": "b"}\n{"source": "x"}\n{"source": "y", "target": "  "}\n', encoding="utf-8")
+    jsonl.write_text(
+        '{"source": "a", "target": "b"}\n{"source": "x"}\n{"source": "y", "target": "  "}\n', encoding="utf-8"
+    )
     with caplog.at_level(logging.WARNING, logger="train.data"):
         from_tsv = load_tsv(tsv, "source", "target", cache_dir=tmp_path / "cache")
         from_jsonl = load_jsonl(jsonl, "source", "target", cache_dir=tmp_path / "cache")
@@ -227,7 +232,9 @@ def test_gec_sets_drop_only_empty_pairs(shared_data, caplog):
         (wi_locness, "train", "wi_locness", "train.src.gz", "train.tgt.gz"),
         (wi_locness, "dev", "wi_locness", "dev.src.gz", "dev.tgt.gz"),
     ]:
-        pairs = list(zip(_gz_lines(shared_data / "gec" / folder / src), _gz_lines(shared_data / "gec" / folder / tgt)))
+        pairs = list(
+            zip(_gz_lines(shared_data / "gec" / folder / src), _gz_lines(shared_data / "gec" / folder / tgt))
+        )
         expected = [(s, t) for s, t in pairs if s.strip() and t.strip()]
         ds = reader(split)
         assert list(zip(ds["source"], ds["target"])) == expected

@@ -45,19 +45,29 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
     folder = tmp_path / "results" / study_name / "cpu"
     results = {v: json.loads((folder / f"{run_id(v, depth, 0)}.json").read_text()) for v in variants}
     for variant, result in results.items():
-        assert result["flags"] == {**study.flags(variant, depth, 0, "cpu"), **{k: str(v) for k, v in TINY.items()}}
+        assert result["flags"] == {
+            **study.flags(variant, depth, 0, "cpu"),
+            **{k: str(v) for k, v in TINY.items()},
+        }
         assert result["seed"] == 0 and result["config"]["d_model"] == 16
         assert result["steps"] == 4 and result["wall_time_s"] > 0 and result["resumed"] is False
         assert len(result["git"]["commit"]) == 40 and result["device"]["device"] == "cpu"
         assert result["data"]["files"] and all(len(h) == 64 for h in result["data"]["files"].values())
         for metric in study.metrics:
             assert math.isfinite(result["metrics"][metric.name]), metric.name
-        layers = result["config"]["decoder_layers" if result["config"]["is_encoder_decoder"] is False else "encoder_layers"]
+        layers = result["config"][
+            "decoder_layers" if result["config"]["is_encoder_decoder"] is False else "encoder_layers"
+        ]
         assert layers == depth
-        for test in study.extra_tests:  # GLEU scored again here from the recorded hypotheses and the corpus files
+        for (
+            test
+        ) in study.extra_tests:  # GLEU scored again here from the recorded hypotheses and the corpus files
             assert test.task == "gleu" and test.source in result["data"]["files"]
             record = result["extra_tests"][test.name]
-            sources, references = read_lines(shared_data / test.source), [read_lines(shared_data / r) for r in test.references]
+            sources, references = (
+                read_lines(shared_data / test.source),
+                [read_lines(shared_data / r) for r in test.references],
+            )
             assert len(record["hypotheses"]) == len(sources)
             score = gleu_score(sources, record["hypotheses"], references)
             assert record["metrics"] == {name: score[key] for key, name in test.metrics.items()}
@@ -77,7 +87,9 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
     table = (folder / "README.md").read_text()
     assert all(study.variants[v].label in table for v in variants)
     assert (folder / "summary.png").stat().st_size > 1000
-    if study.flags(variants[0], depth, 0, "cpu")["task"] == "translation":  # paired BLEU bootstrap vs baseline
+    if (
+        study.flags(variants[0], depth, 0, "cpu")["task"] == "translation"
+    ):  # paired BLEU bootstrap vs baseline
         assert 0.0 <= rows[1]["bootstrap_p"][0] <= 1.0
     else:
         assert all("bootstrap_p" not in row for row in rows)
@@ -128,7 +140,12 @@ def test_no_two_variants_of_a_study_compute_the_same_function(study_name):
                 noise = torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name)))
                 parameter.add_(0.3 * noise)
             outputs[variant] = model.encoder(input_ids=inputs).last_hidden_state
-    same = [(a, b) for a in outputs for b in outputs if a < b and torch.allclose(outputs[a], outputs[b], atol=1e-5)]
+    same = [
+        (a, b)
+        for a in outputs
+        for b in outputs
+        if a < b and torch.allclose(outputs[a], outputs[b], atol=1e-5)
+    ]
     assert same == []
 
 
@@ -141,7 +158,9 @@ def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
     (out / "checkpoint-5" / "trainer_state.json").write_text("{}")
     command = runner.train_command(run, tmp_path, "cpu", {})
     assert command[command.index("--resume_from_checkpoint") + 1] == "true"
-    assert json.loads(command[command.index("--config_overrides") + 1]) == {"ode_function_includes_residual": True}
+    assert json.loads(command[command.index("--config_overrides") + 1]) == {
+        "ode_function_includes_residual": True
+    }
 
 
 def test_gap_verdict_compares_the_gap_with_its_standard_error():
@@ -161,7 +180,9 @@ def test_gap_is_taken_over_the_seeds_both_rows_have():
     minus residual's three-seed mean (28)."""
     results = [fake_result("residual", 0, 30.0), fake_result("residual", 1, 27.0), fake_result("residual", 2, 27.0),
                fake_result("rk4", 0, 31.0), fake_result("rk2_gated", 1, 28.0), fake_result("rk2_gated", 2, 29.0)]  # fmt: skip
-    rows = {row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)}
+    rows = {
+        row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    }
     assert rows["residual"]["BLEU"]["mean"] == pytest.approx(28.0)
     assert rows["rk4"]["BLEU"]["vs_baseline"] == "+1.00 (1 seed)"
     # Seeds 1-2: gap +1.5; standard error sqrt(0.5/2 + 0/2) = 0.5, so 1.5 > 2 * 0.5.
@@ -170,7 +191,10 @@ def test_gap_is_taken_over_the_seeds_both_rows_have():
 
 
 def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():
-    results = [fake_result("residual", 0, 30.0), {**fake_result("rk4", 0, 31.0), "resumed": True, "wall_time_s": 90.0}]
+    results = [
+        fake_result("residual", 0, 30.0),
+        {**fake_result("rk4", 0, 31.0), "resumed": True, "wall_time_s": 90.0},
+    ]
     rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
     table = report_module.markdown(STUDIES["multi30k"], "cpu", rows).splitlines()
     assert table[6].endswith("| 10 | 1.0 |") and table[7].endswith("| 10 | 1.5 * |")  # residual, then rk4
@@ -190,7 +214,10 @@ def test_unknown_variant_or_size_is_a_clear_error(capsys):
 
 def test_factor_variants_compare_with_the_baseline_under_the_same_factor():
     pilot = STUDIES["ptb_pilot"]
-    assert pilot.baseline_of("rk4.word") == "residual.word" and pilot.baseline_of("residual.word") == "residual.word"
+    assert (
+        pilot.baseline_of("rk4.word") == "residual.word"
+        and pilot.baseline_of("residual.word") == "residual.word"
+    )
     assert pilot.baseline_of("rk4.codeF") == "residual.pilot"  # code F does not apply to Euler
     assert STUDIES["ptb"].baseline_of("rk4_codeF") == "residual"
     for variant in pilot.variants:  # every factor has its residual run
@@ -202,7 +229,10 @@ def test_init_diagnostic_same_start_for_the_paper_readings(shared_data):
     same F(y) as Euler's (same seed, same weights): the stage norms agree exactly."""
     from experiments import init_diagnostic
 
-    rows = {(r["connections"], r["block"]): r for r in init_diagnostic.main(["--sentences", "8", "--d-model", "32"])}
+    rows = {
+        (r["connections"], r["block"]): r
+        for r in init_diagnostic.main(["--sentences", "8", "--d-model", "32"])
+    }
     assert len(rows) == 8
     for connections in ("learnable_dense", "residual"):
         residual, rk4 = rows[(connections, "residual")], rows[(connections, "rk4")]
@@ -228,7 +258,9 @@ def test_provenance_names_commits_changed_flags_and_mixed_vocabularies_and_refus
     assert "(word, 10002) built different vocabularies**: 9972 (2 runs), 10002 (1 runs)" in lines[1]
     bpe = _run_record("92924fb" + "0" * 33, 10000, tokenizer_type="bpe", vocab_size=10000)
     lines = report_module.provenance(ptb, [*same, bpe])
-    assert not any("built different vocabularies" in line for line in lines)  # other flags: a factor, not a mix
+    assert not any(
+        "built different vocabularies" in line for line in lines
+    )  # other flags: a factor, not a mix
     # ... but flags the study no longer sets are named under the table
     assert lines[1] == (
         "Flags the study has changed since residual-1-seed0 ran: tokenizer_type bpe -> word, vocab_size 10000 -> 10002."
@@ -287,7 +319,9 @@ def test_block_diagnostic_stage_norms_are_the_residual_updates():
     input_ids, attention_mask = _padded_batch()
     rows = block_statistics(model, input_ids, attention_mask)
     with torch.no_grad():
-        hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        hidden = model.get_encoder()(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+        )
     updates = [(after - before).norm(dim=-1)[attention_mask.bool()].mean().item()
                for before, after in zip(hidden.hidden_states, hidden.hidden_states[1:])]  # fmt: skip
     assert [row["stage_norms"] for row in rows] == [pytest.approx([u], rel=1e-5) for u in updates]
@@ -304,7 +338,9 @@ def test_block_diagnostic_gate_means_leave_out_padding():
     from modeling_ode.ode import StageCoefficients
 
     torch.manual_seed(0)
-    config = ODETransformerConfig.from_preset("tiny", vocab_size=50, encoder_ode_method="rk2", encoder_ode_coefficients="gated")
+    config = ODETransformerConfig.from_preset(
+        "tiny", vocab_size=50, encoder_ode_method="rk2", encoder_ode_coefficients="gated"
+    )
     model = ODETransformerForConditionalGeneration(config).eval()
     gates = [m.gate for m in model.get_encoder().modules() if isinstance(m, StageCoefficients)]
     input_ids, attention_mask = _padded_batch()
@@ -342,7 +378,9 @@ def test_block_diagnostic_reads_a_forced_gate_from_a_saved_model(tmp_path, share
     model.save_pretrained(tmp_path)
     (rows,) = block_diagnostic.main([str(tmp_path), "--sentences", "4"]).values()  # Multi30k or PTB sentences
     assert [row["side"] for row in rows] == [side] * 3
-    assert [row["gamma"] for row in rows] == [pytest.approx(g, abs=1e-6) for g in ([1, 0], [0, 1], [0.5, 0.5])]
+    assert [row["gamma"] for row in rows] == [
+        pytest.approx(g, abs=1e-6) for g in ([1, 0], [0, 1], [0.5, 0.5])
+    ]
     assert [row["collapsed_share"] for row in rows] == [1.0, 1.0, 0.0]
 
 
@@ -422,7 +460,12 @@ def test_source_diagnostic_refuses_a_language_model_and_a_single_pair(tmp_path):
 
     save_tiny_folder(tmp_path / "lm", causal=True)
     save_tiny_folder(tmp_path / "seq2seq")
-    files = ["--source", str(_write(tmp_path / "src.txt", TEXTS[:2])), "--target", str(_write(tmp_path / "tgt.txt", TEXTS[:2]))]
+    files = [
+        "--source",
+        str(_write(tmp_path / "src.txt", TEXTS[:2])),
+        "--target",
+        str(_write(tmp_path / "tgt.txt", TEXTS[:2])),
+    ]
     with pytest.raises(ValueError, match="language model"):
         source_diagnostic.main([str(tmp_path / "lm"), *files])
     with pytest.raises(ValueError, match="at least 2 aligned pairs"):

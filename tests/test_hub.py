@@ -31,7 +31,9 @@ from train.data import data_root  # noqa: E402
 from train.files import read_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = data_root().parent / "paper" / "ode_transformer_acl2022.tex"  # the paper's source next to the shared data
+PAPER = (
+    data_root().parent / "paper" / "ode_transformer_acl2022.tex"
+)  # the paper's source next to the shared data
 
 
 def tiny_seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
@@ -44,19 +46,34 @@ def real_metrics(shared_data: Path) -> dict:
     """A real sacreBLEU/chrF score: the first newstest2014 German references against a perturbed copy."""
     sacrebleu = pytest.importorskip("sacrebleu")
     refs = [line.strip() for line in read_lines(shared_data / "wmt" / "en-de" / "newstest2014.de.gz")[:20]]
-    hyps = [" ".join(w for j, w in enumerate(line.split()) if j % 4 != 3) for line in refs]  # drop every 4th word
+    hyps = [
+        " ".join(w for j, w in enumerate(line.split()) if j % 4 != 3) for line in refs
+    ]  # drop every 4th word
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     return {
         "task": "translation",
         "language": ["en", "de"],
-        "dataset": {"name": "WMT14 English-German (newstest2014)", "id": "wmt/wmt14", "config": "de-en", "split": "test"},
+        "dataset": {
+            "name": "WMT14 English-German (newstest2014)",
+            "id": "wmt/wmt14",
+            "config": "de-en",
+            "split": "test",
+        },
         "results": [
-            {"metric": "sacrebleu", "name": "BLEU", "value": round(bleu_score.score, 2),
-             "signature": bleu.get_signature().format()},
-            {"metric": "chrf", "name": "chrF", "value": round(chrf_score.score, 2),
-             "signature": chrf.get_signature().format()},
+            {
+                "metric": "sacrebleu",
+                "name": "BLEU",
+                "value": round(bleu_score.score, 2),
+                "signature": bleu.get_signature().format(),
+            },
+            {
+                "metric": "chrf",
+                "name": "chrF",
+                "value": round(chrf_score.score, 2),
+                "signature": chrf.get_signature().format(),
+            },
         ],
         "training": {"data": "WMT14 En-De", "recipe": {"optimizer": "Adam (0.9, 0.997)", "lr": 0.002}},
         "decoding": {"num_beams": 4, "length_penalty": 0.6},
@@ -80,7 +97,7 @@ def test_citation_matches_paper():
         assert author in author_block
         first, last = author.rsplit(" ", 1)
         assert f"{last}, {first}" in CITATION
-    assert "year = \"2022\"" in CITATION
+    assert 'year = "2022"' in CITATION
 
 
 def test_model_card_round_trip(tmp_path, shared_data):
@@ -98,12 +115,16 @@ def test_model_card_round_trip(tmp_path, shared_data):
         result = results[expected["metric"]]
         assert result.metric_value == expected["value"] and result.metric_value > 0
         assert result.metric_args == {"signature": expected["signature"]}
-        assert (result.dataset_type, result.dataset_split, result.task_type) == ("wmt/wmt14", "test", "translation")
+        assert (result.dataset_type, result.dataset_split, result.task_type) == (
+            "wmt/wmt14",
+            "test",
+            "translation",
+        )
         assert expected["signature"].replace("|", "\\|") in card.text
     params = sum(p.numel() for p in model.parameters())
     assert f"{params:,}" in card.text
     assert "second-order Runge-Kutta" in card.text and "one shared by all blocks" in card.text
-    assert 'trust_remote_code=True' in card.text and "num_beams=4, length_penalty=0.6" in card.text
+    assert "trust_remote_code=True" in card.text and "num_beams=4, length_penalty=0.6" in card.text
     assert "@inproceedings{li-etal-2022-ode" in card.text and "Intended use and limitations" in card.text
     validate_card_locally(path)
 
@@ -115,7 +136,9 @@ def test_model_card_round_trip(tmp_path, shared_data):
 
 def test_metrics_schema_errors_name_the_fields():
     with pytest.raises(ValueError, match=r"'task'.*'results\[0\]\.value'.*\['id'\]"):
-        load_metrics({"dataset": {"name": "x", "split": "test"}, "results": [{"metric": "bleu", "value": "high"}]})
+        load_metrics(
+            {"dataset": {"name": "x", "split": "test"}, "results": [{"metric": "bleu", "value": "high"}]}
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -157,14 +180,17 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     out = export_for_hub(tmp_path / "trained", tmp_path / "ode-hub", repo_id="someone/ode-tiny")
     torch.manual_seed(1)
     causal = ODETransformerForCausalLM(
-        ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False, decoder_ode_method="rk2",
-                                         decoder_ode_coefficients="gated")
+        ODETransformerConfig.from_preset(
+            "tiny", is_encoder_decoder=False, decoder_ode_method="rk2", decoder_ode_coefficients="gated"
+        )
     ).eval()
     out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
 
     code = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py")
     files = sorted(p.name for p in out.iterdir())
-    assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(files)
+    assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(
+        files
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
@@ -178,10 +204,17 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     assert "from .ode import" in (out / "modeling_ode_transformer.py").read_text()
 
     g = torch.Generator().manual_seed(2)
-    inputs = {"src": torch.randint(3, 99, (2, 7), generator=g), "tgt": torch.randint(3, 99, (2, 5), generator=g)}
+    inputs = {
+        "src": torch.randint(3, 99, (2, 7), generator=g),
+        "tgt": torch.randint(3, 99, (2, 5), generator=g),
+    }
     torch.save(inputs, tmp_path / "inputs.pt")
-    folders = {"seq2seq": str(out), "causal": str(out_causal), "inputs": str(tmp_path / "inputs.pt"),
-               "outputs": str(tmp_path / "outputs.pt")}
+    folders = {
+        "seq2seq": str(out),
+        "causal": str(out_causal),
+        "inputs": str(tmp_path / "inputs.pt"),
+        "outputs": str(tmp_path / "outputs.pt"),
+    }
     run = run_package_free(PACKAGE_FREE, tmp_path, json.dumps(folders))
     assert run.returncode == 0, run.stderr[-3000:]
     remote = torch.load(tmp_path / "outputs.pt")
@@ -269,7 +302,11 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
     # the module CLI, in a fresh interpreter, offline
     run = subprocess.run(
         [sys.executable, "-m", "hub.push", str(folder), "--repo-id", "someone/ode-tiny", "--dry-run"],
-        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 0, run.stderr
     assert "model.safetensors" in run.stdout

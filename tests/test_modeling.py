@@ -154,7 +154,9 @@ def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch):
     eager_calls = []
     eager = modeling_ode_transformer.eager_attention_forward
     monkeypatch.setattr(
-        modeling_ode_transformer, "eager_attention_forward", lambda *a, **k: eager_calls.append(1) or eager(*a, **k)
+        modeling_ode_transformer,
+        "eager_attention_forward",
+        lambda *a, **k: eager_calls.append(1) or eager(*a, **k),
     )
     model = seq2seq(max_relative_position=0)
     model.set_attn_implementation("sdpa")
@@ -238,7 +240,9 @@ def test_eval_loss_is_the_nll_without_label_smoothing():
     nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep].mean()
     torch.testing.assert_close(out.loss.double(), nll, rtol=1e-6, atol=1e-6)
     smooth = -logp.mean(-1)[keep].mean()
-    train_loss = model.train()(input_ids=ids, attention_mask=mask, labels=labels).loss  # no dropout: same logits
+    train_loss = model.train()(
+        input_ids=ids, attention_mask=mask, labels=labels
+    ).loss  # no dropout: same logits
     torch.testing.assert_close(train_loss.double(), 0.9 * nll + 0.1 * smooth, rtol=1e-6, atol=1e-6)
     lm = causal_lm(tiny(is_encoder_decoder=False, label_smoothing=0.1))
     lm_out = lm(input_ids=ids, labels=ids)
@@ -372,7 +376,11 @@ def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage():
     assert isinstance(cache.self_attention_cache, StaticCache) and len(cache.self_attention_cache.layers) == 8
     ids, mask = source_batch()
     out = model.generate(
-        ids, attention_mask=mask, cache_implementation="static", max_new_tokens=4, return_dict_in_generate=True
+        ids,
+        attention_mask=mask,
+        cache_implementation="static",
+        max_new_tokens=4,
+        return_dict_in_generate=True,
     )
     self_cache = out.past_key_values.self_attention_cache
     assert len(self_cache.layers) == 8

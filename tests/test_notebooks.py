@@ -22,8 +22,12 @@ def test_notebook_executes(path, shared_data, monkeypatch):
     monkeypatch.setenv("ODE_DATA_DIR", str(shared_data))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
-    errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    ).execute()
+    errors = [
+        o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
+    ]
     assert not errors
 
 
@@ -52,7 +56,9 @@ def test_committed_ode_blocks_outputs_show_the_orders_and_the_gate_parameters():
     from modeling_ode import ODE_METHODS
 
     text = _printed("ode_blocks.ipynb")
-    slopes = dict(re.findall(r"^(\w+)\s+error\(h=0\.2\)=\S+\s+error\(h=0\.1\)=\S+\s+slope=([\d.]+)", text, re.M))
+    slopes = dict(
+        re.findall(r"^(\w+)\s+error\(h=0\.2\)=\S+\s+error\(h=0\.1\)=\S+\s+slope=([\d.]+)", text, re.M)
+    )
     assert set(slopes) == {"euler", "rk2", "rk4"}
     for method, slope in slopes.items():
         assert abs(float(slope) - (ODE_METHODS[method].order + 1)) < 0.1, method
@@ -64,7 +70,10 @@ def test_committed_ode_blocks_outputs_show_the_orders_and_the_gate_parameters():
 
 def test_committed_quickstart_outputs_show_learning_and_an_identical_reload():
     text = _printed("quickstart.ipynb")
-    losses = [float(x) for x in re.search(r"training loss \(label-smoothed\): \[([^\]]+)\]", text).group(1).split(",")]
+    losses = [
+        float(x)
+        for x in re.search(r"training loss \(label-smoothed\): \[([^\]]+)\]", text).group(1).split(",")
+    ]
     assert len(losses) >= 2 and losses[-1] < losses[0]
     assert re.search(r"reloaded from \S+ - same translations", text)
 

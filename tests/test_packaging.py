@@ -57,19 +57,30 @@ def test_non_editable_install_gives_console_commands(tmp_path):
     def call(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
-    located = call(str(bin_dir / "python"), "-c", "import modeling_ode, ode_transformer.train.run as r; print(modeling_ode.__file__)")
+    located = call(
+        str(bin_dir / "python"),
+        "-c",
+        "import modeling_ode, ode_transformer.train.run as r; print(modeling_ode.__file__)",
+    )
     assert located.returncode == 0, located.stderr[-2000:]
     assert located.stdout.startswith(str(tmp_path / "venv")), located.stdout
     for generic in ("train", "hub"):
-        assert call(str(bin_dir / "python"), "-c", f"import {generic}").returncode != 0, f"{generic} is importable"
+        assert call(str(bin_dir / "python"), "-c", f"import {generic}").returncode != 0, (
+            f"{generic} is importable"
+        )
     for command in COMMANDS:
         result = call(str(bin_dir / command), "--help")
-        assert result.returncode == 0 and result.stdout.startswith("usage: "), (command, result.stderr[-2000:])
+        assert result.returncode == 0 and result.stdout.startswith("usage: "), (
+            command,
+            result.stderr[-2000:],
+        )
 
     model, tokenizer = save_tiny_folder(tmp_path / "model", weight_scale=3)
     sources = ["the dog sleeps", "a cat runs in the warm park", "zwei Hunde"]
     (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-    result = call(str(bin_dir / "ode-translate"), str(tmp_path / "model"), "--input", "src.txt", "--no_progress")
+    result = call(
+        str(bin_dir / "ode-translate"), str(tmp_path / "model"), "--input", "src.txt", "--no_progress"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     with torch.no_grad():
         expected = [model.generate(**tokenizer([s], return_tensors="pt"))[0] for s in sources]

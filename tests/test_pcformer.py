@@ -249,7 +249,10 @@ def test_incremental_decoding_equals_the_full_forward(overrides):
 @pytest.mark.parametrize("decoding", [{}, {"num_beams": 3, "length_penalty": 0.6}])
 def test_static_dynamic_and_uncached_generation_agree(overrides, decoding):
     kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
-    assert generate_static_dynamic_uncached(pc_seq2seq(**overrides), *source_batch(), **kwargs).shape == (3, 9)
+    assert generate_static_dynamic_uncached(pc_seq2seq(**overrides), *source_batch(), **kwargs).shape == (
+        3,
+        9,
+    )
 
 
 @pytest.mark.parametrize("method,decoding", [("rk2", {}), ("rk4", {"num_beams": 3})])
@@ -260,7 +263,9 @@ def test_causal_lm_static_dynamic_and_uncached_generation_agree(method, decoding
     past = model(prompt[:, :5], attention_mask=prompt_mask[:, :5]).past_key_values
     rest = model(prompt[:, 5:], attention_mask=prompt_mask, past_key_values=past).logits
     torch.testing.assert_close(rest, full[:, 5:], rtol=1e-5, atol=1e-5)
-    generate_static_dynamic_uncached(model, prompt, prompt_mask, max_new_tokens=6, min_new_tokens=6, **decoding)
+    generate_static_dynamic_uncached(
+        model, prompt, prompt_mask, max_new_tokens=6, min_new_tokens=6, **decoding
+    )
 
 
 # --- training and configuration --------------------------------------------------------------------------------

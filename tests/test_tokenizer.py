@@ -108,13 +108,19 @@ def test_word_level_vocabulary_is_dense_and_keeps_literal_unk():
 
 def test_word_level_ptb_has_every_word(tmp_path, shared_data):
     lines = read_lines(shared_data / "ptb" / "ptb.train.txt.gz")
-    train_tokenizer(lines, vocab_size=10_002, kind="word", save_to=tmp_path)  # as `train.run --tokenizer_type word`
+    train_tokenizer(
+        lines, vocab_size=10_002, kind="word", save_to=tmp_path
+    )  # as `train.run --tokenizer_type word`
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     words = {w for line in lines for w in line.split()}
     assert len(words) == 9999  # Mikolov's PTB: 10k types counting </s>
     assert len(tokenizer) == len(words) - 1 + len(SPECIAL_TOKENS)  # <unk> is a special
     ids = tokenizer(lines[0])["input_ids"]
-    assert len(ids) == len(lines[0].split()) + 1 and tokenizer.unk_token_id not in ids[:-1] or "<unk>" in lines[0]
+    assert (
+        len(ids) == len(lines[0].split()) + 1
+        and tokenizer.unk_token_id not in ids[:-1]
+        or "<unk>" in lines[0]
+    )
 
 
 def test_unknown_tokenizer_kind_is_refused():

@@ -55,7 +55,14 @@ def check_outputs(output_dir: Path, document: dict, n_hyps: int | None) -> dict[
     """Loss fell, all files are there, every metric is finite; returns metric name -> value."""
     losses = logged_losses(output_dir)
     assert len(losses) >= 2 and losses[-1] < losses[0], losses
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "hub_metrics.json", "loss_curves.png", "README.md"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "hub_metrics.json",
+        "loss_curves.png",
+        "README.md",
+    ):
         assert (output_dir / name).is_file(), name
     assert list((output_dir / "runs").rglob("events.out.tfevents*")), "no TensorBoard log"
     assert json.loads((output_dir / "hub_metrics.json").read_text()) == document
@@ -94,10 +101,17 @@ def test_translation_multi30k(multi30k_run):
     assert 0 <= values["BLEU"] <= 100 and 0 <= values["chrF"] <= 100
     assert document["results"][0]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert document["decoding"] == {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"}
-    assert document["training"]["recipe"]["model"] == "2-2 layers, d_model 16, FFN 32/32, 2/2 heads (preset tiny)"
+    assert (
+        document["training"]["recipe"]["model"]
+        == "2-2 layers, d_model 16, FFN 32/32, 2/2 heads (preset tiny)"
+    )
     assert document["example"] == multi30k("test")["source"][0]
     generation = json.loads((output_dir / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (2, 0.6, 48)
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (
+        2,
+        0.6,
+        48,
+    )
     assert "max_length" not in generation
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert any("eval_bleu" in entry for entry in state["log_history"])
@@ -128,7 +142,10 @@ def test_trained_folder_generates_without_the_package(multi30k_run, multi30k_tes
     shutil.copytree(output_dir, copy, ignore=shutil.ignore_patterns("runs", "tokenizer", "*.png"))
     result = run_package_free(PLAIN_GENERATE, tmp_path, str(copy), str(src))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    assert (
+        result.stdout.splitlines()
+        == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    )
 
 
 @pytest.fixture
@@ -190,14 +207,20 @@ def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_fil
     hyps = (tmp_path / "test_hypotheses.txt").read_text(encoding="utf-8")
     assert hyps == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "all_results.json", "hub_metrics.json", "test_hypotheses.txt", "test_results.json"
+        "all_results.json",
+        "hub_metrics.json",
+        "test_hypotheses.txt",
+        "test_results.json",
     ]
 
 
 def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
     src, ref = multi30k_test_files
     common = ["--use_cpu", "true", "--output_dir", str(tmp_path), "--report_to", "none"]
-    with pytest.raises(ValueError, match=r"--do_train needs a train split: give --dataset, --hub_dataset or --train_file, or --do_train false"):
+    with pytest.raises(
+        ValueError,
+        match=r"--do_train needs a train split: give --dataset, --hub_dataset or --train_file, or --do_train false",
+    ):
         run(parse_arguments(["--test_file", f"{src},{ref}", *common]))
     with pytest.raises(ValueError, match="--do_train false evaluates a trained model: give its folder"):
         parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common])
@@ -249,7 +272,9 @@ def test_lm_ptb_perplexity(tmp_path):
     texts = [generator(prompt, **greedy)[0]["generated_text"] for prompt in prompts]
     assert all(text.startswith(prompt) for text, prompt in zip(texts, prompts))
     prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in prompts]
-    expected = [generator.model.generate(torch.tensor([ids]), **greedy)[0, len(ids) :].tolist() for ids in prompt_ids]
+    expected = [
+        generator.model.generate(torch.tensor([ids]), **greedy)[0, len(ids) :].tolist() for ids in prompt_ids
+    ]
     assert translate.generate_ids(generator.model, prompt_ids, batch_size=2, **greedy) == expected
     assert all(len(ids) > 0 for ids in expected)
 
@@ -275,8 +300,10 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     model = ODETransformerForCausalLM.from_pretrained(tmp_path)
     texts = ptb("validation")["text"][:40]
-    sequences = [[tokenizer.bos_token_id, *ids, tokenizer.eos_token_id]  # <s> text </s>, as train.run builds them
-                 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    sequences = [
+        [tokenizer.bos_token_id, *ids, tokenizer.eos_token_id]  # <s> text </s>, as train.run builds them
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ]
     rows = [{"input_ids": ids, "labels": ids} for ids in sequences]
     collator = PadCollator(tokenizer)
     total, count = lm_negative_log_likelihood(model, Dataset.from_list(rows), collator, 16)
@@ -319,7 +346,12 @@ def test_resume_gives_the_same_weights(tmp_path):
     assert epoch > 1 and epoch != int(epoch), "the checkpoint should sit inside a later epoch"
     resumed = tmp_path / "resumed"
     train_and_test(
-        resumed, *flags, "--tokenizer_name", str(full / "tokenizer"), "--resume_from_checkpoint", str(checkpoint)
+        resumed,
+        *flags,
+        "--tokenizer_name",
+        str(full / "tokenizer"),
+        "--resume_from_checkpoint",
+        str(checkpoint),
     )
     expected, actual = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert expected.keys() == actual.keys()
@@ -332,13 +364,19 @@ CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_recipes_parse(recipe):
-    model_args, data_args, run_args, training_args = parse_arguments([str(RECIPES / recipe), "--use_cpu", "true"])
+    model_args, data_args, run_args, training_args = parse_arguments(
+        [str(RECIPES / recipe), "--use_cpu", "true"]
+    )
     assert training_args.lr_scheduler_type.value == "inverse_sqrt"
     assert (training_args.adam_beta1, training_args.weight_decay) == (0.9, 0.0)
     # The paper's 4096 tokens per GPU; the CPU recipes use 2048 (twice the updates in the same CPU time).
     assert data_args.max_tokens == (2048 if recipe in CPU_RECIPES else 4096) and training_args.bf16
     if recipe.startswith("wmt14_en_de"):
-        assert (training_args.learning_rate, training_args.warmup_steps, training_args.adam_beta2) == (0.002, 16000, 0.997)
+        assert (training_args.learning_rate, training_args.warmup_steps, training_args.adam_beta2) == (
+            0.002,
+            16000,
+            0.997,
+        )
         assert (run_args.num_beams, run_args.length_penalty, training_args.save_total_limit) == (4, 0.6, 10)
         assert training_args.max_steps == (100_000 if "big" in recipe else 50_000)
         assert model_args.preset == recipe.removeprefix("wmt14_en_de_").removesuffix(".yaml")
@@ -409,11 +447,20 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
         train_and_test(out, *flags, "--resume_from_checkpoint", "last")
     assert "skipping incomplete checkpoint" in caplog.text and "a cut-off trainer_state.json" in caplog.text
     assert not (out / ".staging").exists()
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-4", "checkpoint-8"]
-    expected, actual = load_file(tmp_path / "full" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-12",
+        "checkpoint-4",
+        "checkpoint-8",
+    ]
+    expected, actual = (
+        load_file(tmp_path / "full" / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
     assert expected.keys() == actual.keys()
     assert all(torch.equal(actual[key], expected[key]) for key in expected)
-    run_ids = {(out / name / "run_id.txt").read_text() for name in ("checkpoint-4", "checkpoint-8", "checkpoint-12")}
+    run_ids = {
+        (out / name / "run_id.txt").read_text() for name in ("checkpoint-4", "checkpoint-8", "checkpoint-12")
+    }
     assert len(run_ids) == 1  # one run, resumed: averaging accepts its checkpoints
 
 
@@ -425,8 +472,13 @@ def test_gpu_recipes_say_so_in_header_and_readme(recipe):
     if recipe in CPU_RECIPES:
         assert "use_cpu: true" in text
         return
-    assert text.startswith("# GPU recipe: bf16 training on CUDA GPUs.") and "--use_cpu true" in text.split("\n")[1]
-    lines = [line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line]
+    assert (
+        text.startswith("# GPU recipe: bf16 training on CUDA GPUs.")
+        and "--use_cpu true" in text.split("\n")[1]
+    )
+    lines = [
+        line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line
+    ]
     assert all("GPU" in line for line in lines), lines  # every README command that runs it
 
 
@@ -434,12 +486,16 @@ def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
     text = build_parser().format_help()
     assert text.startswith("usage: python -m train.run [RECIPE.yaml] [--flag value ...]")
     positions = [text.index(f"\n{title}:\n") for title in ("positional arguments", "model", "data", "run")]
-    assert positions == sorted(positions) and positions[-1] < text.index("\ntransformers Seq2SeqTrainingArguments:")
+    assert positions == sorted(positions) and positions[-1] < text.index(
+        "\ntransformers Seq2SeqTrainingArguments:"
+    )
     assert "RECIPE.yaml" in text.split("\nmodel:")[0].split("positional arguments:")[1]
 
 
 def test_one_label_smoothing_flag():
-    model_args, _, _, training_args = parse_arguments(["--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+    model_args, _, _, training_args = parse_arguments(
+        ["--label_smoothing_factor", "0.2", "--use_cpu", "true"]
+    )
     assert (model_args.label_smoothing, training_args.label_smoothing_factor) == (0.2, 0.0)  # smoothed once
     with pytest.raises(ValueError, match="give only --label_smoothing"):
         parse_arguments(["--label_smoothing", "0.1", "--label_smoothing_factor", "0.2", "--use_cpu", "true"])
@@ -485,6 +541,8 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     expected = [word_dropout(f["input_ids"], 0.5, keep_ids=(eos,)) for f in features]
     longest = max(map(len, expected))
     assert dropped["input_ids"].tolist() == [ids + [pad] * (longest - len(ids)) for ids in expected]
-    assert dropped["attention_mask"].tolist() == [[1] * len(ids) + [0] * (longest - len(ids)) for ids in expected]
+    assert dropped["attention_mask"].tolist() == [
+        [1] * len(ids) + [0] * (longest - len(ids)) for ids in expected
+    ]
     assert dropped["input_ids"].shape[1] < 7 and all(eos in ids for ids in expected)
     assert dropped["labels"].tolist() == batch["labels"].tolist()

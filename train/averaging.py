@@ -75,7 +75,13 @@ def write_average(paths: Sequence[str | Path], out: str | Path) -> Path:
     newest = Path(paths[-1])
     if newest.is_dir():
         for file in newest.iterdir():
-            if file.is_file() and file.name != WEIGHTS and not file.name.startswith(("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")):
+            if (
+                file.is_file()
+                and file.name != WEIGHTS
+                and not file.name.startswith(
+                    ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
+                )
+            ):
                 shutil.copy2(file, out / file.name)
     state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
     save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})

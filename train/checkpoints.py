@@ -81,7 +81,9 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
         if problem is None:
             complete.append(path)
         else:
-            logger.warning("skipping incomplete checkpoint %s (%s): an interrupted save left it", path, problem)
+            logger.warning(
+                "skipping incomplete checkpoint %s (%s): an interrupted save left it", path, problem
+            )
     return complete
 
 

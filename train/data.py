@@ -270,13 +270,18 @@ def load_jsonl(
     _refuse_empty_file(path, header=False)
     try:
         dataset = datasets.load_dataset(
-            "json", data_files=str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir)
+            "json",
+            data_files=str(path),
+            split="train",
+            cache_dir=None if cache_dir is None else str(cache_dir),
         )
     except Exception as error:  # datasets wraps the JSON error without naming the line
         bad = _first_bad_json_line(Path(path))
         if bad is None:
             raise
-        raise ValueError(f"{path}, line {bad[0]}: not a JSON object ({bad[1]}); fix or remove that line.") from error
+        raise ValueError(
+            f"{path}, line {bad[0]}: not a JSON object ({bad[1]}); fix or remove that line."
+        ) from error
     _check_fields(dataset, [source_field, target_field], str(path))
     return _skip_empty_rows(_to_source_target(dataset, source_field, target_field), path, first_line=1)
 

@@ -41,8 +41,12 @@ def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namesp
     """Demo flags; anything else is passed on to ``train.run`` (e.g. ``--preset tiny``)."""
     parser = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="outputs/libreoffice_demo")
-    parser.add_argument("--max_steps", type=int, default=None, help="training updates (default: the recipe's max_steps)")
-    parser.add_argument("--max_test_samples", type=int, default=None, help="score only the first N test pairs")
+    parser.add_argument(
+        "--max_steps", type=int, default=None, help="training updates (default: the recipe's max_steps)"
+    )
+    parser.add_argument(
+        "--max_test_samples", type=int, default=None, help="score only the first N test pairs"
+    )
     return parser.parse_known_args(argv)
 
 
@@ -85,7 +89,9 @@ def _summary(document: dict, baseline: dict, model_dir: str) -> dict:
         "d_model": config["d_model"],
         "bleu_signature": next(r["signature"] for r in document["results"] if r["metric"] == "sacrebleu"),
         "decoding": document["decoding"],
-        "train_seconds": round(json.loads((Path(model_dir) / "train_results.json").read_text())["train_runtime"], 1),
+        "train_seconds": round(
+            json.loads((Path(model_dir) / "train_results.json").read_text())["train_runtime"], 1
+        ),
     }
 
 
@@ -109,26 +115,40 @@ def main(argv: list[str] | None = None) -> dict:
     translations, summary["parameters"] = translate(demo_args.output_dir, EXAMPLES)
     summary["examples"] = dict(zip(EXAMPLES, translations))
     summary["wall_seconds"] = round(time.monotonic() - start, 1)
-    Path(demo_args.output_dir, "demo_summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    Path(demo_args.output_dir, "demo_summary.json").write_text(
+        json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+    )
     _print_summary(summary, demo_args.output_dir)
     return summary
 
 
 def _print_summary(summary: dict, output_dir: str) -> None:
     print("\n================ ODE Transformer demo: LibreOffice help, English -> German ================")
-    print(f"model       : RK2-gated encoder, {summary['layers']} layers, d {summary['d_model']}, "
-          f"{summary['parameters'] / 1e6:.1f}M parameters")
-    print(f"training    : {summary['steps']} of {summary['max_steps']} updates in {summary['train_seconds'] / 60:.1f} min "
-          f"({summary['train_seconds'] / max(summary['steps'], 1):.2f} s per update)")
+    print(
+        f"model       : RK2-gated encoder, {summary['layers']} layers, d {summary['d_model']}, "
+        f"{summary['parameters'] / 1e6:.1f}M parameters"
+    )
+    print(
+        f"training    : {summary['steps']} of {summary['max_steps']} updates in {summary['train_seconds'] / 60:.1f} min "
+        f"({summary['train_seconds'] / max(summary['steps'], 1):.2f} s per update)"
+    )
     decoding = summary["decoding"]
-    print(f"decoding    : beam {decoding['num_beams']}, length penalty {decoding['length_penalty']}, {decoding['precision']}")
-    print(f"test BLEU   : {summary['bleu']:.2f}   (copy-the-source baseline {summary['copy_baseline_bleu']:.2f})")
-    print(f"test chrF   : {summary['chrf']:.2f}   (copy-the-source baseline {summary['copy_baseline_chrf']:.2f})")
+    print(
+        f"decoding    : beam {decoding['num_beams']}, length penalty {decoding['length_penalty']}, {decoding['precision']}"
+    )
+    print(
+        f"test BLEU   : {summary['bleu']:.2f}   (copy-the-source baseline {summary['copy_baseline_bleu']:.2f})"
+    )
+    print(
+        f"test chrF   : {summary['chrf']:.2f}   (copy-the-source baseline {summary['copy_baseline_chrf']:.2f})"
+    )
     print(f"signature   : {summary['bleu_signature']}")
     print(f"wall time   : {summary['wall_seconds'] / 60:.1f} min")
     for source, hypothesis in summary["examples"].items():
         print(f"  {source}\n    -> {hypothesis}")
-    print(f"model folder: {output_dir} (README.md card, hub_metrics.json, loss_curves.png, runs/ for TensorBoard)")
+    print(
+        f"model folder: {output_dir} (README.md card, hub_metrics.json, loss_curves.png, runs/ for TensorBoard)"
+    )
 
 
 if __name__ == "__main__":

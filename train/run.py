@@ -107,14 +107,22 @@ class ModelArguments:
 
     _argument_group_name = "model"
 
-    preset: str = field(default="base", metadata={"help": "tiny, base, deep, big, big_deep, pcformer_rk2, pcformer_rk4"})
+    preset: str = field(
+        default="base", metadata={"help": "tiny, base, deep, big, big_deep, pcformer_rk2, pcformer_rk4"}
+    )
     model_name_or_path: str | None = field(default=None, metadata={"help": "start from a saved model folder"})
     tokenizer_name: str | None = field(
-        default=None, metadata={"help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"}
+        default=None,
+        metadata={
+            "help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"
+        },
     )
-    vocab_size: int = field(default=8000, metadata={"help": "vocabulary size (specials included) when a tokenizer is trained"})
+    vocab_size: int = field(
+        default=8000, metadata={"help": "vocabulary size (specials included) when a tokenizer is trained"}
+    )
     tokenizer_type: str = field(
-        default="bpe", metadata={"help": "bpe (joint byte-level BPE) or word (word-level, e.g. Penn Treebank's 10k words)"}
+        default="bpe",
+        metadata={"help": "bpe (joint byte-level BPE) or word (word-level, e.g. Penn Treebank's 10k words)"},
     )
     d_model: int | None = None
     encoder_layers: int | None = None
@@ -128,22 +136,37 @@ class ModelArguments:
     activation_dropout: float | None = None
     label_smoothing: float | None = field(
         default=None,
-        metadata={"help": "of the model's loss; default 0.1, 0 for --task lm (--label_smoothing_factor is read as this)"},
+        metadata={
+            "help": "of the model's loss; default 0.1, 0 for --task lm (--label_smoothing_factor is read as this)"
+        },
     )
     encoder_ode_method: str | None = field(default=None, metadata={"help": "euler, rk2, rk4, ..."})
     decoder_ode_method: str | None = None
-    encoder_ode_coefficients: str | None = field(default=None, metadata={"help": "tableau, gated, learnable, ..."})
+    encoder_ode_coefficients: str | None = field(
+        default=None, metadata={"help": "tableau, gated, learnable, ..."}
+    )
     decoder_ode_coefficients: str | None = None
-    encoder_ode_function: str | None = field(default=None, metadata={"help": "layer, attention, ffn, sublayers"})
+    encoder_ode_function: str | None = field(
+        default=None, metadata={"help": "layer, attention, ffn, sublayers"}
+    )
     decoder_ode_function: str | None = None
     encoder_layer_connections: str | None = field(default=None, metadata={"help": "residual, dense, ..."})
     decoder_layer_connections: str | None = None
     max_relative_position: int | None = None
-    config_overrides: str | None = field(default=None, metadata={"help": "JSON object of further config fields"})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "JSON object of further config fields"}
+    )
 
     def overrides(self) -> dict:
         """Config fields set on the command line / in the recipe (``None`` = preset value)."""
-        skip = {"preset", "model_name_or_path", "tokenizer_name", "vocab_size", "tokenizer_type", "config_overrides"}
+        skip = {
+            "preset",
+            "model_name_or_path",
+            "tokenizer_name",
+            "vocab_size",
+            "tokenizer_type",
+            "config_overrides",
+        }
         chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
         return {**chosen, **json.loads(self.config_overrides or "{}")}
 
@@ -155,21 +178,26 @@ class DataArguments:
     _argument_group_name = "data"
 
     dataset: str | None = field(
-        default=None, metadata={"help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"}
+        default=None,
+        metadata={
+            "help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
+        },
     )
     hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
     hub_config: str | None = None
     source_lang: str | None = field(default=None, metadata={"help": "language (or column) of the source"})
     target_lang: str | None = None
     train_file: str | None = field(
-        default=None, metadata={"help": "'SRC,TGT' aligned text files, or a .tsv/.jsonl file (text file for lm)"}
+        default=None,
+        metadata={"help": "'SRC,TGT' aligned text files, or a .tsv/.jsonl file (text file for lm)"},
     )
     validation_file: str | None = None
     test_file: str | None = None
     source_column: str = "source"
     target_column: str = "target"
     m2_file: str | None = field(
-        default=None, metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"}
+        default=None,
+        metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"},
     )
     streaming: bool = field(default=False, metadata={"help": "stream the training split (needs max_steps)"})
     max_source_length: int = 256
@@ -177,7 +205,9 @@ class DataArguments:
     max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
     max_train_tokens: int | None = field(
         default=None,
-        metadata={"help": "drop training pairs with more tokens (</s> included) on either side, instead of truncating them"},
+        metadata={
+            "help": "drop training pairs with more tokens (</s> included) on either side, instead of truncating them"
+        },
     )
     word_dropout: float = field(default=0.0, metadata={"help": "source word dropout in training (GEC)"})
     max_train_samples: int | None = None
@@ -193,11 +223,20 @@ class RunArguments:
 
     task: str = field(default="translation", metadata={"help": "translation, summarization, gec, lm"})
     num_beams: int | None = field(default=None, metadata={"help": "default per task (paper): 4 / 4 / 6"})
-    length_penalty: float | None = field(default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"})
-    average_last_checkpoints: int = field(default=0, metadata={"help": "average the last N checkpoints before testing"})
-    time_budget_minutes: float | None = field(default=None, metadata={"help": "stop training after this long"})
+    length_penalty: float | None = field(
+        default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"}
+    )
+    average_last_checkpoints: int = field(
+        default=0, metadata={"help": "average the last N checkpoints before testing"}
+    )
+    time_budget_minutes: float | None = field(
+        default=None, metadata={"help": "stop training after this long"}
+    )
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"}
+        default=False,
+        metadata={
+            "help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"
+        },
     )
 
 
@@ -224,9 +263,14 @@ def build_parser() -> HfArgumentParser:
         "flags override them.",
     )
     parser.add_argument(
-        "recipe", metavar="RECIPE.yaml", nargs="?", help="recipe file (YAML or JSON) of flag defaults, read first"
+        "recipe",
+        metavar="RECIPE.yaml",
+        nargs="?",
+        help="recipe file (YAML or JSON) of flag defaults, read first",
     )
-    first = [group for group in parser._action_groups if group.title in ("positional arguments", *GROUP_TITLES)]
+    first = [
+        group for group in parser._action_groups if group.title in ("positional arguments", *GROUP_TITLES)
+    ]
     parser._action_groups = [*first, *(group for group in parser._action_groups if group not in first)]
     for group in parser._action_groups:
         if group.title == "options":
@@ -260,7 +304,9 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
     if not training_args.do_train and not model_args.model_name_or_path:
-        raise ValueError("--do_train false evaluates a trained model: give its folder with --model_name_or_path")
+        raise ValueError(
+            "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
+        )
     _one_label_smoothing(model_args, training_args)
     return model_args, data_args, run_args, training_args
 
@@ -286,7 +332,10 @@ def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrain
 def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
     """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
     parts = [
-        load_task_data(kind, DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang))
+        load_task_data(
+            kind,
+            DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang),
+        )
         for name in names.split("+")
     ]
     result = parts[0]
@@ -304,13 +353,27 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
     if data_args.dataset:
         raw = _shared_corpus(data_args.dataset, kind, data_args)
     elif data_args.hub_dataset:
-        raw = load_task_data(
-            kind,
-            DataSpec("hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang),
-        ) if not data_args.streaming else DatasetDict()
+        raw = (
+            load_task_data(
+                kind,
+                DataSpec(
+                    "hub",
+                    data_args.hub_dataset,
+                    data_args.hub_config,
+                    data_args.source_lang,
+                    data_args.target_lang,
+                ),
+            )
+            if not data_args.streaming
+            else DatasetDict()
+        )
     else:
         raw = DatasetDict()
-    for split, spec in (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file)):
+    for split, spec in (
+        ("train", data_args.train_file),
+        ("validation", data_args.validation_file),
+        ("test", data_args.test_file),
+    ):
         if spec:
             raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
@@ -328,7 +391,11 @@ def _slice(dataset: Dataset, limit: int | None) -> Dataset:
 
 def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
     """Refuse an empty split before training (an empty validation or test split would only fail after it)."""
-    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    files = {
+        "train": data_args.train_file,
+        "validation": data_args.validation_file,
+        "test": data_args.test_file,
+    }
     for name, dataset in splits.items():
         if isinstance(dataset, Dataset) and dataset.num_rows == 0:
             source = files[name] or data_args.dataset or data_args.hub_dataset
@@ -342,8 +409,12 @@ def streaming_train_split(data_args: DataArguments, raw: DatasetDict, world_size
     """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
     if data_args.hub_dataset:
         return load_hub_dataset(
-            data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang,
-            split="train", streaming=True,
+            data_args.hub_dataset,
+            data_args.hub_config,
+            data_args.source_lang,
+            data_args.target_lang,
+            split="train",
+            streaming=True,
         )
     return raw["train"].to_iterable_dataset(num_shards=max(world_size, 1))
 
@@ -359,13 +430,24 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
     """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size)."""
 
     def seq2seq(batch: dict) -> dict:
-        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)["input_ids"]
-        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)["input_ids"]
-        return {"input_ids": sources, "labels": targets, "length": seq2seq_lengths(list(map(len, sources)), list(map(len, targets)))}
+        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)[
+            "input_ids"
+        ]
+        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)[
+            "input_ids"
+        ]
+        return {
+            "input_ids": sources,
+            "labels": targets,
+            "length": seq2seq_lengths(list(map(len, sources)), list(map(len, targets))),
+        }
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
         encoded = tokenizer(
-            batch["text"], add_special_tokens=False, truncation=True, max_length=data_args.max_target_length - 2
+            batch["text"],
+            add_special_tokens=False,
+            truncation=True,
+            max_length=data_args.max_target_length - 2,
         )["input_ids"]
         ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded]
         return {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
@@ -373,7 +455,9 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
     return lm if task == "lm" else seq2seq
 
 
-def tokenize_splits(splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments) -> dict:
+def tokenize_splits(
+    splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
+) -> dict:
     """Tokenise every split, keeping only the model's columns and ``length``."""
     function = tokenize_function(tokenizer, task, data_args)
     out = {}
@@ -389,8 +473,12 @@ def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict
     train = splits.get("train")
     if not max_train_tokens or not isinstance(train, Dataset):
         return splits
-    kept = train.filter(lambda lengths: [n <= max_train_tokens for n in lengths], input_columns="length", batched=True)
-    logger.info("--max_train_tokens %d: %d of %d training pairs kept", max_train_tokens, kept.num_rows, train.num_rows)
+    kept = train.filter(
+        lambda lengths: [n <= max_train_tokens for n in lengths], input_columns="length", batched=True
+    )
+    logger.info(
+        "--max_train_tokens %d: %d of %d training pairs kept", max_train_tokens, kept.num_rows, train.num_rows
+    )
     return {**splits, "train": kept}
 
 
@@ -398,7 +486,9 @@ def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict
 # Model
 
 
-def build_model(model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast):
+def build_model(
+    model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast
+):
     """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
     if model_args.model_name_or_path:
@@ -430,9 +520,15 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     if run_args.task == "lm":
         return {}
     generation = model.generation_config
-    beams, penalty = PAPER_DECODING[run_args.task]["num_beams"], PAPER_DECODING[run_args.task]["length_penalty"]
+    beams, penalty = (
+        PAPER_DECODING[run_args.task]["num_beams"],
+        PAPER_DECODING[run_args.task]["length_penalty"],
+    )
     if saved:  # unset fields of a generation config read as greedy search, length penalty 1
-        beams, penalty = generation.num_beams or 1, 1.0 if generation.length_penalty is None else generation.length_penalty
+        beams, penalty = (
+            generation.num_beams or 1,
+            1.0 if generation.length_penalty is None else generation.length_penalty,
+        )
     decoding = {
         "num_beams": run_args.num_beams or beams,
         "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
@@ -582,17 +678,24 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
     if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
         document["language"] = [data_args.source_lang, data_args.target_lang]
     if run_args.task != "lm":
-        document["decoding"] = {**{k: decoding[k] for k in ("num_beams", "length_penalty")}, "precision": "fp32"}
+        document["decoding"] = {
+            **{k: decoding[k] for k in ("num_beams", "length_penalty")},
+            "precision": "fp32",
+        }
     return document
 
 
 def write_card(output_dir: str, document: dict) -> None:
     """Model card from ``hub.model_card`` (a clear message when that module or its extra is missing)."""
-    name = __package__.removesuffix("train") + "hub.model_card"  # hub.model_card, or ode_transformer.hub.model_card
+    name = (
+        __package__.removesuffix("train") + "hub.model_card"
+    )  # hub.model_card, or ode_transformer.hub.model_card
     try:
         model_card = importlib.import_module(name)
     except ImportError as error:
-        logger.warning("%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error)
+        logger.warning(
+            "%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error
+        )
         return
     path = model_card.write_model_card(output_dir, document)
     logger.info("model card: %s", path)
@@ -609,7 +712,12 @@ def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTraine
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None
         return load_or_train_tokenizer(
-            folder, texts, model_args.vocab_size, kind=model_args.tokenizer_type, causal=task == "lm", verify=not named
+            folder,
+            texts,
+            model_args.vocab_size,
+            kind=model_args.tokenizer_type,
+            causal=task == "lm",
+            verify=not named,
         )
 
 
@@ -628,7 +736,11 @@ def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadColl
     }
     if run_args.task == "lm":
         return TokenBudgetTrainer(**common)
-    compute = metrics.build_seq2seq_compute_metrics(tokenizer, run_args.task) if training_args.predict_with_generate else None
+    compute = (
+        metrics.build_seq2seq_compute_metrics(tokenizer, run_args.task)
+        if training_args.predict_with_generate
+        else None
+    )
     return TokenBudgetSeq2SeqTrainer(**common, compute_metrics=compute)
 
 
@@ -640,11 +752,15 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
     """
     out, resume = Path(training_args.output_dir), training_args.resume_from_checkpoint
     if overwrite and resume:
-        raise ValueError("--overwrite_output_dir would delete what --resume_from_checkpoint continues from; pass one of them.")
+        raise ValueError(
+            "--overwrite_output_dir would delete what --resume_from_checkpoint continues from; pass one of them."
+        )
     if resume in ("last", "latest", "true", "True"):
         complete = complete_checkpoints(out)
         if not complete:
-            raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint in {out}; start a new run without it.")
+            raise ValueError(
+                f"--resume_from_checkpoint {resume}: no complete checkpoint in {out}; start a new run without it."
+            )
         resume = str(complete[-1])
     elif resume and (problem := missing_part(Path(resume))):
         raise ValueError(f"{resume} is not a complete checkpoint ({problem}); resume from another one.")
@@ -667,7 +783,14 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
     """Refuse to resume a checkpoint of another model configuration, naming the fields that differ."""
     saved = ODETransformerConfig.from_pretrained(checkpoint).to_dict()
     now = config.to_dict()
-    bookkeeping = {"architectures", "auto_map", "transformers_version", "_name_or_path", "dtype", "use_cache"}  # not the model
+    bookkeeping = {
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "_name_or_path",
+        "dtype",
+        "use_cache",
+    }  # not the model
     fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
     if fields:
         detail = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in fields)
@@ -746,7 +869,9 @@ def run(args: tuple) -> dict:
     processes other than the main one)."""
     model_args, data_args, run_args, training_args = args
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
-    resume = prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
+    resume = (
+        prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
+    )
     set_seed(training_args.seed)
     raw, m2_file = load_raw_data(data_args, run_args.task)
     raw_splits = _splits_to_use(raw, args)
@@ -769,7 +894,9 @@ def run(args: tuple) -> dict:
         trainer.save_metrics("eval", eval_metrics)
     if not training_args.do_predict:
         return {}
-    results, hyps = _test(run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator)
+    results, hyps = _test(
+        run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator
+    )
     if not trainer.is_world_process_zero():
         return {}
     document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])
@@ -788,7 +915,9 @@ def _load_average(trainer, last: int) -> None:
     loaded = {params[key].data_ptr() for key in state if key in params}
     untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
     if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
-        raise ValueError(f"averaged checkpoint does not fit the model: missing {untied}, unexpected {unexpected}")
+        raise ValueError(
+            f"averaged checkpoint does not fit the model: missing {untied}, unexpected {unexpected}"
+        )
     logger.info("averaged %d checkpoints: %s", len(paths), ", ".join(str(p) for p in paths))
 
 
@@ -798,7 +927,9 @@ def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) ->
     out.mkdir(parents=True, exist_ok=True)
     if hyps:
         (out / "test_hypotheses.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    (out / "hub_metrics.json").write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "hub_metrics.json").write_text(
+        json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
     trainer.log_metrics("test", scores)
     trainer.save_metrics("test", scores)

@@ -36,7 +36,13 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TRAINING_RECORD", "load_or_train_tokenizer", "train_tokenizer"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TOKENIZER_KINDS",
+    "TRAINING_RECORD",
+    "load_or_train_tokenizer",
+    "train_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +125,9 @@ def _min_frequency(kind: str, min_frequency: int | None) -> int:
     return DEFAULT_MIN_FREQUENCY.get(kind, 2) if min_frequency is None else min_frequency
 
 
-def _build_backend(texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str, causal: bool) -> Tokenizer:
+def _build_backend(
+    texts: Iterable[str], vocab_size: int, min_frequency: int, kind: str, causal: bool
+) -> Tokenizer:
     if kind not in _BUILDERS:
         raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
     tokenizer = _BUILDERS[kind](texts, vocab_size, min_frequency)
@@ -161,7 +169,13 @@ def train_tokenizer(
     )
     if save_to is not None:
         tokenizer.save_pretrained(str(save_to))
-        record = {"kind": kind, "causal": causal, "vocab_size": vocab_size, "min_frequency": min_frequency, **digest.summary()}
+        record = {
+            "kind": kind,
+            "causal": causal,
+            "vocab_size": vocab_size,
+            "min_frequency": min_frequency,
+            **digest.summary(),
+        }
         (Path(save_to) / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return tokenizer
 
@@ -188,22 +202,29 @@ def load_or_train_tokenizer(
         record_path = Path(folder) / TRAINING_RECORD
         if verify and record_path.is_file():
             record = json.loads(record_path.read_text(encoding="utf-8"))
-            _check_record(folder, record, {"kind": kind, "causal": causal, "vocab_size": vocab_size, "min_frequency": min_frequency}, texts)
+            _check_record(
+                folder,
+                record,
+                {"kind": kind, "causal": causal, "vocab_size": vocab_size, "min_frequency": min_frequency},
+                texts,
+            )
         logger.info("using the tokenizer in %s (%d tokens)", folder, len(tokenizer))
         return tokenizer
     if texts is None:
         raise ValueError(f"no tokenizer in {folder} and no texts to train one on")
     tokenizer = train_tokenizer(texts, vocab_size, min_frequency, save_to=folder, kind=kind, causal=causal)
-    logger.info("trained a %d-token tokenizer%s", len(tokenizer), f", saved in {folder}" if folder is not None else "")
+    logger.info(
+        "trained a %d-token tokenizer%s", len(tokenizer), f", saved in {folder}" if folder is not None else ""
+    )
     return tokenizer
 
 
-def _check_record(
-    folder: str | os.PathLike, record: dict, asked: dict, texts: Iterable[str] | None
-) -> None:
+def _check_record(folder: str | os.PathLike, record: dict, asked: dict, texts: Iterable[str] | None) -> None:
     if texts is not None:
         asked |= _TextsDigest(texts).consume().summary()
-    differences = [f"{key} {record.get(key)} vs {value} now" for key, value in asked.items() if record.get(key) != value]
+    differences = [
+        f"{key} {record.get(key)} vs {value} now" for key, value in asked.items() if record.get(key) != value
+    ]
     if differences:
         raise ValueError(
             f"the tokenizer in {folder} was trained with other settings or data ({'; '.join(differences)}); "

@@ -71,7 +71,8 @@ class PadCollator(DataCollatorForSeq2Seq):
         if self.training and self.word_dropout > 0:
             keep = (self.tokenizer.eos_token_id,)
             features = [
-                {**f, "input_ids": word_dropout(f["input_ids"], self.word_dropout, keep_ids=keep)} for f in features
+                {**f, "input_ids": word_dropout(f["input_ids"], self.word_dropout, keep_ids=keep)}
+                for f in features
             ]
         batch = super().__call__(features, return_tensors)
         if batch.get("labels") is None:
@@ -121,10 +122,14 @@ class _TokenBudgetMixin:
         self.accelerator.wait_for_everyone()  # every process has written its part
         self.run_id = self.run_id or new_run_id()
         if self.args.should_save:
-            self.state.save_to_json(str(staged / TRAINER_STATE))  # again, with the final path of the best checkpoint
+            self.state.save_to_json(
+                str(staged / TRAINER_STATE)
+            )  # again, with the final path of the best checkpoint
             (staged / RUN_ID_FILE).write_text(self.run_id + "\n", encoding="utf-8")
             publish(staged, final)
-            rotate_checkpoints(str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+            rotate_checkpoints(
+                str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True
+            )
         self.accelerator.wait_for_everyone()
 
     def get_train_dataloader(self) -> DataLoader:
@@ -186,7 +191,9 @@ class TokenBudgetSeq2SeqTrainer(_TokenBudgetMixin, Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         generation_config = copy.deepcopy(self.model.generation_config)
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            return super().prediction_step(
+                model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+            )
         finally:
             self.model.generation_config = generation_config
 
@@ -204,7 +211,9 @@ class TokenBudgetTrainer(_TokenBudgetMixin, Trainer):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         start = time.monotonic()
         total, count = lm_negative_log_likelihood(
@@ -250,10 +259,15 @@ def lm_negative_log_likelihood(model, dataset, collator: PadCollator, batch_size
         batch = collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
         batch = {key: value.to(model.device) for key, value in batch.items()}
         with fp32_forward(model):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            logits = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits.float()
         targets = batch["labels"][:, 1:]
         nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+            logits[:, :-1].reshape(-1, logits.size(-1)),
+            targets.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
         )
         total += float(nll)
         count += int((targets != -100).sum())

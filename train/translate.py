@@ -62,7 +62,9 @@ def length_batches(lengths: Sequence[int], batch_size: int, same_length: bool = 
     return batches
 
 
-def _pad_right(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+def _pad_right(
+    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     longest = max(len(seq) for seq in sequences)
     input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
