@@ -310,6 +310,30 @@ PTB_LONG = Study(
 )
 
 # --------------------------------------------------------------------------------------------
+# ptb_paper: the `ptb` study at the paper's size, trained to convergence on a CPU. 1 layer, d 512, FFN 2048,
+# 8 heads, dropout 0.1, the paper's schedule (lr 7e-4, inverse square root after 2,000 warm-up updates,
+# 4,096-token batches), up to 20 epochs; the epoch with the best validation perplexity is kept and a run stops
+# once validation has not improved for 3 epochs.
+
+PTB_PAPER = Study(
+    name="ptb_paper",
+    description="Penn Treebank language model at the paper's size (1 layer, d 512), trained to convergence: "
+    "test perplexity per word at the epoch of the best validation perplexity (Table 'truncate_error').",
+    common={
+        **PTB_COMMON,
+        "d_model": 512, "decoder_ffn_dim": 2048, "decoder_attention_heads": 8, "dropout": 0.1,
+        "learning_rate": 7e-4, "warmup_steps": 2000, "max_tokens": 4096,
+        "num_train_epochs": 20, "early_stopping_patience": 3,
+    },
+    sizes={"cpu": {"use_cpu": True, "bf16": True}, "paper": {"bf16": True}},
+    variants={key: PTB.variants[key] for key in ("residual", "rk2", "rk2_ones", "rk2_gated", "rk4")},
+    depth_flags=("decoder_layers",),
+    depths=(1,),
+    metrics=PTB.metrics,
+    paper={key: value for key, value in PTB.paper.items() if key[1] == 1},
+)  # fmt: skip
+
+# --------------------------------------------------------------------------------------------
 # multi30k: translation En-De (Table "main-results" at a small scale)
 
 MULTI30K_COMMON: Flags = {
@@ -500,5 +524,5 @@ CNNDM = Study(
 )  # fmt: skip
 
 STUDIES: dict[str, Study] = {
-    study.name: study for study in (PTB, PTB_PILOT, PTB_LONG, MULTI30K, ABLATIONS, GEC, CNNDM)
+    study.name: study for study in (PTB, PTB_PILOT, PTB_LONG, PTB_PAPER, MULTI30K, ABLATIONS, GEC, CNNDM)
 }

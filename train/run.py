@@ -44,6 +44,7 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import (
+    EarlyStoppingCallback,
     HfArgumentParser,
     PreTrainedTokenizerFast,
     Seq2SeqTrainingArguments,
@@ -231,6 +232,13 @@ class RunArguments:
     )
     time_budget_minutes: float | None = field(
         default=None, metadata={"help": "stop training after this long"}
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop once --metric_for_best_model has not improved for this many evaluations "
+            "(needs --load_best_model_at_end, which then keeps the best)"
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -724,6 +732,8 @@ def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTraine
 def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadCollator):
     model_args, data_args, run_args, training_args = args
     callbacks = [TimeBudgetCallback(run_args.time_budget_minutes)] if run_args.time_budget_minutes else []
+    if run_args.early_stopping_patience:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=run_args.early_stopping_patience))
     common = {
         "model": model,
         "args": training_args,
