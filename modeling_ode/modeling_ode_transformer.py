@@ -174,7 +174,11 @@ class ODETransformerEmbeddings(nn.Module):
     def position_table(self) -> torch.Tensor:
         return sinusoidal_positions(self.max_positions + self.offset, self.dim)[self.offset :]
 
-    def forward(self, inputs_embeds: torch.Tensor, past_length: int = 0) -> torch.Tensor:
+    def forward(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor | None = None, past_length: int = 0
+    ) -> torch.Tensor:
+        """`position_ids` (batch or 1, length): each token's position in its own sequence (`token_positions`);
+        by default past_length, past_length + 1, ..."""
         length = inputs_embeds.shape[1]
         if length == 0:
             raise ValueError(
@@ -187,7 +191,9 @@ class ODETransformerEmbeddings(nn.Module):
             )
         hidden = inputs_embeds * self.scale
         if self.positions is not None:
-            hidden = hidden + self.positions[past_length : past_length + length].to(hidden.dtype)
+            if position_ids is None:
+                position_ids = torch.arange(past_length, past_length + length, device=hidden.device)[None]
+            hidden = hidden + self.positions[position_ids].to(hidden.dtype)
         return self.dropout(hidden)
 
 
@@ -289,14 +295,38 @@ def causal_mask(
     )
 
 
+def token_positions(
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    past: int,
+    length: int,
+    key_length: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query positions (b, length), key positions (b, key_length)), b the batch size or 1: each token's position
+    in its own sequence, counted over the tokens `attention_mask` (batch, past + length) keeps, as GPT-2 and Llama
+    build `position_ids`. Left or right padding then shifts no token; padding itself is masked (position 0).
+    `position_ids` (as `generate` passes them) give the queries' positions; the cached keys' come from the mask.
+    Keys past the mask (the unwritten part of a static cache) are masked too and get position 0."""
+    if attention_mask is None:
+        keys = torch.arange(key_length, device=device)[None]
+    else:
+        keys = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        keys = nnf.pad(keys, (0, key_length - keys.shape[1]))
+    if position_ids is None:
+        return keys[:, past : past + length], keys
+    batch = max(keys.shape[0], position_ids.shape[0])
+    parts = (keys[:, :past], position_ids.to(keys.device), keys[:, past + length :])
+    return position_ids, torch.cat([part.expand(batch, -1) for part in parts], dim=1)
+
+
 def relative_position_index(
-    query_length: int, key_length: int, max_distance: int, device, query_offset: int | torch.Tensor = 0
+    query_positions: torch.Tensor, key_positions: torch.Tensor, max_distance: int
 ) -> torch.Tensor:
-    """Shaw et al. (2018): the bucket of distance j - i clipped to [-k, k], shifted to [0, 2k], for queries at
-    positions query_offset.. (incremental decoding) and keys at 0..key_length - 1."""
-    keys = torch.arange(key_length, device=device)
-    queries = torch.arange(query_length, device=device) + query_offset
-    return (keys[None, :] - queries[:, None]).clamp(-max_distance, max_distance) + max_distance
+    """Shaw et al. (2018): the bucket of distance j - i between the positions of key j and query i, clipped to
+    [-k, k] and shifted to [0, 2k]; (b, 1, queries, keys), broadcast over the heads."""
+    distance = key_positions[:, None, :] - query_positions[:, :, None]
+    return (distance.clamp(-max_distance, max_distance) + max_distance)[:, None]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -313,6 +343,25 @@ def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tupl
         return [((name,), True) for name in sublayers]
     ode_sublayer = SELF_ATTENTION if ode_function == "attention" else FFN
     return [((name,), name == ode_sublayer) for name in sublayers]
+
+
+# transformers 5.24 renamed `past_key_values` to `cache`, in model outputs and in what `generate` passes to forward
+# (the old name still works there, with a deprecation warning). The models take and return either, under the name
+# the installed transformers uses.
+CACHE_FIELD = (
+    "cache"
+    if "cache" in BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
+    else "past_key_values"
+)
+CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def cache_argument(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
+    """The cache a forward was given, as `past_key_values` or (transformers >= 5.24) `cache`, popped from kwargs."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the cache once, as `cache` or as `past_key_values`, not both.")
+    return past_key_values if past_key_values is not None else cache
 
 
 def self_attention_cache(cache: Cache | None) -> Cache | None:
@@ -815,7 +864,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["ODETransformerLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = list(CACHE_KWARGS)
     _supports_sdpa = True
     _supports_flash_attn = False  # the relative-position bias is an additive mask
     _supports_flex_attn = False
@@ -933,10 +982,10 @@ class _ODEStack(ODETransformerPreTrainedModel):
         )
 
     def _relative_index(
-        self, query_length: int, key_length: int, device, query_offset: int | torch.Tensor = 0
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor | None:
         k = self.config.max_relative_position
-        return relative_position_index(query_length, key_length, k, device, query_offset) if k > 0 else None
+        return relative_position_index(query_positions, key_positions, k) if k > 0 else None
 
     def _embed_tokens(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
@@ -1016,14 +1065,17 @@ class ODETransformerEncoder(_ODEStack):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODEEncoderOutput:
-        hidden_states = self.embed(self._embed_tokens(input_ids, inputs_embeds))
-        length = hidden_states.shape[1]
+        inputs_embeds = self._embed_tokens(input_ids, inputs_embeds)
+        length = inputs_embeds.shape[1]
+        queries, keys = token_positions(attention_mask, position_ids, 0, length, length, inputs_embeds.device)
+        hidden_states = self.embed(inputs_embeds, queries)
         hidden_states = self._run_layers(
             hidden_states,
             padding_mask(attention_mask, hidden_states, length),
-            relative_index=self._relative_index(length, length, hidden_states.device),
+            relative_index=self._relative_index(queries, keys),
         )
         return ODEEncoderOutput(last_hidden_state=hidden_states)
 
@@ -1060,8 +1112,10 @@ class ODETransformerDecoder(_ODEStack):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODEDecoderOutput:
+        past_key_values = cache_argument(past_key_values, kwargs)
         inputs_embeds = self._embed_tokens(input_ids, inputs_embeds)
         if not use_cache:
             past_key_values = None
@@ -1072,16 +1126,19 @@ class ODETransformerDecoder(_ODEStack):
         length = inputs_embeds.shape[1]
         past = self_cache.get_seq_length() if self_cache is not None else 0
         key_length = self_cache.get_mask_sizes(length, 0)[0] if self_cache is not None else length
-        hidden_states = self.embed(inputs_embeds, past_length=past)
+        queries, keys = token_positions(
+            attention_mask, position_ids, past, length, key_length, inputs_embeds.device
+        )
+        hidden_states = self.embed(inputs_embeds, queries, past_length=past)
         hidden_states = self._run_layers(
             hidden_states,
             causal_mask(attention_mask, hidden_states, past, key_length),
             encoder_hidden_states,
             encoder_attention_mask=padding_mask(encoder_attention_mask, hidden_states, length),
-            relative_index=self._relative_index(length, key_length, hidden_states.device, past),
+            relative_index=self._relative_index(queries, keys),
             past_key_values=past_key_values,
         )
-        return ODEDecoderOutput(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return ODEDecoderOutput(last_hidden_state=hidden_states, **{CACHE_FIELD: past_key_values})
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -1158,6 +1215,7 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODESeq2SeqModelOutput:
+        past_key_values = cache_argument(past_key_values, kwargs)
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
                 raise ValueError(
@@ -1196,7 +1254,7 @@ def seq2seq_output(
     """The encoder's and the decoder's outputs under the encoder-decoder's names."""
     return ODESeq2SeqModelOutput(
         last_hidden_state=decoder_outputs.last_hidden_state,
-        past_key_values=decoder_outputs.past_key_values,
+        **{CACHE_FIELD: getattr(decoder_outputs, CACHE_FIELD)},
         decoder_hidden_states=decoder_outputs.hidden_states,
         decoder_attentions=decoder_outputs.attentions,
         cross_attentions=decoder_outputs.cross_attentions,
@@ -1215,12 +1273,11 @@ class ODEGenerationMixin(GenerationMixin):
     decoder layer (dynamic or static); `StageCacheLayout.like` rebuilds it, same kind, with every slot."""
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        built_here = model_kwargs.get("past_key_values") is None
+        built_here = all(model_kwargs.get(key) is None for key in CACHE_KWARGS)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        if built_here and model_kwargs.get("past_key_values") is not None:
-            model_kwargs["past_key_values"] = self.get_decoder().cache_layout.like(
-                model_kwargs["past_key_values"]
-            )
+        for key in CACHE_KWARGS:
+            if built_here and model_kwargs.get(key) is not None:
+                model_kwargs[key] = self.get_decoder().cache_layout.like(model_kwargs[key])
 
     @staticmethod
     def create_masks_for_generate(
@@ -1340,6 +1397,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODECausalLMOutput:
         # `shift_labels` comes through kwargs, as in Llama: a second label argument in the signature would make
@@ -1352,6 +1410,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            position_ids=position_ids,
             return_dict=True,
             **kwargs,
         )
@@ -1368,7 +1427,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         return ODECausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             ode_stages=outputs.ode_stages,
