@@ -138,11 +138,12 @@ def fast_dropout(hidden: torch.Tensor, p: float, training: bool) -> torch.Tensor
     backward pass; that is about 15% of a training step of the base model. Here four 16-bit uniforms come from
     each 64-bit draw of torch's generator and the mask kept for backward is boolean: about 3x faster, a quarter
     of the memory. The drop rate is p rounded to a multiple of 2^-16 and kept values are scaled by the exact keep
-    rate, so E[dropout(x)] = x still holds. Other devices use `nnf.dropout`, which is fused there.
+    rate, so E[dropout(x)] = x still holds. Other devices, and `torch.compile` (which fuses it and cannot trace
+    the in-place `random_`), use `nnf.dropout`.
     """
     if not training or p == 0.0:
         return hidden
-    if hidden.device.type != "cpu" or p >= 1.0:
+    if hidden.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return nnf.dropout(hidden, p, training=True)
     dropped = round(p * 2**16)  # of the 2^16 values of a 16-bit uniform, this many drop an element
     bits = torch.empty((hidden.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
@@ -201,8 +202,9 @@ def check_token_ids(
     name: str, ids: torch.Tensor | None, vocab_size: int, ignore_index: int | None = None
 ) -> None:
     """Refuse ids outside the vocabulary before the embedding lookup fails with an anonymous IndexError (or a
-    device-side assert on GPU)."""
-    if ids is None:
+    device-side assert on GPU). Eager mode only: the check reads a value back from the device, which a compiled
+    graph cannot do without breaking."""
+    if ids is None or torch.compiler.is_compiling():
         return
     valid = (ids >= 0) & (ids < vocab_size)
     if ignore_index is not None:
@@ -1404,6 +1406,8 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
+        if labels is not None or shift_labels is not None:
+            use_cache = False  # training and scoring see whole sequences: no cache to build (as in the seq2seq model)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

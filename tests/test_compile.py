@@ -1,0 +1,120 @@
+"""`torch.compile(model, fullgraph=True)`: one graph, no graph break, for the training forward and backward of every
+block type and for one cached decoding step with the static cache; compiled results equal eager ones.
+
+Graphs are captured with the `aot_eager` backend (Dynamo + AOT autograd, the same graph capture as inductor without
+its code generation) so that the tests stay fast; one test runs inductor itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
+from tests.decoding import tiny
+
+BLOCKS = {
+    "euler": {"ode_method": "euler", "ode_coefficients": "tableau"},
+    "rk2": {"ode_method": "rk2", "ode_coefficients": "tableau"},  # gamma = 1/2
+    "rk2_gated": {"ode_method": "rk2", "ode_coefficients": "gated"},
+    "rk4": {"ode_method": "rk4", "ode_coefficients": "tableau"},
+    "pc_rk2": {"ode_method": "rk2", "ode_coefficients": "ema", "layer_connections": "predictor_corrector"},
+}
+
+
+def config(block: str, causal: bool = False, **overrides):
+    """The block in the encoder and the decoder (the causal LM: its decoder)."""
+    fields = {
+        f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in BLOCKS[block].items()
+    }
+    if block.startswith("pc_"):
+        fields["ode_coefficient_scope"] = "stack"
+    return tiny(**fields, **({"is_encoder_decoder": False} if causal else {}), **overrides)
+
+
+def batch(vocab_size: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab_size, (2, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": torch.randint(4, vocab_size, (2, 7), generator=generator),
+    }
+
+
+def training_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(**inputs).loss
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_training_forward_has_no_graph_break(block):
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(config(block, dropout=0.1)).train()
+    explanation = torch._dynamo.explain(training_loss)(model, batch(model.config.vocab_size))
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_fullgraph_training_step_equals_eager(block):
+    """Forward and backward compiled as one graph (no dropout, so both runs compute the same function)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(config(block)).train()
+    inputs = batch(model.config.vocab_size)
+    eager = training_loss(model, inputs)
+    eager.backward()
+    eager_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    compiled = torch.compile(training_loss, fullgraph=True, backend="aot_eager")(model, inputs)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-4, atol=1e-6)
+
+
+def test_causal_lm_training_forward_has_no_graph_break():
+    torch.manual_seed(0)
+    model = ODETransformerForCausalLM(config("rk4", causal=True, dropout=0.1)).train()
+    inputs = batch(model.config.vocab_size)
+    inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    explanation = torch._dynamo.explain(training_loss)(model, inputs)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+
+
+@pytest.mark.parametrize("block", ["rk2_gated", "rk4"])
+def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block):
+    """Prefill eagerly into a static cache with a slot per (layer, stage), then one decoding step compiled with
+    `fullgraph=True`: the logits of the eager step from the same cache state."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ODETransformerForCausalLM(config(block, causal=True)).eval()
+    ids = torch.randint(4, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    step_ids = torch.tensor([[7], [9]])
+
+    def prefilled():
+        cache = model.get_decoder().cache_layout.build(encoder_decoder=False, max_cache_len=12)
+        model(ids, past_key_values=cache, use_cache=True)
+        return cache
+
+    def step(token, mask, cache):
+        return model(token, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+
+    mask = torch.ones(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        eager = step(step_ids, mask, prefilled())
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(step_ids, mask, prefilled())
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_a_training_step_and_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(config("rk2_gated")).train()
+    inputs = batch(model.config.vocab_size)
+    eager = training_loss(model, inputs)
+    compiled = torch.compile(training_loss, fullgraph=True)(model, inputs)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
