@@ -1407,7 +1407,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
         if labels is not None or shift_labels is not None:
-            use_cache = False  # training and scoring see whole sequences: no cache to build (as in the seq2seq model)
+            use_cache = False  # training and scoring see whole sequences (as in the seq2seq model)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
