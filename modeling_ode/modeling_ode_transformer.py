@@ -185,7 +185,7 @@ class ODETransformerEmbeddings(nn.Module):
             raise ValueError(
                 "the input is empty (sequence length 0); give every sequence at least one token (e.g. `</s>`)."
             )
-        if past_length + length > self.max_positions:
+        if not torch.compiler.is_compiling() and past_length + length > self.max_positions:
             raise ValueError(
                 f"sequence of {past_length + length} positions exceeds `max_position_embeddings`="
                 f"{self.max_positions}; truncate the input or raise `max_position_embeddings` in the config."
@@ -315,11 +315,13 @@ def token_positions(
     else:
         keys = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         keys = nnf.pad(keys, (0, key_length - keys.shape[1]))
+    # The queries' columns; gathered and scattered, not sliced: under a static cache `past` is a tensor.
+    columns = (torch.arange(length, device=keys.device) + past)[None]
     if position_ids is None:
-        return keys[:, past : past + length], keys
+        return keys.gather(1, columns.expand(keys.shape[0], -1)), keys
     batch = max(keys.shape[0], position_ids.shape[0])
-    parts = (keys[:, :past], position_ids.to(keys.device), keys[:, past + length :])
-    return position_ids, torch.cat([part.expand(batch, -1) for part in parts], dim=1)
+    queries = position_ids.to(keys.device).expand(batch, -1)
+    return queries, keys.expand(batch, -1).scatter(1, columns.expand(batch, -1), queries)
 
 
 def relative_position_index(
