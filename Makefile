@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint format clean
+.PHONY: setup demo test test-fast gpu-check lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+# On a GPU machine: the tests in fp32 and bf16, the MarianMT benchmark, one short paper-size run per study, all
+# in benchmarks/results/gpu-<time stamp>/ (benchmarks/gpu_suite.py); `make gpu-check ARGS=--dry-run` prints the plan.
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_suite $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -30,3 +30,30 @@ def shared_data():
     if not root.is_dir():
         pytest.skip(f"shared data not found at {root} (set ODE_DATA_DIR)")
     return root
+
+
+# --- the device (and dtype) the model tests run on ------------------------------------------------------------------
+# The model, cache, generation and training tests build their models and inputs on `device`, so the same tests run
+# on a GPU wherever there is one (benchmarks/gpu_suite.py runs them there in fp32 and bf16).
+import os  # noqa: E402
+
+import torch  # noqa: E402
+
+TEST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """$ODE_TEST_DEVICE (e.g. `cuda:1`, `cpu`), else CUDA when available, else the CPU."""
+    name = os.environ.get("ODE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@pytest.fixture(scope="session")
+def dtype() -> torch.dtype:
+    """$ODE_TEST_DTYPE (`float32`, the default, or `bfloat16`): the dtype of the models of the tests whose checks
+    hold in any precision (the same tokens with and without a cache)."""
+    name = os.environ.get("ODE_TEST_DTYPE", "float32")
+    if name not in TEST_DTYPES:
+        raise pytest.UsageError(f"ODE_TEST_DTYPE={name!r}; one of {', '.join(TEST_DTYPES)}")
+    return TEST_DTYPES[name]

@@ -23,18 +23,20 @@ def causal_lm(config: ODETransformerConfig) -> ODETransformerForCausalLM:
     return ODETransformerForCausalLM(config).eval()
 
 
-def source_batch(padded_from: tuple[int | None, ...] = (None, 6, 4)) -> tuple[torch.Tensor, torch.Tensor]:
+def source_batch(
+    padded_from: tuple[int | None, ...] = (None, 6, 4), device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Three rows of 9 random ids (seed 1); row i is padded from position `padded_from[i]` on (None: no padding)."""
     ids = torch.randint(4, 99, (3, 9), generator=torch.Generator().manual_seed(1))
     for row, start in enumerate(padded_from):
         if start is not None:
             ids[row, start:] = PAD
-    return ids, (ids != PAD).long()
+    return ids.to(device), (ids != PAD).long().to(device)
 
 
 def assert_incremental_decoding_equals_full_forward(model, ids: torch.Tensor, mask: torch.Tensor) -> None:
     """Decoding 7 random target tokens one at a time with the KV cache gives the logits of one full forward."""
-    target = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(2))
+    target = torch.randint(4, 99, (3, 7), generator=torch.Generator().manual_seed(2)).to(ids.device)
     full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
     encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
     past, steps = None, []

@@ -123,3 +123,26 @@ def test_flop_count_formula():
     assert math.isclose(rk4["forward"] - residual["forward"], 3 * encoder)
     assert math.isclose(ckpt["train_step"] - rk2["train_step"], encoder)
     assert common.train_flops("marian", dims, 2, 8, 8) == residual
+
+
+def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
+    """`python -m benchmarks.gpu_suite --dry-run` (make gpu-check ARGS=--dry-run) works on CPU: the tests in fp32
+    and bf16 on the GPU, the MarianMT benchmark, one short paper-size run per study; one results folder."""
+    from benchmarks import gpu_suite
+
+    assert gpu_suite.main(["--dry-run", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    folder = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("results folder: "))
+    assert Path(folder).parent == tmp_path and Path(folder).name.startswith("gpu-")
+    assert list(tmp_path.iterdir()) == [], "a dry run writes nothing"
+    for dtype in ("float32", "bfloat16"):
+        assert f"ODE_TEST_DEVICE=cuda ODE_TEST_DTYPE={dtype}" in out
+    assert "benchmarks.bench_ode" in out
+    studies = gpu_suite.short_runs()
+    assert len(studies) >= 1
+    for study, variant, _, _ in studies:
+        assert f"[train-{study}-{variant}]" in out
+        assert "--size paper --device cuda" in out
+    assert all(folder in line for line in out.splitlines() if "--results" in line)
+    steps = gpu_suite.plan(Path(folder), "cuda", "stamp")
+    assert sum(step.limit_s for step in steps) <= 25 * 60

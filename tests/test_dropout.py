@@ -16,22 +16,22 @@ def keep_rate(p: float) -> float:
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
-def test_drop_rate_and_scale(p):
+def test_drop_rate_and_scale(p, device):
     torch.manual_seed(0)
-    x = torch.randn(N)
+    x = torch.randn(N, device=device)
     out = fast_dropout(x, p, training=True)
     kept = out != 0
     q = keep_rate(p)
     assert abs(kept.float().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / N)  # 5 binomial sigmas
     assert torch.equal(out[kept], x[kept] * (1 / q))  # kept values scaled by the exact keep rate
-    ones = fast_dropout(torch.ones(N), p, training=True)
+    ones = fast_dropout(torch.ones(N, device=device), p, training=True)
     assert abs(ones.mean().item() - 1) < 5 * math.sqrt((1 - q) / q / N)  # E[dropout(x)] = x
 
 
-def test_neighbouring_decisions_are_independent():
+def test_neighbouring_decisions_are_independent(device):
     """Four decisions come from one 64-bit draw: neighbours (same draw) and draws apart must be uncorrelated."""
     torch.manual_seed(0)
-    kept = (fast_dropout(torch.ones(N), 0.5, training=True) != 0).float()
+    kept = (fast_dropout(torch.ones(N, device=device), 0.5, training=True) != 0).float()
     for lag in (1, 2, 3, 4, 5):
         a, b = kept[:-lag] - kept.mean(), kept[lag:] - kept.mean()
         correlation = (a * b).mean() / (a.std() * b.std())
@@ -40,9 +40,9 @@ def test_neighbouring_decisions_are_independent():
     assert (lanes - 0.5).abs().max().item() < 5 * math.sqrt(0.25 / (N / 4))
 
 
-def test_gradient_is_the_same_mask_and_only_a_boolean_mask_is_saved():
+def test_gradient_is_the_same_mask_and_only_a_boolean_mask_is_saved(device):
     torch.manual_seed(0)
-    x = torch.randn(64, 128, requires_grad=True)
+    x = torch.randn(64, 128, device=device, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = fast_dropout(x, 0.25, training=True)
@@ -52,15 +52,15 @@ def test_gradient_is_the_same_mask_and_only_a_boolean_mask_is_saved():
     assert [t.dtype for t in saved] == [torch.bool]  # 1 byte per element, not nnf.dropout's float noise
 
 
-def test_identity_when_not_training_or_p_zero_and_zeros_when_p_one():
-    x = torch.randn(5, 7)
+def test_identity_when_not_training_or_p_zero_and_zeros_when_p_one(device):
+    x = torch.randn(5, 7, device=device)
     assert fast_dropout(x, 0.3, training=False) is x
     assert fast_dropout(x, 0.0, training=True) is x
     assert torch.equal(fast_dropout(x, 1.0, training=True), torch.zeros_like(x))
 
 
-def test_reproducible_under_manual_seed_and_any_shape():
-    x = torch.randn(3, 5, 7)  # 105 elements: not a multiple of the 4 decisions per draw
+def test_reproducible_under_manual_seed_and_any_shape(device):
+    x = torch.randn(3, 5, 7, device=device)  # 105 elements: not a multiple of the 4 decisions per draw
     torch.manual_seed(1)
     first = fast_dropout(x, 0.2, training=True)
     torch.manual_seed(1)
@@ -70,16 +70,16 @@ def test_reproducible_under_manual_seed_and_any_shape():
     assert fast_dropout(x.transpose(0, 2), 0.2, training=True).shape == (7, 5, 3)
 
 
-def test_module_follows_train_and_eval():
+def test_module_follows_train_and_eval(device):
     layer = FastDropout(0.5)
-    x = torch.ones(1000)
+    x = torch.ones(1000, device=device)
     assert isinstance(layer, torch.nn.Dropout)
     assert (layer(x) == 0).any()
     assert layer.eval()(x) is x
 
 
-def test_bf16_autocast_keeps_dtype():
-    x = torch.randn(32, 16, dtype=torch.bfloat16)
+def test_bf16_autocast_keeps_dtype(device):
+    x = torch.randn(32, 16, dtype=torch.bfloat16, device=device)
     out = fast_dropout(x, 0.1, training=True)
     assert out.dtype == torch.bfloat16
     kept = out != 0

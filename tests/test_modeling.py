@@ -73,8 +73,10 @@ DECODER_VARIANTS = [
 
 
 @pytest.mark.parametrize("overrides", DECODER_VARIANTS)
-def test_incremental_decoding_equals_full_forward(overrides):
-    assert_incremental_decoding_equals_full_forward(seq2seq(**overrides), *source_batch())
+def test_incremental_decoding_equals_full_forward(overrides, device):
+    assert_incremental_decoding_equals_full_forward(
+        seq2seq(**overrides).to(device), *source_batch(device=device)
+    )
 
 
 GREEDY, BEAM = {}, {"num_beams": 3, "length_penalty": 0.6}
@@ -86,9 +88,9 @@ BEAM_RETURN_2 = {"num_beams": 3, "num_return_sequences": 2, "early_stopping": Tr
     [(variant, GREEDY) for variant in DECODER_VARIANTS]
     + [(DECODER_VARIANTS[0], BEAM), (DECODER_VARIANTS[1], BEAM_RETURN_2), (DECODER_VARIANTS[2], BEAM)],
 )
-def test_generate_same_tokens_with_and_without_cache(overrides, decoding):
-    model = seq2seq(**overrides)
-    ids, mask = source_batch()
+def test_generate_same_tokens_with_and_without_cache(overrides, decoding, device, dtype):
+    model = seq2seq(**overrides).to(device, dtype)
+    ids, mask = source_batch(device=device)
     kwargs = {"max_new_tokens": 10, "min_new_tokens": 10, **decoding}
     cached = model.generate(ids, attention_mask=mask, use_cache=True, **kwargs)
     uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
@@ -102,13 +104,13 @@ class ReorderingEverything(ODETransformerForConditionalGeneration):
         return past_key_values
 
 
-def test_beam_search_reorders_only_the_self_attention_cache():
+def test_beam_search_reorders_only_the_self_attention_cache(device):
     """The premise of `_reorder_cache`: the cross-attention states of all beams of one source are equal, so only the
     self-attention states need reordering; the result equals transformers' default (reorder everything)."""
-    model = seq2seq(decoder_ode_method="rk2")
-    reference = ReorderingEverything(model.config).eval()
+    model = seq2seq(decoder_ode_method="rk2").to(device)
+    reference = ReorderingEverything(model.config).eval().to(device)
     reference.load_state_dict(model.state_dict())
-    ids, mask = source_batch()
+    ids, mask = source_batch(device=device)
     beams = 3
     kwargs = {"max_new_tokens": 6, "num_beams": beams, "return_dict_in_generate": True, "output_scores": True}
     ours = model.generate(ids, attention_mask=mask, **kwargs)
@@ -120,9 +122,9 @@ def test_beam_search_reorders_only_the_self_attention_cache():
     assert torch.equal(ours.sequences_scores, default.sequences_scores)
 
 
-def test_sampling_is_reproducible_and_respects_the_cache():
-    model = seq2seq(decoder_ode_method="rk2")
-    ids, mask = source_batch()
+def test_sampling_is_reproducible_and_respects_the_cache(device):
+    model = seq2seq(decoder_ode_method="rk2").to(device)
+    ids, mask = source_batch(device=device)
     runs = []
     for use_cache in (True, False):
         torch.manual_seed(3)
@@ -135,18 +137,18 @@ def test_sampling_is_reproducible_and_respects_the_cache():
 
 
 @pytest.mark.parametrize("overrides", [{}, {"decoder_ode_method": "rk4"}, {"max_relative_position": 0}])
-def test_sdpa_and_eager_attention_agree(overrides):
-    ids, mask = source_batch()
-    target = torch.randint(4, 99, (3, 5))
+def test_sdpa_and_eager_attention_agree(overrides, device):
+    ids, mask = source_batch(device=device)
+    target = torch.randint(4, 99, (3, 5), device=device)
     logits = {}
     for implementation in ("eager", "sdpa"):
-        model = seq2seq(**overrides)
+        model = seq2seq(**overrides).to(device)
         model.set_attn_implementation(implementation)
         logits[implementation] = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
     torch.testing.assert_close(logits["eager"], logits["sdpa"], rtol=1e-5, atol=1e-5)
 
 
-def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch):
+def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch, device):
     """`capture_outputs` leaves its hooks on the modules after any recording call; only a call that records
     attention weights may take the eager path under SDPA, not the plain forwards after it."""
     from modeling_ode import modeling_ode_transformer
@@ -158,10 +160,14 @@ def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch):
         "eager_attention_forward",
         lambda *a, **k: eager_calls.append(1) or eager(*a, **k),
     )
-    model = seq2seq(max_relative_position=0)
+    model = seq2seq(max_relative_position=0).to(device)
     model.set_attn_implementation("sdpa")
-    ids, mask = source_batch()
-    batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": torch.randint(4, 99, (3, 5))}
+    ids, mask = source_batch(device=device)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "decoder_input_ids": torch.randint(4, 99, (3, 5), device=device),
+    }
     model(**batch, output_hidden_states=True, output_ode_stages=True)
     model(**batch)
     assert eager_calls == []
@@ -169,21 +175,21 @@ def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch):
     assert eager_calls and output.encoder_attentions[0] is not None and output.cross_attentions[0] is not None
 
 
-def test_save_load_round_trip_is_bit_exact(tmp_path):
+def test_save_load_round_trip_is_bit_exact(tmp_path, device):
     model = seq2seq(
         decoder_ode_method="rk2", decoder_ode_coefficients="learnable", ode_coefficient_scope="stack"
-    )
+    ).to(device)
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
     for name, tensor in model.state_dict().items():
         if name in weights:
-            assert torch.equal(weights[name], tensor), name
+            assert torch.equal(weights[name], tensor.cpu()), name
     for auto in (AutoModelForSeq2SeqLM, ODETransformerForConditionalGeneration):
-        loaded = auto.from_pretrained(tmp_path).eval()
+        loaded = auto.from_pretrained(tmp_path).eval().to(device)
         assert type(loaded) is ODETransformerForConditionalGeneration
         for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
             assert torch.equal(a, b), name
-        ids, mask = source_batch()
+        ids, mask = source_batch(device=device)
         assert torch.equal(
             model(input_ids=ids, attention_mask=mask).logits,
             loaded(input_ids=ids, attention_mask=mask).logits,
@@ -192,25 +198,27 @@ def test_save_load_round_trip_is_bit_exact(tmp_path):
     assert type(AutoModel.from_pretrained(tmp_path)) is ODETransformerModel
 
 
-def test_embeddings_are_tied_and_a_separate_source_vocabulary_is_possible():
-    model = seq2seq()
+def test_embeddings_are_tied_and_a_separate_source_vocabulary_is_possible(device):
+    model = seq2seq().to(device)
     shared = model.model.shared.weight
     assert model.lm_head.weight is shared
     assert (
         model.model.encoder.embed_tokens.weight is shared
         and model.model.decoder.embed_tokens.weight is shared
     )
-    separate = seq2seq(source_vocab_size=57, share_encoder_decoder_embeddings=False)
+    separate = seq2seq(source_vocab_size=57, share_encoder_decoder_embeddings=False).to(device)
     assert separate.model.encoder.embed_tokens.weight.shape == (57, 16)
     assert separate.model.decoder.embed_tokens.weight is separate.lm_head.weight
-    ids = torch.randint(4, 57, (2, 5))
+    ids = torch.randint(4, 57, (2, 5), device=device)
     assert separate(input_ids=ids, decoder_input_ids=ids[:, :3]).logits.shape == (2, 3, 99)
 
 
-def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation():
-    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT).train()  # smoothing is a training-time regulariser
-    ids, mask = source_batch()
-    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4))
+def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation(device):
+    model = (
+        seq2seq(label_smoothing=0.1, **NO_DROPOUT).train().to(device)
+    )  # smoothing: a training-time regulariser
+    ids, mask = source_batch(device=device)
+    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4)).to(device)
     labels[2, 3:] = -100
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     logp = out.logits.log_softmax(-1)
@@ -228,12 +236,12 @@ def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation():
     torch.testing.assert_close(parts[0] + parts[1], out.loss)
 
 
-def test_eval_loss_is_the_nll_without_label_smoothing():
+def test_eval_loss_is_the_nll_without_label_smoothing(device):
     """Validation loss must be the model's NLL (issue 11.7): smoothing applies in training mode only."""
-    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4))
+    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4)).to(device)
     labels[2, 3:] = -100
-    ids, mask = source_batch()
-    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT)
+    ids, mask = source_batch(device=device)
+    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT).to(device)
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     logp = out.logits.double().log_softmax(-1)
     keep = labels != -100
@@ -244,19 +252,19 @@ def test_eval_loss_is_the_nll_without_label_smoothing():
         input_ids=ids, attention_mask=mask, labels=labels
     ).loss  # no dropout: same logits
     torch.testing.assert_close(train_loss.double(), 0.9 * nll + 0.1 * smooth, rtol=1e-6, atol=1e-6)
-    lm = causal_lm(tiny(is_encoder_decoder=False, label_smoothing=0.1))
+    lm = causal_lm(tiny(is_encoder_decoder=False, label_smoothing=0.1)).to(device)
     lm_out = lm(input_ids=ids, labels=ids)
     lm_logp = lm_out.logits[:, :-1].double().log_softmax(-1)
     lm_nll = -lm_logp.gather(-1, ids[:, 1:, None])[..., 0].mean()
     torch.testing.assert_close(lm_out.loss.double(), lm_nll, rtol=1e-6, atol=1e-6)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
-    ids, mask = source_batch()
-    labels = torch.randint(4, 99, (3, 6))
+def test_gradient_checkpointing_gives_the_same_gradients(device):
+    ids, mask = source_batch(device=device)
+    labels = torch.randint(4, 99, (3, 6), device=device)
     grads = []
     for checkpointing in (False, True):
-        model = seq2seq(decoder_ode_method="rk2").train()
+        model = seq2seq(decoder_ode_method="rk2").train().to(device)
         if checkpointing:
             model.gradient_checkpointing_enable()
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
@@ -267,20 +275,20 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_autocast_trains(dtype):
-    model = seq2seq(decoder_ode_method="rk2").train()
-    ids, mask = source_batch()
-    labels = torch.randint(4, 99, (3, 6))
-    with torch.autocast("cpu", dtype=dtype):
+def test_autocast_trains(dtype, device):
+    model = seq2seq(decoder_ode_method="rk2").train().to(device)
+    ids, mask = source_batch(device=device)
+    labels = torch.randint(4, 99, (3, 6), device=device)
+    with torch.autocast(device.type, dtype=dtype):
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
     assert out.logits.dtype == dtype and torch.isfinite(out.loss)
     out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_output_ode_stages():
-    model = seq2seq(decoder_ode_method="rk4", decoder_ode_function="sublayers")
-    ids, mask = source_batch()
+def test_output_ode_stages(device):
+    model = seq2seq(decoder_ode_method="rk4", decoder_ode_function="sublayers").to(device)
+    ids, mask = source_batch(device=device)
     out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4], output_ode_stages=True)
     assert len(out.encoder_ode_stages) == 2  # one RK2 block per encoder layer
     assert out.encoder_ode_stages[0].shape == (2, 3, 9, 16)
@@ -289,18 +297,18 @@ def test_output_ode_stages():
     torch.testing.assert_close(gate.sum(0), torch.ones_like(gate[0]))  # g and 1 - g
     assert len(out.decoder_ode_stages) == 2 * 3  # three sublayer blocks per decoder layer
     assert out.decoder_ode_stages[0].shape == (4, 3, 4, 16)
-    torch.testing.assert_close(out.decoder_ode_coefficients[0], torch.tensor([1, 2, 2, 1]) / 6)
+    torch.testing.assert_close(out.decoder_ode_coefficients[0], torch.tensor([1, 2, 2, 1], device=device) / 6)
 
 
-def test_causal_lm_cache_loss_and_auto_class(tmp_path):
+def test_causal_lm_cache_loss_and_auto_class(tmp_path, device):
     config = tiny(
         is_encoder_decoder=False,
         decoder_ode_method="rk2",
         decoder_ode_coefficients="gated",
         label_smoothing=0.0,
     )
-    model = causal_lm(config)
-    ids = torch.randint(4, 99, (2, 10))
+    model = causal_lm(config).to(device)
+    ids = torch.randint(4, 99, (2, 10), device=device)
     out = model(input_ids=ids, labels=ids)
     expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 99), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, expected)
@@ -333,14 +341,14 @@ def test_bad_configs_raise_clear_errors(overrides, match):
         tiny(**overrides)
 
 
-def test_unknown_preset_and_too_long_input():
+def test_unknown_preset_and_too_long_input(device):
     with pytest.raises(ValueError, match="available presets"):
         ODETransformerConfig.from_preset("huge")
-    model = seq2seq()
+    model = seq2seq().to(device)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(
-            input_ids=torch.ones(1, 200, dtype=torch.long),
-            decoder_input_ids=torch.ones(1, 2, dtype=torch.long),
+            input_ids=torch.ones(1, 200, dtype=torch.long, device=device),
+            decoder_input_ids=torch.ones(1, 2, dtype=torch.long, device=device),
         )
 
 
@@ -353,28 +361,31 @@ STATIC_CASES = [
 
 
 @pytest.mark.parametrize("overrides,decoding", STATIC_CASES)
-def test_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(overrides, decoding):
+def test_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(overrides, decoding, device, dtype):
     kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
-    assert generate_static_dynamic_uncached(seq2seq(**overrides), *source_batch(), **kwargs).shape == (3, 9)
+    model = seq2seq(**overrides).to(device, dtype)
+    assert generate_static_dynamic_uncached(model, *source_batch(device=device), **kwargs).shape == (3, 9)
 
 
 @pytest.mark.parametrize("method,decoding", [("euler", GREEDY), ("rk2", BEAM), ("rk4", GREEDY)])
-def test_causal_lm_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(method, decoding):
-    model = causal_lm(tiny(is_encoder_decoder=False, decoder_ode_method=method))
+def test_causal_lm_static_cache_gives_the_same_tokens_as_dynamic_and_no_cache(
+    method, decoding, device, dtype
+):
+    model = causal_lm(tiny(is_encoder_decoder=False, decoder_ode_method=method)).to(device, dtype)
     kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, **decoding}
-    assert generate_static_dynamic_uncached(model, *source_batch(), **kwargs).shape == (3, 15)
+    assert generate_static_dynamic_uncached(model, *source_batch(device=device), **kwargs).shape == (3, 15)
 
 
-def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage():
+def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage(device):
     """RK4 decoder, 2 layers: 8 self-attention slots of `max_cache_len` positions, built before decoding starts."""
     from transformers.cache_utils import StaticCache
 
-    model = seq2seq(decoder_ode_method="rk4")
+    model = seq2seq(decoder_ode_method="rk4").to(device)
     layout = model.get_decoder().cache_layout
     assert (layout.num_slots, layout.slot(1, 2)) == (8, 6)
     cache = layout.build(encoder_decoder=True, max_cache_len=12)
     assert isinstance(cache.self_attention_cache, StaticCache) and len(cache.self_attention_cache.layers) == 8
-    ids, mask = source_batch()
+    ids, mask = source_batch(device=device)
     out = model.generate(
         ids,
         attention_mask=mask,
@@ -387,11 +398,11 @@ def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage():
     assert all(layer.keys.shape[2] == self_cache.get_max_length() for layer in self_cache.layers)
 
 
-def test_a_cache_without_a_slot_per_stage_is_refused():
+def test_a_cache_without_a_slot_per_stage_is_refused(device):
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-    model = seq2seq(decoder_ode_method="rk2")
-    ids, mask = source_batch()
+    model = seq2seq(decoder_ode_method="rk2").to(device)
+    ids, mask = source_batch(device=device)
     one_per_layer = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
     with pytest.raises(ValueError, match=r"one self-attention cache slot per \(layer, stage\), 2 x 2 = 4"):
         model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2], past_key_values=one_per_layer)
