@@ -257,7 +257,11 @@ def check_safetensors_file(path: Path) -> None:
 def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[str]:
     """Names of the floating-point tensors (a model's parameters and buffers, or a state dict) that hold NaN or
     infinity: the one check of diverged weights, for the trainer's final save and for loading."""
-    tensors = weights.state_dict() if isinstance(weights, nn.Module) else weights
+    if isinstance(weights, nn.Module):  # tied weights once
+        tensors = dict(weights.named_parameters())
+        tensors.update(weights.named_buffers())
+    else:
+        tensors = weights
     return [
         name
         for name, tensor in tensors.items()
