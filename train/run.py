@@ -27,6 +27,7 @@ train.translate`` and of plain ``model.generate`` on the saved folder.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
@@ -933,8 +934,9 @@ def _splits_to_use(raw: DatasetDict, args: tuple) -> dict:
     return splits
 
 
-def _train(trainer, run_args: RunArguments, resume: str | None) -> dict:
-    """Train, optionally average the last checkpoints, save the model; the train metrics.
+def _train(trainer, run_args: RunArguments, resume: str | None) -> tuple[dict, TrainerState]:
+    """Train, optionally average the last checkpoints, save the model; the train metrics and the trainer state
+    to save as the run's last file (as training left it: later evaluations are not training's).
 
     Resumed from the run's last step (a kill hit its end phases), nothing is trained: the end phases are redone
     from the checkpoint, whose weights are the trained ones bit for bit, so the final model is the one the
@@ -950,7 +952,7 @@ def _train(trainer, run_args: RunArguments, resume: str | None) -> dict:
     if run_args.average_last_checkpoints > 1:
         _load_average(trainer, run_args.average_last_checkpoints)
     save_final_model(trainer)
-    return metrics
+    return metrics, copy.deepcopy(trainer.state)
 
 
 def _restore_trained(trainer, checkpoint: str) -> dict:
@@ -1023,7 +1025,7 @@ def _run(args: tuple) -> dict:
     collator = PadCollator(tokenizer, word_dropout=data_args.word_dropout)
     trainer = _make_trainer(args, model, tokenizer, splits, collator)
     trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
-    train_metrics = _train(trainer, run_args, resume) if training_args.do_train else {}
+    train_metrics, final_state = _train(trainer, run_args, resume) if training_args.do_train else ({}, None)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         trainer.log_metrics("eval", eval_metrics)
@@ -1038,9 +1040,10 @@ def _run(args: tuple) -> dict:
                 args, results, decoding, m2_file, train_metrics, model, raw_splits["test"]
             )
             _write_outputs(training_args.output_dir, trainer, document, hyps)
-    if training_args.do_train:
-        with saving(Path(training_args.output_dir) / TRAINER_STATE):
-            trainer.save_state()  # last of all: its trainer_state.json marks the run finished (run_finished)
+    if final_state is not None and trainer.is_world_process_zero():
+        path = Path(training_args.output_dir) / TRAINER_STATE
+        with saving(path):
+            final_state.save_to_json(str(path))  # last of all: it marks the run finished (run_finished)
     return document
 
 
