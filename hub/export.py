@@ -35,6 +35,11 @@ from modeling_ode import (
 
 from .model_card import METRICS_FILENAME, write_model_card
 
+try:  # installed: ode_transformer.hub beside ode_transformer.train
+    from ..train.files import clear_folder, refuse_occupied, saving
+except ImportError:  # a checkout: hub/ and train/ are top-level packages
+    from train.files import clear_folder, refuse_occupied, saving
+
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
 PAPER_GENERATION_DEFAULTS = {**PAPER_DECODING["translation"], "early_stopping": True}
@@ -103,17 +108,20 @@ def export_for_hub(
     tokenizer: Any = None,
     metrics: str | Path | Mapping[str, Any] | None = None,
     repo_id: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
 
     Args:
         model_dir_or_model: a folder written by `save_pretrained` or an ODE Transformer model.
-        out_dir: the folder to write (created; existing files of the same names are replaced).
+        out_dir: the folder to write (created); a non-empty one is refused unless ``overwrite``.
         tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
             default the tokenizer files of the model folder, if any.
         metrics: a metrics JSON (path or dict, schema in hub/model_card.py) for the card; by default the model
             folder's `hub_metrics.json`, else its README.md is copied, else a card without results is written.
         repo_id: USER/NAME for the card's usage example.
+        overwrite: delete what ``out_dir`` holds first (its old card, metrics or checkpoints would otherwise
+            describe another model).
     Returns: out_dir.
     """
     source_dir = None
@@ -125,9 +133,12 @@ def export_for_hub(
     out_dir = Path(out_dir)
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
+    refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
+    clear_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
+    with saving(out_dir):
+        model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
     _write_generation_config(model, out_dir, source_dir)
     _copy_tokenizer(tokenizer, source_dir, out_dir)
 
@@ -152,8 +163,13 @@ def main(argv: list[str] | None = None) -> None:
         "--metrics", default=None, help=f"metrics JSON (default: MODEL_DIR/{METRICS_FILENAME})"
     )
     parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
+    parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
     args = parser.parse_args(argv)
-    print(export_for_hub(args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id))
+    print(
+        export_for_hub(
+            args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id, args.overwrite
+        )
+    )
 
 
 if __name__ == "__main__":

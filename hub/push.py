@@ -23,6 +23,8 @@ IGNORE_PATTERNS = [
     "__pycache__/*",
     "*/__pycache__/*",
     "*.pyc",
+    ".run.lock",  # a training run's lock files (train.checkpoints.LOCK_FILES)
+    ".run.pid",
 ]
 
 

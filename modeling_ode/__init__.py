@@ -22,6 +22,7 @@ from .modeling_ode_transformer import (
     ODETransformerForConditionalGeneration,
     ODETransformerModel,
     ODETransformerPreTrainedModel,
+    non_finite_tensors,
 )
 from .ode import COEFFICIENT_MODES, ODE_METHODS, ButcherTableau, StageCoefficients, ode_step
 
@@ -50,5 +51,6 @@ __all__ = [
     "ODETransformerModel",
     "ODETransformerPreTrainedModel",
     "StageCoefficients",
+    "non_finite_tensors",
     "ode_step",
 ]

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
@@ -52,6 +52,7 @@ __all__ = [
     "ODETransformerForConditionalGeneration",
     "ODETransformerForCausalLM",
     "StageCacheLayout",
+    "non_finite_tensors",
 ]
 
 logger = logging.get_logger(__name__)
@@ -259,6 +260,21 @@ def check_safetensors_file(path: Path) -> None:
             f"{path} is truncated or not a safetensors file ({problem}); copy or save the model again "
             "(a checkpoint folder can be replaced by an earlier complete one)."
         )
+
+
+def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors (a model's parameters and buffers, or a state dict) that hold NaN or
+    infinity: the one check of diverged weights, for the trainer's final save and for loading."""
+    if isinstance(weights, nn.Module):  # tied weights once
+        tensors = dict(weights.named_parameters())
+        tensors.update(weights.named_buffers())
+    else:
+        tensors = weights
+    return [
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
 
 
 def padding_mask(
@@ -901,7 +917,16 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
             )
             if weights.is_file():
                 check_safetensors_file(weights)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True gives a tuple
+        bad = non_finite_tensors(loaded)
+        if bad:  # a diverged training run's model decodes to empty lines without a word otherwise
+            logger.warning(
+                f"{pretrained_model_name_or_path} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
+                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its outputs are meaningless; use a "
+                "checkpoint from before training diverged, or train again with a lower learning rate."
+            )
+        return model
 
     def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
         raise ValueError(_UNSUPPORTED_ATTENTION.format(f"flash_attention_{flash_attn_version}"))

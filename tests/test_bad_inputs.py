@@ -205,8 +205,8 @@ def test_output_dir_of_another_run_is_refused(tmp_path):
     out.mkdir()
     (out / "checkpoint-100").mkdir()
     with pytest.raises(
-        ValueError,
-        match=r"already holds a run \(checkpoint-100, ...\); continue it with --resume_from_checkpoint last",
+        FileExistsError,  # checkpoint-100 is incomplete: nothing to resume, so resuming is not offered
+        match=r"already holds a run \(checkpoint-100, ...\); pass --overwrite_output_dir to delete it first",
     ):
         train(out, "--train_file", ",".join(corpus(tmp_path / "data")))
     with pytest.raises(

@@ -3,7 +3,8 @@
 ``python -m train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
 the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
 config, generation config and tokenizer files are copied from the newest checkpoint). Only complete
-checkpoints of one training run are averaged (:mod:`train.checkpoints`).
+checkpoints of one training run are averaged (:mod:`train.checkpoints`). A non-empty ``--out`` is refused
+unless ``--overwrite`` (which deletes its contents first): files left there would describe another model.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from train.checkpoints import check_one_run, complete_checkpoints
+from train.files import clear_folder, refuse_occupied, saving
 
 __all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
 
@@ -68,23 +70,33 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     return averaged
 
 
-def write_average(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Average ``paths`` into ``out``; the other files of the newest checkpoint are copied along."""
+def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> Path:
+    """Average ``paths`` into ``out``; the other files of the newest checkpoint are copied along.
+
+    Raises:
+        FileExistsError: ``out`` holds files and ``overwrite`` is false.
+        ValueError: ``out`` is or holds one of the checkpoints.
+    """
     out = Path(out)
+    if any(out.resolve() in (Path(p).resolve(), *Path(p).resolve().parents) for p in paths):
+        raise ValueError(f"--out {out} is or holds the checkpoints it averages; choose another folder.")
+    refuse_occupied(out, overwrite, "--overwrite", "--out")
+    state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
+    clear_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     newest = Path(paths[-1])
-    if newest.is_dir():
-        for file in newest.iterdir():
-            if (
-                file.is_file()
-                and file.name != WEIGHTS
-                and not file.name.startswith(
-                    ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
-                )
-            ):
-                shutil.copy2(file, out / file.name)
-    state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
-    save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
+    with saving(out):
+        if newest.is_dir():
+            for file in newest.iterdir():
+                if (
+                    file.is_file()
+                    and file.name != WEIGHTS
+                    and not file.name.startswith(
+                        ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
+                    )
+                ):
+                    shutil.copy2(file, out / file.name)
+        save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
     return out
 
 
@@ -92,10 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.averaging", description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", help="training output folder with checkpoint-<step> subfolders")
     parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
-    parser.add_argument("--out", required=True, help="folder for the averaged model")
+    parser.add_argument("--out", required=True, help="folder for the averaged model (empty or new)")
+    parser.add_argument("--overwrite", action="store_true", help="delete what --out holds first")
     args = parser.parse_args(argv)
     paths = last_checkpoints(args.output_dir, args.last)
-    write_average(paths, args.out)
+    write_average(paths, args.out, args.overwrite)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {args.out}")
 
 

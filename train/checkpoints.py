@@ -7,6 +7,8 @@
 * Every checkpoint holds ``run_id.txt``, the id of the run that wrote it (a resumed run keeps the id
   of the checkpoint it resumes from), so checkpoints of different runs are never mixed, e.g. by
   averaging (:func:`check_one_run`).
+* One run at a time per folder: :func:`lock_output_dir` holds ``OUTPUT_DIR/.run.lock`` for the run's
+  lifetime (a second run started at once is refused, naming the first one's pid).
 * :func:`complete_checkpoints` lists the complete ``checkpoint-<step>`` folders (weights and
   ``trainer_state.json``, which the trainer writes last); incomplete ones, left by a kill before
   this scheme or by a copy, are skipped with a warning.
@@ -16,17 +18,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 __all__ = [
+    "LOCK_FILES",
     "RUN_ID_FILE",
     "STAGING",
     "check_one_run",
     "complete_checkpoints",
+    "lock_output_dir",
     "missing_part",
     "new_run_id",
     "publish",
@@ -41,6 +50,10 @@ STAGING = ".staging"
 RUN_ID_FILE = "run_id.txt"
 TRAINER_STATE = "trainer_state.json"
 WEIGHTS = "model.safetensors"
+LOCK_FILE, PID_FILE = ".run.lock", ".run.pid"
+LOCK_FILES = (LOCK_FILE, PID_FILE)
+"""Files of ``OUTPUT_DIR`` that say which process runs in it (not part of the run's outputs)."""
+_PID_WAIT_SECONDS = 5.0  # the holder writes its pid right after taking the lock
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -119,3 +132,48 @@ def remove_staging(output_dir: str | Path) -> None:
         for partial in sorted(staging.iterdir()):
             logger.warning("removing %s: a save was interrupted while writing it", partial)
         shutil.rmtree(staging)
+
+
+def _holder_pid(folder: Path) -> str:
+    """The pid the run holding ``folder``'s lock wrote (it does so just after taking the lock)."""
+    deadline = time.monotonic() + _PID_WAIT_SECONDS
+    while True:
+        try:
+            pid = (folder / PID_FILE).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            pid = ""
+        if pid or time.monotonic() > deadline:
+            return pid or "unknown"
+        time.sleep(0.01)
+
+
+@contextmanager
+def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
+    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs: one run per folder, also for runs started at once (a
+    check of the folder's contents alone lets both through). The folder is created if needed; the lock files
+    are removed at the end, and the folder too if the run wrote nothing into it.
+
+    Raises:
+        RuntimeError: another process holds the lock (its pid named).
+    """
+    folder = Path(output_dir)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RuntimeError(
+            f"{folder} is in use by another run (pid {_holder_pid(folder)}); wait for it to finish or stop "
+            "it, or choose another --output_dir."
+        ) from None
+    try:
+        (folder / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        yield
+    finally:
+        # Removed while held: a run waiting on the old file sees it unlinked and retries (filelock checks the inode).
+        for name in (PID_FILE, LOCK_FILE):
+            (folder / name).unlink(missing_ok=True)
+        lock.release()
+        if created and not any(folder.iterdir()):
+            folder.rmdir()

@@ -534,6 +534,18 @@ class DataSpec:
 _SPLITS = ("train", "validation", "test")
 
 
+def _file_pair(spec: str) -> tuple[str, str]:
+    """``"SRC,TGT"`` split at its first comma; a path holding a comma of its own is named with the fix."""
+    source, target = spec.split(",", 1)
+    both_exist = Path(source).is_file() and Path(target).is_file()
+    if not both_exist and (Path(spec).is_file() or spec.count(",") > 1):
+        raise ValueError(
+            f"{spec!r}: a path holds a comma, but 'SRC,TGT' is split at the first comma (into {source!r} and "
+            f"{target!r}); rename the file, or link it under a name without a comma"
+        )
+    return source, target
+
+
 def load_local_file(
     spec: tuple[str, str] | str,
     task: Literal["seq2seq", "lm"],
@@ -546,7 +558,7 @@ def load_local_file(
     if task == "lm":
         return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
     if isinstance(spec, tuple) or "," in spec:
-        return load_parallel_files(*(spec if isinstance(spec, tuple) else spec.split(",", 1)))
+        return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)))
     name = spec.removesuffix(".gz")
     if name.endswith(".tsv"):
         return load_tsv(spec, source_column, target_column)

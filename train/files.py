@@ -1,22 +1,48 @@
-"""Reading text files (plain or gzip) with only the standard library, for every command that reads lines."""
+"""Files and folders for every command: reading text files (plain or gzip), claiming an output folder, and
+naming a full disk, with only the standard library (``hub`` uses these too)."""
 
 from __future__ import annotations
 
+import errno
 import gzip
+import logging
+import shutil
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["read_byte_lines", "read_lines"]
+__all__ = ["clear_folder", "read_byte_lines", "read_lines", "refuse_occupied", "saving"]
+
+logger = logging.getLogger(__name__)
+
+# How a full disk or a file-size limit shows: OSError errnos, and the messages of safetensors (Rust io errors)
+# and of torch.save (its zip writer), which raise other exception types.
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_NO_SPACE_MESSAGES = ("os error 28", "os error 27", "os error 122", "No space left", "File too large",
+                      "file write failed", "unexpected pos")  # fmt: skip
 
 
 def read_byte_lines(path: str | Path) -> list[bytes]:
     """Lines of a file (gzip-compressed if the name ends in ``.gz``) as bytes, without ``\\n`` or a final ``\\r``.
 
     The final newline ends the last line, it does not start a new one.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a ``.gz`` file is truncated or damaged (the file named).
     """
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no such file: {path}")
-    data = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+    data = file.read_bytes()
+    if file.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as error:  # EOFError: cut off; BadGzipFile (OSError): not gzip
+            raise ValueError(
+                f"{path} is a truncated or damaged gzip file ({error}); copy or compress it again"
+            ) from None
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
@@ -30,3 +56,71 @@ def read_lines(path: str | Path) -> list[str]:
         UnicodeDecodeError: a line is not valid UTF-8.
     """
     return [line.decode("utf-8") for line in read_byte_lines(path)]
+
+
+def _contents(folder: Path, ignore: Iterable[str]) -> list[Path]:
+    skip = set(ignore)
+    return sorted(p for p in folder.iterdir() if p.name not in skip) if folder.is_dir() else []
+
+
+def refuse_occupied(
+    folder: str | Path,
+    overwrite: bool,
+    flag: str,
+    option: str,
+    what: str = "files",
+    advice: str = "",
+    ignore: Iterable[str] = (),
+) -> None:
+    """Refuse to write into a non-empty ``folder`` unless ``overwrite``: its files would be replaced or, left
+    beside the new ones, describe another model. The error names the folder, a few of its files and the fixes
+    (``advice``, then ``flag``, then an empty ``option``). Names in ``ignore`` (lock files) do not count.
+
+    Raises:
+        FileExistsError: ``folder`` holds files and ``overwrite`` is false.
+    """
+    contents = _contents(Path(folder), ignore)
+    if contents and not overwrite:
+        names = ", ".join(p.name for p in contents[:5])
+        raise FileExistsError(
+            f"{folder} already holds {what} ({names}, ...); {advice}pass {flag} to delete it first, "
+            f"or choose an empty {option}."
+        )
+
+
+def clear_folder(folder: str | Path, keep: Iterable[str] = ()) -> None:
+    """Delete what ``folder`` holds (an ``--overwrite``), except the names in ``keep`` (a held lock file)."""
+    contents = _contents(Path(folder), keep)
+    if contents:
+        logger.warning("overwriting: deleting the contents of %s", folder)
+    for path in contents:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _out_of_space(error: BaseException) -> bool:
+    if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
+        return True
+    return any(message in str(error) for message in _NO_SPACE_MESSAGES)
+
+
+@contextmanager
+def saving(path: str | Path) -> Iterator[None]:
+    """Around a save: a full disk or a file-size limit, whatever library hit it (safetensors, torch.save, json),
+    becomes one line naming ``path`` instead of a long trace from inside that library.
+
+    Raises:
+        OSError: (``ENOSPC``) "no space left on device while saving PATH".
+    """
+    try:
+        yield
+    except Exception as error:
+        if not _out_of_space(error):
+            raise
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on device while saving {path} ({str(error).splitlines()[0][:200]}); free some space "
+            "(or raise the file-size limit, `ulimit -f`) and run the command again",
+        ) from None

@@ -27,10 +27,10 @@ train.translate`` and of plain ``model.generate`` on the saved folder.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -43,12 +43,14 @@ import datasets
 import torch
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
+from safetensors.torch import load_file
 from transformers import (
     EarlyStoppingCallback,
     HfArgumentParser,
     PreTrainedTokenizerFast,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    TrainerState,
     set_seed,
 )
 
@@ -57,11 +59,21 @@ from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    non_finite_tensors,
 )
 
 from . import metrics
 from .batching import seq2seq_lengths
-from .checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
+from .checkpoints import (
+    LOCK_FILES,
+    TRAINER_STATE,
+    WEIGHTS,
+    complete_checkpoints,
+    lock_output_dir,
+    missing_part,
+    read_run_id,
+    remove_staging,
+)
 from .data import (
     DataSpec,
     conll2013_test,
@@ -69,7 +81,7 @@ from .data import (
     load_local_file,
     load_task_data,
 )
-from .files import read_lines
+from .files import clear_folder, read_lines, refuse_occupied, saving
 from .tokenizer import load_or_train_tokenizer
 from .trainer import (
     PadCollator,
@@ -434,21 +446,30 @@ def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[st
             yield example[column]
 
 
-def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments):
-    """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size)."""
+def _truncated(encoded) -> list[bool]:
+    """Which rows of a fast tokenizer's batch were cut to ``max_length`` (their encoding keeps the overflow)."""
+    return [bool(encoding.overflowing) for encoding in encoded.encodings]
+
+
+def tokenize_function(
+    tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments, report: bool = False
+):
+    """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size); with ``report`` also
+    the ``TRUNCATED_COLUMNS`` that mark the rows cut to ``--max_source_length``/``--max_target_length``."""
 
     def seq2seq(batch: dict) -> dict:
-        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)[
-            "input_ids"
-        ]
-        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)[
-            "input_ids"
-        ]
-        return {
-            "input_ids": sources,
-            "labels": targets,
-            "length": seq2seq_lengths(list(map(len, sources)), list(map(len, targets))),
+        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)
+        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)
+        columns = {
+            "input_ids": sources["input_ids"],
+            "labels": targets["input_ids"],
+            "length": seq2seq_lengths(
+                list(map(len, sources["input_ids"])), list(map(len, targets["input_ids"]))
+            ),
         }
+        if report:
+            columns |= {"source_truncated": _truncated(sources), "target_truncated": _truncated(targets)}
+        return columns
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
         encoded = tokenizer(
@@ -456,23 +477,48 @@ def tokenize_function(tokenizer: PreTrainedTokenizerFast, task: str, data_args: 
             add_special_tokens=False,
             truncation=True,
             max_length=data_args.max_target_length - 2,
-        )["input_ids"]
-        ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded]
-        return {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
+        )
+        ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded["input_ids"]]
+        columns = {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
+        return columns | ({"target_truncated": _truncated(encoded)} if report else {})
 
     return lm if task == "lm" else seq2seq
+
+
+TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncated": "--max_target_length"}
 
 
 def tokenize_splits(
     splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
 ) -> dict:
-    """Tokenise every split, keeping only the model's columns and ``length``."""
-    function = tokenize_function(tokenizer, task, data_args)
+    """Tokenise every split, keeping only the model's columns and ``length``; a warning counts the lines cut to
+    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily)."""
     out = {}
     for name, dataset in splits.items():
+        report = isinstance(dataset, Dataset)
+        function = tokenize_function(tokenizer, task, data_args, report=report)
         columns = dataset.column_names or list(next(iter(dataset)).keys())
         out[name] = dataset.map(function, batched=True, remove_columns=columns)
+        if report:
+            out[name] = _report_truncation(name, out[name], data_args)
     return out
+
+
+def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -> Dataset:
+    """Warn how many lines of ``split`` were cut (never a silent loss), then drop the marker columns."""
+    present = [column for column in TRUNCATED_COLUMNS if column in dataset.column_names]
+    for column in present:
+        count = sum(dataset[column])
+        if count:
+            flag = TRUNCATED_COLUMNS[column]
+            limit = getattr(data_args, flag.removeprefix("--"))
+            seq2seq = "source_truncated" in dataset.column_names
+            side = "source" if column == "source_truncated" else "target" if seq2seq else "text"
+            logger.warning(
+                "%s split: %d of %d %s line(s) longer than %s %d tokens were truncated; raise %s to keep them whole",
+                split, count, dataset.num_rows, side, flag, limit, flag,
+            )  # fmt: skip
+    return dataset.remove_columns(present)
 
 
 def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict:
@@ -758,7 +804,8 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
     """Keep one run per output folder (as transformers' example scripts do); returns the checkpoint to resume from.
 
     A non-empty ``output_dir`` is refused unless the run resumes (``last`` = the newest complete checkpoint,
-    incomplete ones skipped with a warning) or ``overwrite`` deletes its contents first.
+    incomplete ones skipped with a warning) or ``overwrite`` deletes its contents first. The advice leads
+    somewhere: resuming is offered only where a complete checkpoint exists, else ``--overwrite_output_dir``.
     """
     out, resume = Path(training_args.output_dir), training_args.resume_from_checkpoint
     if overwrite and resume:
@@ -769,24 +816,50 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
         complete = complete_checkpoints(out)
         if not complete:
             raise ValueError(
-                f"--resume_from_checkpoint {resume}: no complete checkpoint in {out}; start a new run without it."
+                f"--resume_from_checkpoint {resume}: no complete checkpoint in {out}, nothing to resume; start "
+                "the run again from the beginning with --overwrite_output_dir (instead of --resume_from_checkpoint)."
             )
         resume = str(complete[-1])
     elif resume and (problem := missing_part(Path(resume))):
         raise ValueError(f"{resume} is not a complete checkpoint ({problem}); resume from another one.")
-    elif not resume and not overwrite and out.is_dir() and any(out.iterdir()):
-        names = ", ".join(sorted(p.name for p in out.iterdir())[:5])
-        raise ValueError(
-            f"{out} already holds a run ({names}, ...); continue it with --resume_from_checkpoint last, pass "
-            "--overwrite_output_dir to delete it first, or choose an empty --output_dir."
-        )
+    elif not resume:
+        resumable = bool(complete_checkpoints(out))
+        refuse_occupied(
+            out, overwrite, "--overwrite_output_dir", "--output_dir", what="a run",
+            advice="continue it with --resume_from_checkpoint last, " if resumable else "", ignore=LOCK_FILES,
+        )  # fmt: skip
+    if resume and run_finished(out, resume, training_args.max_steps):
+        return resume  # nothing to clean: the run changes nothing
     with training_args.main_process_first(desc="output dir"):
-        if training_args.should_save and overwrite and out.is_dir():
-            logger.warning("--overwrite_output_dir: deleting the contents of %s", out)
-            shutil.rmtree(out)
+        if training_args.should_save and overwrite:
+            clear_folder(out, keep=LOCK_FILES)
         if training_args.should_save and resume:
             remove_staging(out)
     return resume
+
+
+def _read_json(path: Path) -> dict | None:
+    """A JSON file's object, or ``None`` when it is missing or cut off (a kill while it was written)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def trained_to_the_end(checkpoint: str | Path, max_steps: int) -> bool:
+    """Whether ``checkpoint`` is the run's last step (``--max_steps``, else the step count the run planned)."""
+    state = _read_json(Path(checkpoint) / TRAINER_STATE) or {}
+    last = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return state.get("global_step", -1) >= last > 0
+
+
+def run_finished(output_dir: str | Path, checkpoint: str | Path, max_steps: int) -> bool:
+    """Whether the run of ``output_dir`` finished after ``checkpoint``, its last step: the run's own
+    ``trainer_state.json``, written last of all, is complete and at that step."""
+    if not trained_to_the_end(checkpoint, max_steps):
+        return False
+    final = _read_json(Path(output_dir) / TRAINER_STATE) or {}
+    return final.get("global_step") == (_read_json(Path(checkpoint) / TRAINER_STATE) or {}).get("global_step")
 
 
 def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
@@ -861,27 +934,82 @@ def _splits_to_use(raw: DatasetDict, args: tuple) -> dict:
     return splits
 
 
-def _train(trainer, run_args: RunArguments, resume: str | None) -> dict:
-    """Train, optionally average the last checkpoints, save model and state; the train metrics."""
-    result = trainer.train(resume_from_checkpoint=resume)
+def _train(trainer, run_args: RunArguments, resume: str | None) -> tuple[dict, TrainerState]:
+    """Train, optionally average the last checkpoints, save the model; the train metrics and the trainer state
+    to save as the run's last file (as training left it: later evaluations are not training's).
+
+    Resumed from the run's last step (a kill hit its end phases), nothing is trained: the end phases are redone
+    from the checkpoint, whose weights are the trained ones bit for bit, so the final model is the one the
+    uninterrupted run saves.
+    """
+    if resume and trained_to_the_end(resume, trainer.args.max_steps):
+        metrics = _restore_trained(trainer, resume)
+    else:
+        result = trainer.train(resume_from_checkpoint=resume)
+        metrics = {**result.metrics, "global_step": trainer.state.global_step}
+        trainer.save_metrics("train", metrics)  # before the end phases, for a run resumed in them
+    trainer.log_metrics("train", metrics)
     if run_args.average_last_checkpoints > 1:
         _load_average(trainer, run_args.average_last_checkpoints)
-    trainer.save_model()
-    trainer.save_state()
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    return {**result.metrics, "global_step": trainer.state.global_step}
+    save_final_model(trainer)
+    return metrics, copy.deepcopy(trainer.state)
+
+
+def _restore_trained(trainer, checkpoint: str) -> dict:
+    """The trainer state and weights of the run's last checkpoint (the best one with ``--load_best_model_at_end``,
+    as training ends); the train metrics the run saved, if it got that far."""
+    logger.warning("%s is the run's last step: nothing to train, finishing the run from it", checkpoint)
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE))
+    weights = checkpoint
+    if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        weights = trainer.state.best_model_checkpoint
+    _load_state(trainer.model, load_file(str(Path(weights) / WEIGHTS)), weights)
+    saved = _read_json(Path(trainer.args.output_dir) / "train_results.json") or {}
+    step = trainer.state.global_step
+    return saved if saved.get("global_step") == step else {"global_step": step}
+
+
+def save_final_model(trainer) -> None:
+    """``trainer.save_model`` (weights, config, tokenizer), refusing a model with non-finite weights: it would
+    only translate to empty lines."""
+    bad = non_finite_tensors(trainer.model)
+    if bad:
+        raise FloatingPointError(
+            f"the final model has non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
+            f"not saved; train again with a lower --learning_rate (was {trainer.args.learning_rate:g})."
+        )
+    with saving(trainer.args.output_dir):
+        trainer.save_model()
 
 
 def run(args: tuple) -> dict:
     """Train (``--do_train``), evaluate on the validation split (``--do_eval``) and test (``--do_predict``) as
     described in the module docstring; returns the metrics document (empty without ``--do_predict`` and on
-    processes other than the main one)."""
+    processes other than the main one).
+
+    A training run holds the output folder's lock throughout (:func:`train.checkpoints.lock_output_dir`): a
+    second run started into it at the same time is refused.
+    """
+    training_args = args[3]
+    if not (training_args.do_train and training_args.should_save):
+        return _run(args)
+    with lock_output_dir(training_args.output_dir):
+        return _run(args)
+
+
+def _run(args: tuple) -> dict:
     model_args, data_args, run_args, training_args = args
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
     resume = (
         prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
     )
+    if resume and run_finished(training_args.output_dir, resume, training_args.max_steps):
+        logger.warning(
+            "%s holds a finished run (its last step is %s): nothing to resume, nothing changed; pass a larger "
+            "--max_steps to train on, or choose another --output_dir for a new run",
+            training_args.output_dir, resume,
+        )  # fmt: skip
+        return {}
     set_seed(training_args.seed)
     raw, m2_file = load_raw_data(data_args, run_args.task)
     raw_splits = _splits_to_use(raw, args)
@@ -897,21 +1025,36 @@ def run(args: tuple) -> dict:
     collator = PadCollator(tokenizer, word_dropout=data_args.word_dropout)
     trainer = _make_trainer(args, model, tokenizer, splits, collator)
     trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
-    train_metrics = _train(trainer, run_args, resume) if training_args.do_train else {}
+    train_metrics, final_state = _train(trainer, run_args, resume) if training_args.do_train else ({}, None)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
-    if not training_args.do_predict:
-        return {}
-    results, hyps = _test(
-        run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator
-    )
-    if not trainer.is_world_process_zero():
-        return {}
-    document = metrics_document(args, results, decoding, m2_file, train_metrics, model, raw_splits["test"])
-    _write_outputs(training_args.output_dir, trainer, document, hyps)
+    document = {}
+    if training_args.do_predict:
+        results, hyps = _test(
+            run_args.task, trainer, tokenizer, splits["test"], raw_splits["test"], m2_file, collator
+        )
+        if trainer.is_world_process_zero():
+            document = metrics_document(
+                args, results, decoding, m2_file, train_metrics, model, raw_splits["test"]
+            )
+            _write_outputs(training_args.output_dir, trainer, document, hyps)
+    if final_state is not None and trainer.is_world_process_zero():
+        path = Path(training_args.output_dir) / TRAINER_STATE
+        with saving(path):
+            final_state.save_to_json(str(path))  # last of all: it marks the run finished (run_finished)
     return document
+
+
+def _load_state(model, state: dict, source) -> None:
+    """Load ``state`` (a safetensors file's tensors, tied weights stored once) into ``model``."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {params[key].data_ptr() for key in state if key in params}
+    untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
+    if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
+        raise ValueError(f"{source} does not fit the model: missing {untied}, unexpected {unexpected}")
 
 
 def _load_average(trainer, last: int) -> None:
@@ -919,15 +1062,7 @@ def _load_average(trainer, last: int) -> None:
     from .averaging import average_checkpoints, last_checkpoints
 
     paths = last_checkpoints(trainer.args.output_dir, last)
-    state = average_checkpoints(paths)
-    missing, unexpected = trainer.model.load_state_dict(state, strict=False)
-    params = dict(trainer.model.named_parameters(remove_duplicate=False))
-    loaded = {params[key].data_ptr() for key in state if key in params}
-    untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
-    if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
-        raise ValueError(
-            f"averaged checkpoint does not fit the model: missing {untied}, unexpected {unexpected}"
-        )
+    _load_state(trainer.model, average_checkpoints(paths), "averaged checkpoint")
     logger.info("averaged %d checkpoints: %s", len(paths), ", ".join(str(p) for p in paths))
 
 

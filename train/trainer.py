@@ -16,6 +16,9 @@ the middle of an epoch: ``skip_first_batches`` then wraps ``SkipBatchSampler`` a
 checkpoint restores. The order of batches is then a function of (seed, epoch) only, and a resumed
 run sees exactly the batches the uninterrupted run would have seen.
 
+Training stops at the first non-finite loss or gradient norm, before the optimizer step could spread it into
+the weights, with an error naming the step and the learning rate (:meth:`_TokenBudgetMixin.training_step`).
+
 Checkpoints are written aside and renamed into place, with the id of the run that wrote them
 (:mod:`train.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
 looks complete but is not.
@@ -41,6 +44,7 @@ from . import metrics
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
 from .data import word_dropout
+from .files import saving
 
 __all__ = [
     "PadCollator",
@@ -114,7 +118,8 @@ class _TokenBudgetMixin:
         self.accelerator.wait_for_everyone()
         self._staging = staged.parent
         try:
-            super()._save_checkpoint(model, trial)
+            with saving(staged):
+                super()._save_checkpoint(model, trial)
         finally:
             self._staging = None
         if self.state.best_model_checkpoint == str(staged):
@@ -131,6 +136,28 @@ class _TokenBudgetMixin:
                 str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True
             )
         self.accelerator.wait_for_everyone()
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._stop_if_diverged("loss", loss)
+        return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        self._stop_if_diverged("gradient norm", grad_norm)
+        return grad_norm
+
+    def _stop_if_diverged(self, what: str, value: torch.Tensor | float | None) -> None:
+        """Stop at a non-finite loss or gradient norm: one more optimizer step makes every weight NaN, and the
+        trainer's logs would show a finite mean loss (it filters NaN out) while the run saves a dead model."""
+        if value is None or math.isfinite(float(value)):
+            return
+        step = self.state.global_step + 1
+        raise FloatingPointError(
+            f"training diverged at step {step}: the {what} is {float(value)} (learning rate "
+            f"{self._get_learning_rate():.3g}, --learning_rate {self.args.learning_rate:g}); train again with a "
+            f"lower --learning_rate or more --warmup_steps. Nothing of step {step} was saved."
+        )
 
     def get_train_dataloader(self) -> DataLoader:
         eval_collator = self.data_collator

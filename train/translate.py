@@ -17,6 +17,7 @@ autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the pr
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,11 +39,48 @@ from .files import read_lines
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
+logger = logging.getLogger(__name__)
+
+# Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Positions a sequence needs beyond its tokens (train.run sizes max_position_embeddings the same way).
+_POSITION_MARGIN = 2
+
+
+def _check_model_folder(model_name_or_path: str) -> None:
+    """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
+    transformers reads the path as a Hub id, or asks for sentencepiece)."""
+    folder = Path(model_name_or_path)
+    looks_local = (
+        folder.is_absolute() or model_name_or_path.startswith(".") or model_name_or_path.count("/") > 1
+    )
+    if not folder.exists():
+        if looks_local:
+            raise FileNotFoundError(
+                f"no model folder {model_name_or_path}: give the folder train.run wrote (its --output_dir) or "
+                "a Hub id (USER/NAME)"
+            )
+        return  # a Hub id
+    if not folder.is_dir():
+        raise NotADirectoryError(
+            f"{model_name_or_path} is a file: give the model's folder (its --output_dir)"
+        )
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{folder} holds no tokenizer (tokenizer.json): copy tokenizer.json and tokenizer_config.json into it "
+            "from the run's output folder (train.run writes them beside model.safetensors)"
+        )
+
 
 def load_for_generation(
     model_name_or_path: str, device: str | torch.device = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id."""
+    """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id.
+
+    Raises:
+        FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
+    """
+    _check_model_folder(model_name_or_path)
     config = AutoConfig.from_pretrained(model_name_or_path)
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(model_name_or_path).to(device).eval()
@@ -117,10 +155,24 @@ def generate_texts(
     max_source_length: int | None = None,
     **kwargs,
 ) -> list[str]:
-    """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given), :func:`generate_ids`, decode."""
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    sequences = tokenizer(list(texts), **truncation)["input_ids"]
-    return decode(tokenizer, generate_ids(model, sequences, **kwargs))
+    """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given, and always to the model's own
+    limit, with a warning counting the lines cut), :func:`generate_ids`, decode. No texts, no outputs."""
+    if not texts:
+        return []
+    limit = model.config.max_position_embeddings - _POSITION_MARGIN
+    length = min(max_source_length or limit, limit)
+    encoded = tokenizer(list(texts), truncation=True, max_length=length)
+    cut = sum(bool(encoding.overflowing) for encoding in encoded.encodings) if encoded.encodings else 0
+    if cut:
+        logger.warning(
+            "%d input line(s) longer than %d tokens were truncated (%s); %s",
+            cut, length,
+            f"--max_source_length {max_source_length}" if length == max_source_length
+            else f"the model's limit, max_position_embeddings {model.config.max_position_embeddings}",
+            "raise --max_source_length to keep them whole" if length < limit
+            else "split long lines, or give --max_source_length to cut them shorter",
+        )  # fmt: skip
+    return decode(tokenizer, generate_ids(model, encoded["input_ids"], **kwargs))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,388 @@
+"""A catalogue of faults: whatever happens to a run or a tool, nothing is lost and nothing is silently wrong.
+
+Each test provokes one fault (two runs at once, a kill at each end phase of a run, divergence, a full disk, ...)
+and checks what the user is left with: the files, the weights bit for bit, and a one-line message that names
+the problem and the fix. Tiny models on a few lines of data keep every case at a few seconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_bad_inputs import TINY_RUN, corpus, seq2seq, write
+from tiny_folder import TEXTS, save_tiny_folder
+
+import train.run
+import train.trainer
+from hub.export import export_for_hub
+from modeling_ode import ODETransformerForConditionalGeneration
+from train import averaging, translate
+from train.data import load_local_file
+from train.files import read_lines
+from train.run import parse_arguments, run, save_final_model
+from train.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_run(output_dir: Path, *flags: str) -> dict:
+    return run(parse_arguments([*TINY_RUN, "--output_dir", str(output_dir), *flags]))
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file of ``folder`` with its bytes and modification time: equal snapshots = nothing changed."""
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+def tokenizer_folder(folder: Path) -> str:
+    """A trained tokenizer for ``--tokenizer_name``: a run that reuses it has less to do."""
+    train_tokenizer(TEXTS, vocab_size=300, save_to=folder)
+    return str(folder)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def assert_bit_identical(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    different = [key for key in expected if not torch.equal(actual[key], expected[key])]
+    assert not different, different
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Two runs started at once into one --output_dir
+
+
+def _race(barrier, output_dir: str, data: str, tokenizer: str, results) -> None:
+    """One of the two racing runs: both leave the barrier together, then start train.run."""
+    import os
+
+    from train.run import parse_arguments, run
+
+    args = parse_arguments([*TINY_RUN, "--output_dir", output_dir, "--train_file", data, "--tokenizer_name",
+                            tokenizer, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"])  # fmt: skip
+    barrier.wait()
+    try:
+        run(args)
+        results.put((os.getpid(), "ok"))
+    except Exception as error:
+        results.put((os.getpid(), f"{type(error).__name__}: {error}"))
+
+
+def test_two_runs_started_at_once_one_is_refused_naming_the_other(tmp_path):
+    data = ",".join(corpus(tmp_path / "data"))
+    tokenizer = tokenizer_folder(tmp_path / "tokenizer")  # both racers reuse it: less to do at once
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
+    barrier, results = context.Barrier(2), context.Queue()
+    out = tmp_path / "out"
+    racers = [
+        context.Process(target=_race, args=(barrier, str(out), data, tokenizer, results)) for _ in range(2)
+    ]
+    for racer in racers:
+        racer.start()
+    outcomes = dict(results.get(timeout=300) for _ in racers)
+    for racer in racers:
+        racer.join(timeout=60)
+    assert sorted(outcomes.values(), key=lambda o: o != "ok")[0] == "ok", outcomes
+    (winner,) = [pid for pid, outcome in outcomes.items() if outcome == "ok"]
+    (refused,) = [outcome for outcome in outcomes.values() if outcome != "ok"]
+    assert refused == (
+        f"RuntimeError: {out} is in use by another run (pid {winner}); wait for it to finish or stop it, "
+        "or choose another --output_dir."
+    )
+    run_ids = {(out / name / "run_id.txt").read_text() for name in ("checkpoint-2", "checkpoint-4")}
+    assert len(run_ids) == 1 and (out / "model.safetensors").is_file()
+    assert not (out / ".run.lock").exists() and not (out / ".run.pid").exists()  # released with the run
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Tools writing onto an existing trained-model folder
+
+
+def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path):
+    model_dir = tmp_path / "model"
+    save_tiny_folder(model_dir)
+    for step in (1, 2):
+        checkpoint = tmp_path / "run" / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        save_file({"w": torch.full((2,), float(step))}, str(checkpoint / "model.safetensors"))
+        (checkpoint / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    before = snapshot(model_dir)
+    with pytest.raises(FileExistsError) as raised:
+        averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(model_dir)])
+    assert f"{model_dir} already holds files (" in str(raised.value)
+    assert "pass --overwrite to delete it first, or choose an empty --out." in str(raised.value)
+    export_dir = tmp_path / "exported"
+    export_for_hub(model_dir, export_dir)
+    exported = snapshot(export_dir)
+    with pytest.raises(FileExistsError, match=f"{export_dir} already holds files .*; pass --overwrite"):
+        export_for_hub(model_dir, export_dir)
+    assert snapshot(model_dir) == before and snapshot(export_dir) == exported  # nothing touched
+
+    (export_dir / "checkpoint-9").mkdir()  # a stale file that would describe another model
+    export_for_hub(model_dir, export_dir, overwrite=True)
+    assert not (export_dir / "checkpoint-9").exists() and (export_dir / "model.safetensors").is_file()
+    averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(model_dir), "--overwrite"])
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "model.safetensors"
+    ]  # the old model's files are gone
+    assert torch.equal(weights(model_dir)["w"], torch.full((2,), 1.5))
+    with pytest.raises(ValueError, match="is or holds the checkpoints it averages"):
+        averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"])
+
+
+# --------------------------------------------------------------------------------------------
+# 3. A kill at each end phase of a run, then --resume_from_checkpoint last
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (a BaseException, so no handler of the code under test catches it)."""
+
+
+def _kill_at_last_step(original):
+    def training_step(self, *args, **kwargs):
+        if self.state.global_step == self.args.max_steps - 1:
+            raise Killed("last step")
+        return original(self, *args, **kwargs)
+
+    return training_step
+
+
+def _kill_when_publishing(original):
+    def publish(staged, final):
+        if final.name == "checkpoint-4":
+            raise Killed("last checkpoint")
+        return original(staged, final)
+
+    return publish
+
+
+def _kill_after_half_a_save(original):
+    def save_model(self, output_dir=None, _internal_call=False):
+        original(self, output_dir, _internal_call)
+        if _internal_call:  # a checkpoint's save
+            return
+        file = Path(self.args.output_dir) / "model.safetensors"
+        file.write_bytes(file.read_bytes()[:1000])
+        raise Killed("final save")
+
+    return save_model
+
+
+def _kill(*_args, **_kwargs):
+    raise Killed
+
+
+END_PHASES = {  # phase: (object, attribute, replacement given the original)
+    "last step": (train.trainer._TokenBudgetMixin, "training_step", _kill_at_last_step),
+    "last checkpoint": (train.trainer, "publish", _kill_when_publishing),
+    "averaging": (averaging, "average_checkpoints", lambda original: _kill),
+    "final save": (train.trainer.TokenBudgetSeq2SeqTrainer, "save_model", _kill_after_half_a_save),
+    "card": (train.run, "write_card", lambda original: _kill),
+}
+
+
+@pytest.fixture(scope="module")
+def end_phase_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """An uninterrupted run that ends in all the phases: last step, last checkpoint (save_total_limit rotating),
+    averaging of checkpoints, final save, test and model card. Its folder and the flags that repeat it."""
+    folder = tmp_path_factory.mktemp("end_phases")
+    data = ",".join(corpus(folder / "data"))
+    flags = ["--train_file", data, "--test_file", data, "--do_predict", "true", "--num_beams", "1",
+             "--max_target_length", "8", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "1",
+             "--save_total_limit", "2", "--average_last_checkpoints", "2"]  # fmt: skip
+    train_run(folder / "full", *flags)
+    return folder / "full", [*flags, "--tokenizer_name", str(folder / "full" / "tokenizer")]
+
+
+@pytest.mark.parametrize("phase", list(END_PHASES))
+def test_kill_in_an_end_phase_then_resume_gives_the_same_model(end_phase_run, tmp_path, monkeypatch, phase):
+    full, flags = end_phase_run
+    owner, name, replacement = END_PHASES[phase]
+    out = tmp_path / "killed"
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, name, replacement(getattr(owner, name)))
+        with pytest.raises(Killed):
+            train_run(out, *flags)
+    train_run(out, *flags, "--resume_from_checkpoint", "last")
+    assert_bit_identical(weights(out), weights(full))
+    checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert (
+        checkpoints == sorted(p.name for p in full.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    )
+    assert (out / "README.md").is_file() and not (out / ".staging").exists()
+
+
+def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_run, tmp_path, caplog):
+    full, flags = end_phase_run
+    before = snapshot(full)
+    with caplog.at_level(logging.WARNING, logger="train.run"):
+        assert train_run(full, *flags, "--resume_from_checkpoint", "last") == {}
+    assert "holds a finished run (its last step is" in caplog.text and "nothing changed" in caplog.text
+    assert snapshot(full) == before  # no checkpoint-5, no evicted checkpoint, no rewritten file
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Divergence
+
+
+def test_divergence_stops_at_the_first_non_finite_step_and_saves_nothing(tmp_path):
+    data = ",".join(corpus(tmp_path / "data"))
+    out = tmp_path / "out"
+    with pytest.raises(FloatingPointError) as raised:
+        train_run(out, "--train_file", data, "--learning_rate", "1e6", "--max_steps", "6", "--save_strategy",
+                  "steps", "--save_steps", "1")  # fmt: skip
+    message = str(raised.value)
+    assert message.startswith("training diverged at step 2: the loss is nan (learning rate ")
+    assert "--learning_rate 1e+06); train again with a lower --learning_rate" in message
+    assert not (out / "model.safetensors").exists() and not (out / "README.md").exists()
+    for checkpoint in out.glob("checkpoint-*"):  # saved before the divergence: finite
+        assert all(torch.isfinite(t).all() for t in weights(checkpoint).values())
+
+
+def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path, caplog):
+    model = seq2seq()
+    with torch.no_grad():
+        model.model.shared.weight[3, 0] = float("nan")
+    trainer = SimpleNamespace(
+        model=model, args=SimpleNamespace(learning_rate=1e6, output_dir=str(tmp_path / "o"))
+    )
+    with pytest.raises(FloatingPointError, match=r"the final model has non-finite weights \(.*shared.weight"):
+        save_final_model(trainer)
+    assert not (tmp_path / "o").exists()
+
+    folder = tmp_path / "nan_model"
+    save_tiny_folder(folder)
+    model = ODETransformerForConditionalGeneration.from_pretrained(folder)
+    with torch.no_grad():
+        model.model.shared.weight[3, 0] = float("inf")
+    model.save_pretrained(folder)
+    with caplog.at_level(logging.WARNING):
+        ODETransformerForConditionalGeneration.from_pretrained(folder)
+        assert f"{folder} holds non-finite weights (NaN or infinity) in 1 tensors" in caplog.text
+        caplog.clear()
+        translate.load_for_generation(str(folder))  # what train.translate loads
+        assert "holds non-finite weights" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Truncated training and test lines are counted
+
+
+def test_truncated_training_and_test_lines_are_counted(tmp_path, caplog):
+    src, tgt = corpus(tmp_path / "data")
+    write(Path(src), "the dog number one runs far away over the hills\n" + "a dog\n" * 11)
+    with caplog.at_level(logging.WARNING, logger="train.run"):
+        train_run(
+            tmp_path / "out", "--train_file", f"{src},{tgt}", "--max_source_length", "6", "--max_steps", "1"
+        )
+    assert (
+        "train split: 1 of 12 source line(s) longer than --max_source_length 6 tokens were truncated; "
+        "raise --max_source_length to keep them whole"
+    ) in caplog.text
+    assert "target line(s)" not in caplog.text  # no target line is longer than 16 tokens
+
+
+# --------------------------------------------------------------------------------------------
+# 6. train.translate
+
+
+def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    empty, output = write(tmp_path / "empty.txt", ""), tmp_path / "out.txt"
+    translate.main([str(folder), "--input", str(empty), "--output", str(output), "--no_progress"])
+    assert output.read_text() == ""
+
+    long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
+    with caplog.at_level(logging.WARNING, logger="train.translate"):
+        translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
+    assert "1 input line(s) longer than 126 tokens were truncated (the model's limit" in caplog.text
+    assert "--max_source_length" in caplog.text
+    assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="train.translate"):
+        translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress",
+                        "--max_source_length", "4"])  # fmt: skip
+    assert "were truncated (--max_source_length 4); raise --max_source_length" in caplog.text
+
+    with pytest.raises(
+        FileNotFoundError, match=f"^no model folder {tmp_path}/missing/model: give the folder"
+    ):
+        translate.main([str(tmp_path / "missing" / "model"), "--input", str(empty)])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(FileNotFoundError, match=f"^{folder} holds no tokenizer .*: copy tokenizer.json"):
+        translate.main([str(folder), "--input", str(empty)])
+
+
+# --------------------------------------------------------------------------------------------
+# 7. A full disk (here: a file-size limit) during a save, and the advice after it
+
+FULL_DISK_RUN = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
+from train.run import main
+main(sys.argv[2:])
+"""
+
+
+def test_full_disk_during_a_save_is_named_and_the_advice_leads_somewhere(tmp_path):
+    data = ",".join(corpus(tmp_path / "data"))
+    out = tmp_path / "out"
+    flags = [*TINY_RUN, "--output_dir", str(out), "--train_file", data, "--tokenizer_name", tokenizer_folder(tmp_path / "tok"),
+             "--save_strategy", "steps", "--save_steps", "1"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_RUN, "20000", *flags], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError: [Errno 28] no space left on device while saving ")
+    assert ".staging/checkpoint-1" in last and "free some space" in last
+    assert (
+        "During handling" not in result.stderr and "SafetensorError" not in result.stderr
+    )  # no library trace
+    assert not list(out.glob("checkpoint-*"))  # nothing half-written published
+
+    # The advice: resuming says there is nothing to resume and to start again; starting again says the same.
+    with pytest.raises(ValueError, match="nothing to resume; start the run again from the beginning with "
+                                         "--overwrite_output_dir"):  # fmt: skip
+        train_run(out, "--train_file", data, "--resume_from_checkpoint", "last")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(.*\); pass --overwrite_output_dir"):
+        train_run(out, "--train_file", data)
+    train_run(out, "--train_file", data, "--overwrite_output_dir", "true")
+    assert (out / "model.safetensors").is_file() and not (out / ".staging").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# 8. Data files: a truncated .gz, a comma inside a path
+
+
+def test_truncated_gz_and_comma_in_a_path_are_named(tmp_path):
+    packed = gzip.compress(b"".join(b"line %d\n" % i for i in range(1000)))
+    cut = tmp_path / "train.src.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(
+        ValueError, match=f"^{cut} is a truncated or damaged gzip file .*; copy or compress it again"
+    ):
+        read_lines(cut)
+    tsv = write(tmp_path / "data,v2.tsv", "source\ttarget\na\tb\n")
+    with pytest.raises(ValueError) as raised:
+        load_local_file(str(tsv), "seq2seq")
+    assert f"'{tsv}': a path holds a comma, but 'SRC,TGT' is split at the first comma" in str(raised.value)
+    assert "rename the file, or link it under a name without a comma" in str(raised.value)
