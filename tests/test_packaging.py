@@ -19,9 +19,11 @@ import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
+from ode_transformer import cli
+
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ("ode-train", "ode-translate", "ode-evaluate", "ode-export", "ode-model-card", "ode-push")
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "modeling_ode", "train", "hub")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "modeling_ode", "ode_transformer", "train", "hub")
 
 
 def _install(tmp_path: Path) -> Path:
@@ -86,3 +88,28 @@ def test_non_editable_install_gives_console_commands(tmp_path):
         expected = [model.generate(**tokenizer([s], return_tensors="pt"))[0] for s in sources]
     texts = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected]
     assert all(texts) and result.stdout.splitlines() == texts
+
+
+@pytest.mark.parametrize(
+    ("command", "extra"), [(cli.train, "train"), (cli.evaluate, "train"), (cli.push, "hub")]
+)
+def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch):
+    def import_without_extra(name):
+        raise ModuleNotFoundError("No module named 'rouge_score'", name="rouge_score")
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_without_extra)
+    with pytest.raises(SystemExit) as exit_info:
+        command()
+    assert f"install `ode-transformer[{extra}]`" in str(exit_info.value.code)
+    assert "rouge_score" in str(exit_info.value.code) and "\n" not in str(exit_info.value.code)
+
+
+def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):
+    def broken(name):
+        raise ModuleNotFoundError(
+            "No module named 'ode_transformer.train.nope'", name="ode_transformer.train.nope"
+        )
+
+    monkeypatch.setattr(cli.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        cli.train()

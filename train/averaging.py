@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from train.checkpoints import check_one_run, complete_checkpoints
+from .checkpoints import check_one_run, complete_checkpoints
 
 __all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
 

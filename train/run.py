@@ -64,6 +64,7 @@ from .batching import seq2seq_lengths
 from .checkpoints import complete_checkpoints, missing_part, read_run_id, remove_staging
 from .data import (
     DataSpec,
+    MissingCorpusError,
     conll2013_test,
     load_hub_dataset,
     load_local_file,
@@ -100,6 +101,7 @@ CORPUS_CARDS: dict[str, tuple[str, str]] = {
     "conll2013": ("CoNLL-2013 test", "conll2013"),
 }
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
 
 
 @dataclass
@@ -184,6 +186,12 @@ class DataArguments:
             "help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
         },
     )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the shared corpora (default: $ODE_DATA_DIR, else ../shared/data of a clone)"
+        },
+    )
     hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
     hub_config: str | None = None
     source_lang: str | None = field(default=None, metadata={"help": "language (or column) of the source"})
@@ -266,15 +274,19 @@ def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser(
         ALL_ARGUMENTS,
         prog=f"python -m {__spec__.name}",
-        usage="%(prog)s [RECIPE.yaml] [--flag value ...]",
+        usage="%(prog)s [RECIPE] [--flag value ...]",
         description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
         "flags override them.",
     )
     parser.add_argument(
         "recipe",
-        metavar="RECIPE.yaml",
+        metavar="RECIPE",
         nargs="?",
-        help="recipe file (YAML or JSON) of flag defaults, read first",
+        help="recipe of flag defaults, read first: a YAML/JSON file or a packaged recipe's name "
+        "(e.g. multi30k_en_de_cpu; --list-recipes lists them)",
+    )
+    parser.add_argument(
+        "--list-recipes", "--list_recipes", action="store_true", help="list the packaged recipes"
     )
     first = [
         group for group in parser._action_groups if group.title in ("positional arguments", *GROUP_TITLES)
@@ -287,12 +299,43 @@ def build_parser() -> HfArgumentParser:
     return parser
 
 
+class RecipeNotFoundError(FileNotFoundError):
+    """RECIPE is neither a file nor a packaged recipe."""
+
+
+def recipe_names() -> list[str]:
+    """The packaged recipes (``train/recipes/*.yaml``), by name."""
+    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe file: ``name`` if it is a file, else the packaged recipe of that name (``.yaml`` optional)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = RECIPES / (name if path.suffix in (".yaml", ".yml", ".json") else f"{name}.yaml")
+    if path.parent == Path(".") and packaged.is_file():
+        return packaged
+    raise RecipeNotFoundError(
+        f"no recipe {name!r}: give a YAML/JSON file or a packaged recipe ({', '.join(recipe_names())})"
+    )
+
+
+def _list_recipes() -> None:
+    for name in recipe_names():
+        print(f"{name:<24} {RECIPES / f'{name}.yaml'}")
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple:
-    """Parse ``[RECIPE.yaml|RECIPE.json] [--flag value ...]`` into the four argument dataclasses."""
+    """Parse ``[RECIPE] [--flag value ...]`` into the four argument dataclasses; RECIPE is a YAML/JSON file or
+    a packaged recipe's name. ``--list-recipes`` prints the packaged recipes and exits."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
-        recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
+    if {"--list-recipes", "--list_recipes"} & set(argv):
+        _list_recipes()
+        raise SystemExit(0)
+    if argv and not argv[0].startswith("-"):
+        recipe = yaml.safe_load(find_recipe(argv.pop(0)).read_text(encoding="utf-8")) or {}
         known = {action.dest for action in parser._actions}
         unknown = sorted(set(recipe) - known)
         if unknown:
@@ -342,7 +385,14 @@ def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataAr
     parts = [
         load_task_data(
             kind,
-            DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang),
+            DataSpec(
+                "shared",
+                name,
+                source_lang=data_args.source_lang,
+                target_lang=data_args.target_lang,
+                # libreoffice is built locally in its own cache folder, not read from the shared data
+                root=data_args.data_dir if name != "libreoffice" else None,
+            ),
         )
         for name in names.split("+")
     ]
@@ -386,7 +436,7 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
             raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
-        raw["test"], conll_m2 = conll2013_test()
+        raw["test"], conll_m2 = conll2013_test(data_args.data_dir)
         m2_file = m2_file or str(conll_m2)
     if "test" not in raw and "validation" in raw:
         raw["test"] = raw["validation"]
@@ -955,7 +1005,13 @@ def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) ->
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.disable_progress_bars()
-    run(parse_arguments(argv))  # the test metrics are printed once, by the main process (trainer.log_metrics)
+    try:
+        args = parse_arguments(argv)
+        run(args)
+    except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting, not a bug: one line
+        raise SystemExit(
+            f"error: {error}"
+        ) from None  # the test metrics are printed once, by the main process (trainer.log_metrics)
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
     # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
     if torch.distributed.is_available() and torch.distributed.is_initialized():
