@@ -57,6 +57,7 @@ from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    fit_tokenizer_to_model,
 )
 
 from . import metrics
@@ -100,6 +101,8 @@ CORPUS_CARDS: dict[str, tuple[str, str]] = {
     "ptb": ("Penn Treebank (Mikolov)", "ptb_text_only"),
     "conll2013": ("CoNLL-2013 test", "conll2013"),
 }
+# The language of the shared corpora that have one language (the card's `language` metadata).
+CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
 RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
 
@@ -687,6 +690,22 @@ def model_shape(config: ODETransformerConfig) -> str:
     )
 
 
+def training_datasets(data_args: DataArguments) -> list[str]:
+    """Hub ids of the training data, for the card's ``datasets`` metadata (none for local files)."""
+    if data_args.dataset:
+        return [CORPUS_CARDS[name][1] for name in data_args.dataset.split("+") if name in CORPUS_CARDS]
+    return [data_args.hub_dataset] if data_args.hub_dataset else []
+
+
+def card_language(data_args: DataArguments, task: str) -> list[str] | None:
+    """ISO 639-1 codes for the card (source first): the translation pair, else the shared corpus's language."""
+    if task == "translation":
+        pair = [data_args.source_lang, data_args.target_lang]
+        return pair if all(pair) else None
+    first = (data_args.dataset or "").split("+")[0]
+    return [CORPUS_LANGUAGES[first]] if first in CORPUS_LANGUAGES else None
+
+
 def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
     """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
     with the preset named only when nothing overrode its dimensions)."""
@@ -697,6 +716,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
         shape += f" (preset {model_args.preset})"
     return {
         "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+        "datasets": training_datasets(data_args),
         "recipe": {
             "model": shape,
             **{key: value for key, value in overrides.items() if key not in SHAPE_FIELDS},
@@ -733,8 +753,11 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
     }
     if train_metrics:
         document["training"] = training_card(args, train_metrics, model.config)
-    if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
-        document["language"] = [data_args.source_lang, data_args.target_lang]
+    if language := card_language(data_args, run_args.task):
+        document["language"] = language
+    base = args[0].model_name_or_path
+    if train_metrics and base and not Path(base).exists():  # fine-tuned from a Hub model
+        document["base_model"] = base
     if run_args.task != "lm":
         document["decoding"] = {
             **{k: decoding[k] for k in ("num_beams", "length_penalty")},
@@ -941,6 +964,7 @@ def run(args: tuple) -> dict:
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer)
+    fit_tokenizer_to_model(tokenizer, model.config, data_args.max_source_length)  # saved with the model
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))

@@ -36,6 +36,8 @@ import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto 
 
 from .files import read_lines
 
+_NO_LIMIT = 10**9  # a tokenizer without a limit has model_max_length 1e30
+
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
 
@@ -117,8 +119,19 @@ def generate_texts(
     max_source_length: int | None = None,
     **kwargs,
 ) -> list[str]:
-    """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given), :func:`generate_ids`, decode."""
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    """Translate (summarise, correct, continue) ``texts`` in one call: the outputs, in input order.
+
+    transformers 5 has no seq2seq pipelines; this is their stand-in, the decoder of ``ode-translate``. Inputs
+    are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the
+    model's limit in the folders this project saves), and decoded in length-sorted batches
+    (:func:`generate_ids`) with the model's generation config (beam size, length penalty, ``max_new_tokens``);
+    ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``, ...) override it.
+
+    >>> model, tokenizer = load_for_generation("path/to/model")
+    >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
+    """
+    limit = max_source_length or tokenizer.model_max_length
+    truncation = {"truncation": True, "max_length": limit} if limit < _NO_LIMIT else {}
     sequences = tokenizer(list(texts), **truncation)["input_ids"]
     return decode(tokenizer, generate_ids(model, sequences, **kwargs))
 
@@ -135,7 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
     parser.add_argument("--length_penalty", type=float, default=None, help="default: the generation config")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: the generation config")
-    parser.add_argument("--max_source_length", type=int, default=None, help="truncate inputs to N tokens")
+    parser.add_argument(
+        "--max_source_length",
+        type=int,
+        default=None,
+        help="truncate inputs to N tokens (default: the tokenizer's limit)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default fp32)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
