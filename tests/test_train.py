@@ -468,7 +468,8 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
 def test_gpu_recipes_say_so_in_header_and_readme(recipe):
     """A recipe without use_cpu needs a GPU (bf16): its first line and the README must say so."""
     text = (RECIPES / recipe).read_text()
-    readme = (RECIPES.parents[1] / "README.md").read_text()
+    docs = [RECIPES.parents[1] / "README.md", *(RECIPES.parents[1] / "docs").glob("*.md")]
+    readme = "\n".join(path.read_text() for path in docs)
     if recipe in CPU_RECIPES:
         assert "use_cpu: true" in text
         return
