@@ -1,12 +1,13 @@
 """A clean Hub-ready folder: upload it as is and load it with `trust_remote_code=True` anywhere.
 
     out_dir/
-      config.json              with auto_map -> the code below (AutoConfig and the model's auto class)
+      config.json              with auto_map -> the code below (AutoConfig, AutoModel and the model's auto class)
       model.safetensors        the weights (tied weights stored once)
       generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
       configuration_ode_transformer.py, modeling_ode_transformer.py, ode.py
                                the package's module files, flat, relative imports unchanged
-      tokenizer files          if a tokenizer is given or the model folder holds one
+      tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
+                               (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from transformers import GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
 from modeling_ode import (
     PAPER_DECODING,
@@ -31,6 +32,7 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
     ODETransformerPreTrainedModel,
+    fit_tokenizer_to_model,
 )
 
 from .model_card import METRICS_FILENAME, write_model_card
@@ -82,6 +84,16 @@ def _copy_tokenizer(tokenizer: Any, source_dir: Path | None, out_dir: Path) -> l
     if tokenizer is not None and not copied:
         raise FileNotFoundError(f"{folder} holds none of the tokenizer files {list(TOKENIZER_FILES)}.")
     return copied
+
+
+def _fit_tokenizer(out_dir: Path, config: ODETransformerConfig) -> None:
+    """Give the exported tokenizer the model's limits where it has none (a folder this project saved has them:
+    its source length), and the padding side of the model's task."""
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    known = (
+        tokenizer.model_max_length if tokenizer.model_max_length <= config.max_position_embeddings else None
+    )
+    fit_tokenizer_to_model(tokenizer, config, known).save_pretrained(str(out_dir))
 
 
 def _write_generation_config(model: ODETransformerPreTrainedModel, out_dir: Path, source_dir: Path | None):
@@ -140,7 +152,8 @@ def export_for_hub(
     with saving(out_dir):
         model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
     _write_generation_config(model, out_dir, source_dir)
-    _copy_tokenizer(tokenizer, source_dir, out_dir)
+    if _copy_tokenizer(tokenizer, source_dir, out_dir):
+        _fit_tokenizer(out_dir, model.config)
 
     if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
         metrics = source_dir / METRICS_FILENAME

@@ -13,6 +13,7 @@ Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the we
                                           #   text2text-generation, text-generation, ...)
       "task_name": "Machine translation", # optional: human-readable task name
       "language": ["en", "de"],           # optional: ISO 639-1 codes (source first)
+      "base_model": "USER/NAME",          # optional: the Hub model this one was fine-tuned from
       "license": "apache-2.0",            # optional, default apache-2.0
       "model_name": "ode-transformer-rk2-base-wmt14-en-de",  # optional, default repo name / folder name
       "title": "ODE Transformer ...",     # optional: the card's heading (default: built from the config)
@@ -62,6 +63,7 @@ __all__ = [
     "CITATION",
     "METRICS_FILENAME",
     "card_title",
+    "usage_snippets",
     "count_parameters",
     "describe_ode",
     "load_metrics",
@@ -343,39 +345,66 @@ _EXAMPLES = {
 _DEFAULT_EXAMPLE = "The weather is nice today."
 
 
-def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]) -> str:
-    """A snippet that runs as written where this package is not installed (remote code)."""
+EXCERPT_CHARS = 300  # a card's example input is an excerpt, not a whole article
+
+
+def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` cut at a word boundary before ``limit`` characters (with " ..."), if it is longer."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def usage_snippets(
+    config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]
+) -> list[str]:
+    """The card's code: transformers alone with remote code (runs where this package is not installed), then
+    the package's one-call helper. tests/test_hub.py runs both as written."""
     metrics = metrics or {}
     task = metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
-    example = json.dumps(metrics.get("example") or _EXAMPLES.get(task, _DEFAULT_EXAMPLE), ensure_ascii=False)
-    load = f"""tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)"""
-    if not config.is_encoder_decoder:
-        return f"""```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
+    example = json.dumps(
+        _excerpt(metrics.get("example") or _EXAMPLES.get(task, _DEFAULT_EXAMPLE)), ensure_ascii=False
+    )
+    if config.is_encoder_decoder:
+        decoding = {**generation, **(metrics.get("decoding") or {})}
+        settings = (
+            f"beam {decoding.get('num_beams', 1)}, length penalty {decoding.get('length_penalty', 1.0)}"
+        )
+        auto_class, generate, extra = "AutoModelForSeq2SeqLM", "model.generate(**inputs)", ""
+        comment = f"  # {settings}: generation_config.json"
+    else:
+        auto_class, generate, extra = (
+            "AutoModelForCausalLM",
+            "model.generate(**inputs, max_new_tokens=20)",
+            ", max_new_tokens=20",
+        )
+        comment = "  # <s> + prompt: the model continues it"
+    plain = f"""from transformers import {auto_class}, AutoTokenizer
 
-{load}
-model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True).eval()
-inputs = tokenizer({example}, return_tensors="pt")  # <s> + prompt, no </s>: the model continues it
-print(tokenizer.decode(model.generate(**inputs, max_new_tokens=20)[0], skip_special_tokens=True))
-```"""
-    decoding = {**generation, **(metrics.get("decoding") or {})}
-    beams = decoding.get("num_beams", 4)
-    lenpen = decoding.get("length_penalty", 0.6)
-    max_new_tokens = generation.get("max_new_tokens", 256)
+tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)  # cuts inputs to the model's {config.max_position_embeddings} positions or fewer
+model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True).eval()
+inputs = tokenizer([{example}], truncation=True, padding=True, return_tensors="pt"){comment}
+print(tokenizer.batch_decode({generate}, skip_special_tokens=True))"""
+    helper = f"""from ode_transformer import generate_texts, load_for_generation
+
+model, tokenizer = load_for_generation("{repo}")
+print(generate_texts(model, tokenizer, [{example}]{extra}))  # a list of any length, batched by length"""
+    return [plain, helper]
+
+
+def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]) -> str:
+    plain, helper = usage_snippets(config, repo, metrics, generation)
     return f"""```python
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-{load}
-model = AutoModelForSeq2SeqLM.from_pretrained("{repo}", trust_remote_code=True).eval()
-inputs = tokenizer([{example}], return_tensors="pt")
-# generation_config.json holds the decoding of the results above (beam {beams}, length penalty {lenpen}).
-outputs = model.generate(**inputs, num_beams={beams}, length_penalty={lenpen}, max_new_tokens={max_new_tokens})
-print(tokenizer.batch_decode(outputs, skip_special_tokens=True))
+{plain}
 ```
 
-The modeling code ships with the weights (`trust_remote_code=True`); with the `ode-transformer` package
-installed, `import modeling_ode` registers the same classes with the Auto classes and no remote code is needed.
-For whole files: `ode-translate MODEL --input src.txt --output hyp.txt` (`pip install ode-transformer`)."""
+The modeling code ships with the weights (`trust_remote_code=True`). With the `ode-transformer` package
+installed (`pip install ode-transformer`), one call handles a list of texts (length-sorted batches, the decoding
+of `generation_config.json`, inputs truncated to the model's limit), and no remote code is needed:
+
+```python
+{helper}
+```
+
+For whole files: `ode-translate MODEL --input src.txt --output hyp.txt`."""
 
 
 _LANGUAGES = {
@@ -464,6 +493,7 @@ def build_model_card(
         ),
         tags=["ode-transformer", "runge-kutta", "custom_code", task],
         datasets=train_datasets or None,
+        base_model=(data or {}).get("base_model"),
         metrics=sorted({r["metric"] for r in data["results"]}) if data else None,
         eval_results=_eval_results(data) if data else None,
     )
@@ -495,7 +525,9 @@ Intended for research on ODE-inspired architectures and for {task.replace("-", "
 domain of its training data. It is not suited to other languages or domains without fine-tuning and inherits
 the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
 errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
-Inputs longer than {config.max_position_embeddings} tokens are rejected; batches must be right-padded.
+Inputs longer than {config.max_position_embeddings} tokens are rejected: the tokenizer truncates to the model's limit
+with `truncation=True`. Positions are counted from the first token of a row, padding included, so a causal LM's
+prompts are best batched by equal length (as `generate_texts` does).
 
 ## How to use
 

@@ -25,6 +25,7 @@ from .modeling_ode_transformer import (
     non_finite_tensors,
 )
 from .ode import COEFFICIENT_MODES, ODE_METHODS, ButcherTableau, StageCoefficients, ode_step
+from .tokenizer_limits import fit_tokenizer_to_model, tokenizer_limits
 
 AutoConfig.register(ODETransformerConfig.model_type, ODETransformerConfig, exist_ok=True)
 AutoModel.register(ODETransformerConfig, ODETransformerModel, exist_ok=True)
@@ -51,6 +52,8 @@ __all__ = [
     "ODETransformerModel",
     "ODETransformerPreTrainedModel",
     "StageCoefficients",
+    "fit_tokenizer_to_model",
     "non_finite_tensors",
     "ode_step",
+    "tokenizer_limits",
 ]

@@ -906,6 +906,11 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         """`PreTrainedModel.save_pretrained`, after validating the config: fields may have changed since it was
         built, and transformers' own check runs only after the model's code files are written."""
         self.config.validate()
+        # transformers writes `auto_map` only for the saved class's own auto class; the bare model loads the
+        # folder too (its base: the encoder-decoder, or the causal LM's decoder), so AutoModel is listed.
+        base = "ODETransformerModel" if self.config.is_encoder_decoder else "ODETransformerDecoder"
+        auto_map = dict(getattr(self.config, "auto_map", None) or {})
+        self.config.auto_map = {**auto_map, "AutoModel": f"modeling_ode_transformer.{base}"}
         super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod

@@ -124,7 +124,10 @@ def test_model_card_round_trip(tmp_path, shared_data):
     params = sum(p.numel() for p in model.parameters())
     assert f"{params:,}" in card.text
     assert "second-order Runge-Kutta" in card.text and "one shared by all blocks" in card.text
-    assert "trust_remote_code=True" in card.text and "num_beams=4, length_penalty=0.6" in card.text
+    assert (
+        "trust_remote_code=True" in card.text
+        and "beam 4, length penalty 0.6: generation_config.json" in card.text
+    )
     assert "@inproceedings{li-etal-2022-ode" in card.text and "Intended use and limitations" in card.text
     validate_card_locally(path)
 
@@ -194,6 +197,7 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_ode_transformer.ODETransformerConfig",
+        "AutoModel": "modeling_ode_transformer.ODETransformerModel",
         "AutoModelForSeq2SeqLM": "modeling_ode_transformer.ODETransformerForConditionalGeneration",
     }
     assert json.loads((out_causal / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == (
@@ -340,36 +344,93 @@ def test_describe_ode_speaks_the_catalogue():
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])
-def test_card_snippet_runs_as_written_without_the_package(tmp_path, causal):
-    folder = tmp_path / "model"
+ARTICLE = " ".join(["The council met on Tuesday and approved the budget for schools and transport."] * 35)
+CARD_TASKS = {  # task -> (card task, example input, languages)
+    "translation": ("translation", "the dog runs", ["en", "de"]),
+    "summarization": ("summarization", ARTICLE, ["en"]),  # 2,700 characters: longer than the model takes
+    "gec": ("grammatical-error-correction", "She go to school every days .", ["en"]),
+    "lm": ("text-generation", "ein Hund läuft", ["en"]),
+}
+
+
+def _task_card(folder: Path, task: str) -> ModelCard:
+    card_task, example, language = CARD_TASKS[task]
+    causal = task == "lm"
     save_tiny_folder(folder, causal, **({} if causal else {"d_model": 32, "encoder_layers": 3}))
-    example = "ein Hund läuft" if causal else "the dog runs"
     metrics = {
-        "task": "text-generation" if causal else "translation",
-        "language": None if causal else ["en", "de"],
-        "dataset": {"name": "Toy corpus", "id": "toy", "split": "test"},
+        "task": card_task,
+        "language": language,
+        "dataset": {"name": "Toy corpus", "id": "toy/corpus", "split": "test"},
         "results": [{"metric": "chrf", "name": "chrF", "value": 12.5}],
         "example": example,
-        "training": {"recipe": {"model": "3-3 layers, d_model 32"}},
-        "decoding": {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"},
+        "base_model": "someone/ode-base",
+        "training": {"datasets": ["toy/corpus"], "recipe": {"model": "3-3 layers, d_model 32"}},
+        **({} if causal else {"decoding": {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"}}),
     }
-    card = ModelCard.load(write_model_card(folder, metrics, repo_id=str(folder)))
-    title = card.text.split("\n# ", 1)[1].split("\n")[0]
-    if causal:
-        assert title == "ODE Transformer (residual causal LM, 2 layers, d 16): text generation, Toy corpus"
-    else:
-        assert title == (
-            "ODE Transformer (RK2-gated encoder, residual decoder, 3-2 layers, d 32): "
-            "English-German translation, Toy corpus"
-        )
-        assert "Decoding: num beams 2, length penalty 0.6, precision fp32." in card.text
-        assert "max_new_tokens=8" in card.text
-    snippets = re.findall(r"```python\n(.*?)```", card.text, re.DOTALL)
-    assert len(snippets) == 1 and f'"{example}"' in snippets[0]
-    assert f'AutoTokenizer.from_pretrained("{folder}", trust_remote_code=True)' in snippets[0]
-    result = run_package_free(snippets[0], tmp_path)
+    return ModelCard.load(write_model_card(folder, metrics, repo_id=str(folder)))
+
+
+def test_every_card_snippet_runs_as_written(tmp_path):
+    """The card of each task: its transformers-only snippet runs where the package is not installed, its
+    one-call snippet (ode_transformer.generate_texts) where it is; both as written, on a tiny model."""
+    plain, helpers = [], []
+    for task in CARD_TASKS:
+        card = _task_card(tmp_path / task, task)
+        assert card.data.language == CARD_TASKS[task][2] and card.data.datasets == ["toy/corpus"]
+        assert card.data.base_model == "someone/ode-base"
+        snippets = re.findall(r"```python\n(.*?)```", card.text, re.DOTALL)
+        assert len(snippets) == 2 and all(f'from_pretrained("{tmp_path / task}"' in snippets[0] for _ in "x")
+        assert len(snippets[0]) < 1200, "the example is an excerpt, not a whole article"
+        plain.append(snippets[0])
+        helpers.append(snippets[1])
+    assert "Decoding: num beams 2, length penalty 0.6, precision fp32." in card.text or task == "lm"
+    separator = "\nprint('=====')\n"
+    result = run_package_free(separator.join(plain), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip(), "the snippet printed nothing"
-    if causal:
-        assert result.stdout.startswith(example)
+    outputs = result.stdout.split("=====\n")
+    assert len(outputs) == 4 and all(out.strip() for out in outputs), result.stdout
+    assert outputs[-1].startswith("['ein Hund läuft")  # the causal LM continues its prompt
+    helper = subprocess.run(
+        [sys.executable, "-c", separator.join(helpers)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert helper.returncode == 0, helper.stderr[-3000:]
+    assert len(helper.stdout.split("=====\n")) == 4
+
+
+def test_a_saved_folder_carries_the_model_limits_and_loads_with_every_auto_class(tmp_path):
+    """AutoModel, the task's auto class and AutoTokenizer load the folder where the package is not installed;
+    the tokenizer truncates to the model's limit and pads on the task's side."""
+    save_tiny_folder(tmp_path / "seq2seq")
+    save_tiny_folder(tmp_path / "lm", causal=True)
+    for name, task_class, base in (
+        ("seq2seq", "AutoModelForSeq2SeqLM", "ODETransformerModel"),
+        ("lm", "AutoModelForCausalLM", "ODETransformerDecoder"),
+    ):
+        auto_map = json.loads((tmp_path / name / "config.json").read_text())["auto_map"]
+        assert {"AutoConfig", "AutoModel", task_class} == set(auto_map)
+        assert auto_map["AutoModel"] == f"modeling_ode_transformer.{base}"
+    code = """
+    import sys
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    for name, task_class in (("seq2seq", AutoModelForSeq2SeqLM), ("lm", AutoModelForCausalLM)):
+        folder = f"{sys.argv[1]}/{name}"
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        task_model = task_class.from_pretrained(folder, trust_remote_code=True)
+        model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+        ids = tokenizer("the dog runs in the park " * 200, truncation=True)["input_ids"]
+        limit = task_model.config.max_position_embeddings
+        print(name, type(model).__name__, len(ids), limit, tokenizer.model_max_length, tokenizer.padding_side)
+        task_model(**tokenizer(["the dog " * 200], truncation=True, return_tensors="pt"),
+                   **({"decoder_input_ids": tokenizer(["a"], return_tensors="pt")["input_ids"]} if name == "seq2seq" else {}))
+    """
+    result = run_package_free(code, tmp_path, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    seq2seq, lm = (line.split() for line in result.stdout.splitlines())
+    assert seq2seq[:2] == ["seq2seq", "ODETransformerModel"] and seq2seq[-1] == "right"
+    assert lm[:2] == ["lm", "ODETransformerDecoder"] and lm[-1] == "left"
+    for row in (seq2seq, lm):
+        assert int(row[2]) == int(row[3]) == int(row[4])  # cut to the model's positions, no more

@@ -7,7 +7,10 @@ built from a copy of the sources with ``--no-deps --no-build-isolation --no-inde
 
 from __future__ import annotations
 
+import ast
+import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -19,9 +22,11 @@ import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
+from ode_transformer import cli
+
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ("ode-train", "ode-translate", "ode-evaluate", "ode-export", "ode-model-card", "ode-push")
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "modeling_ode", "train", "hub")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "modeling_ode", "ode_transformer", "train", "hub")
 
 
 def _install(tmp_path: Path) -> Path:
@@ -49,9 +54,15 @@ def _install(tmp_path: Path) -> Path:
     return environment / "bin"
 
 
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """One non-editable install for this module's slow tests: the environment's bin/."""
+    return _install(tmp_path_factory.mktemp("install"))
+
+
 @pytest.mark.slow
-def test_non_editable_install_gives_console_commands(tmp_path):
-    bin_dir = _install(tmp_path)
+def test_non_editable_install_gives_console_commands(tmp_path, installed):
+    bin_dir = installed
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"HF_HUB_OFFLINE": "1"}
 
     def call(*args: str) -> subprocess.CompletedProcess:
@@ -63,7 +74,7 @@ def test_non_editable_install_gives_console_commands(tmp_path):
         "import modeling_ode, ode_transformer.train.run as r; print(modeling_ode.__file__)",
     )
     assert located.returncode == 0, located.stderr[-2000:]
-    assert located.stdout.startswith(str(tmp_path / "venv")), located.stdout
+    assert located.stdout.startswith(str(bin_dir.parent)), located.stdout
     for generic in ("train", "hub"):
         assert call(str(bin_dir / "python"), "-c", f"import {generic}").returncode != 0, (
             f"{generic} is importable"
@@ -86,3 +97,92 @@ def test_non_editable_install_gives_console_commands(tmp_path):
         expected = [model.generate(**tokenizer([s], return_tensors="pt"))[0] for s in sources]
     texts = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected]
     assert all(texts) and result.stdout.splitlines() == texts
+
+
+@pytest.mark.parametrize(
+    ("command", "extra"), [(cli.train, "train"), (cli.evaluate, "train"), (cli.push, "hub")]
+)
+def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch):
+    def import_without_extra(name):
+        raise ModuleNotFoundError("No module named 'rouge_score'", name="rouge_score")
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_without_extra)
+    with pytest.raises(SystemExit) as exit_info:
+        command()
+    assert f"install `ode-transformer[{extra}]`" in str(exit_info.value.code)
+    assert "rouge_score" in str(exit_info.value.code) and "\n" not in str(exit_info.value.code)
+
+
+def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):
+    def broken(name):
+        raise ModuleNotFoundError(
+            "No module named 'ode_transformer.train.nope'", name="ode_transformer.train.nope"
+        )
+
+    monkeypatch.setattr(cli.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        cli.train()
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, re.DOTALL)
+
+
+def _package_imports(notebook: Path) -> str:
+    """The notebook's import statements of this package (modeling_ode, ode_transformer)."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    statements = []
+    for cell in (c for c in cells if c["cell_type"] == "code"):
+        source = "".join(cell["source"])
+        for node in ast.parse("\n".join(s for s in source.splitlines() if not s.startswith(("%", "!")))).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(name.split(".")[0] in ("modeling_ode", "ode_transformer") for name in names):
+                    statements.append(ast.unparse(node))
+    return "\n".join(statements)
+
+
+@pytest.mark.slow
+def test_the_installed_package_works_outside_the_clone(tmp_path, shared_data, installed):
+    """The issue's acceptance, from a folder outside the clone with a non-editable install: ode-train with a
+    packaged recipe by name and --data_dir, ode-translate and ode-evaluate on its output, every README Python
+    snippet, the notebooks' imports of this package, and the trained folder's card snippets, as written."""
+    bin_dir = installed
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "ODE_"))}
+    env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / ".hf")}
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+
+    def call(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            args, cwd=work, env=env, input=stdin, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, (args[:2], done.stderr[-3000:])
+        return done
+
+    tiny = ["--d_model", "32", "--encoder_layers", "1", "--decoder_layers", "1", "--encoder_ffn_dim", "64",
+            "--decoder_ffn_dim", "64", "--vocab_size", "400", "--max_train_samples", "400",
+            "--max_eval_samples", "8", "--max_test_samples", "8", "--eval_strategy", "no", "--save_strategy", "no",
+            "--max_target_length", "16", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+    call(str(bin_dir / "ode-train"), "multi30k_en_de_cpu", "--data_dir", str(shared_data), "--max_steps", "5",
+         "--output_dir", "run", *tiny)  # fmt: skip
+    model = work / "run"
+    sources = "A man rides a bike.\nTwo dogs play in the snow.\n"
+    (work / "src.en").write_text(sources, encoding="utf-8")
+    (work / "ref.de").write_text("Ein Mann fährt Rad.\nZwei Hunde spielen im Schnee.\n", encoding="utf-8")
+    call(str(bin_dir / "ode-translate"), "run", "--input", "src.en", "--output", "hyp.de", "--no_progress")
+    assert len((work / "hyp.de").read_text(encoding="utf-8").splitlines()) == 2
+    scored = call(
+        str(bin_dir / "ode-evaluate"), "--task", "translation", "--hyp", "hyp.de", "--ref", "ref.de"
+    )
+    assert "BLEU" in scored.stdout or "bleu" in scored.stdout.lower()
+
+    python = str(bin_dir / "python")
+    for block in _python_blocks((REPO / "README.md").read_text(encoding="utf-8")):
+        call(python, "-c", block.replace("path/to/model", str(model)))  # the README's placeholder folder
+    notebooks = sorted((REPO / "notebooks").glob("*.ipynb"))
+    call(python, "-c", "\n".join(_package_imports(notebook) for notebook in notebooks))  # one interpreter
+    card_snippets = _python_blocks((model / "README.md").read_text(encoding="utf-8"))
+    assert len(card_snippets) == 2
+    for snippet in card_snippets:
+        call(python, "-c", snippet.replace("path/to/run", str(model)))

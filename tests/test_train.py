@@ -22,7 +22,7 @@ from modeling_ode import (
 )
 from train import translate
 from train.data import multi30k, ptb
-from train.run import build_parser, parse_arguments, run, training_card
+from train.run import build_parser, main, parse_arguments, run, training_card
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
@@ -468,7 +468,8 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
 def test_gpu_recipes_say_so_in_header_and_readme(recipe):
     """A recipe without use_cpu needs a GPU (bf16): its first line and the README must say so."""
     text = (RECIPES / recipe).read_text()
-    readme = (RECIPES.parents[1] / "README.md").read_text()
+    docs = [RECIPES.parents[1] / "README.md", *(RECIPES.parents[1] / "docs").glob("*.md")]
+    readme = "\n".join(path.read_text() for path in docs)
     if recipe in CPU_RECIPES:
         assert "use_cpu: true" in text
         return
@@ -484,12 +485,38 @@ def test_gpu_recipes_say_so_in_header_and_readme(recipe):
 
 def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
     text = build_parser().format_help()
-    assert text.startswith("usage: python -m train.run [RECIPE.yaml] [--flag value ...]")
+    assert text.startswith("usage: python -m train.run [RECIPE] [--flag value ...]")
     positions = [text.index(f"\n{title}:\n") for title in ("positional arguments", "model", "data", "run")]
     assert positions == sorted(positions) and positions[-1] < text.index(
         "\ntransformers Seq2SeqTrainingArguments:"
     )
-    assert "RECIPE.yaml" in text.split("\nmodel:")[0].split("positional arguments:")[1]
+    assert "RECIPE" in text.split("\nmodel:")[0].split("positional arguments:")[1]
+
+
+@pytest.mark.parametrize("name", ["multi30k_en_de_cpu", "multi30k_en_de_cpu.yaml"])
+def test_a_packaged_recipe_is_found_by_name_from_any_folder(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    by_name = parse_arguments([name, "--use_cpu", "true"])
+    by_path = parse_arguments([str(RECIPES / "multi30k_en_de_cpu.yaml"), "--use_cpu", "true"])
+    assert by_name[0] == by_path[0] and by_name[1] == by_path[1]
+    with pytest.raises(FileNotFoundError, match="packaged recipe .*multi30k_en_de_cpu"):
+        parse_arguments(["multi30k_en_de_gpu"])
+
+
+def test_list_recipes_prints_every_packaged_recipe(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_arguments(["--list-recipes"])
+    assert exit_info.value.code == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == sorted(path.stem for path in RECIPES.glob("*.yaml")) and "multi30k_en_de_cpu" in listed
+
+
+def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")])
+    message = str(exit_info.value.code)
+    assert "\n" not in message and "--data_dir" in message and "ODE_DATA_DIR" in message
+    assert str(tmp_path / "multi30k") in message
 
 
 def test_one_label_smoothing_flag():

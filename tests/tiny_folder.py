@@ -10,6 +10,7 @@ from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    fit_tokenizer_to_model,
 )
 from train.tokenizer import train_tokenizer
 
@@ -38,4 +39,5 @@ def save_tiny_folder(folder: Path, causal: bool = False, weight_scale: float = 1
         for parameter in model.parameters():
             parameter.mul_(weight_scale)
     model.save_pretrained(folder)
+    fit_tokenizer_to_model(tokenizer, config).save_pretrained(folder)  # as train.run saves it
     return model.eval(), tokenizer

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from train.checkpoints import check_one_run, complete_checkpoints
-from train.files import clear_folder, refuse_occupied, saving
+from .checkpoints import check_one_run, complete_checkpoints
+from .files import clear_folder, refuse_occupied, saving
 
 __all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
 

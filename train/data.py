@@ -36,6 +36,7 @@ from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 __all__ = [
     "DATA_DIR_ENV",
     "DataSpec",
+    "MissingCorpusError",
     "cnndm",
     "conll2013_test",
     "data_root",
@@ -49,6 +50,7 @@ __all__ = [
     "load_task_data",
     "load_tsv",
     "multi30k",
+    "shared_folder",
     "ptb",
     "wi_locness",
     "wmt_test",
@@ -347,6 +349,32 @@ def data_root(root: PathLike | None = None) -> Path:
     return Path(os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT)
 
 
+class MissingCorpusError(FileNotFoundError):
+    """A shared corpus is not under the data folder; the message says where it looked and how to point elsewhere."""
+
+
+# Where each shared corpus lives under the data folder.
+SHARED_FOLDERS = {
+    "multi30k": "multi30k",
+    "cnndm": "summarization",
+    "wi_locness": "gec/wi_locness",
+    "fce": "gec/fce",
+    "conll2013": "gec/conll2013",
+    "ptb": "ptb",
+}
+
+
+def shared_folder(name: str, root: PathLike | None = None) -> Path:
+    """The folder of shared corpus ``name``; a :class:`MissingCorpusError` naming the fix when it is absent."""
+    folder = data_root(root) / SHARED_FOLDERS[name]
+    if not folder.is_dir():
+        raise MissingCorpusError(
+            f"shared corpus {name!r} not found: no folder {folder}; pass --data_dir DIR "
+            f"(or set {DATA_DIR_ENV}=DIR) to the folder that holds {SHARED_FOLDERS[name]}/"
+        )
+    return folder
+
+
 def _split_name(split: str, allowed: Mapping[str, str]) -> str:
     if split not in allowed:
         raise ValueError(f"unknown split {split!r}; choose one of {sorted(allowed)}")
@@ -470,7 +498,7 @@ def conll2013_test(root: PathLike | None = None) -> tuple[Dataset, Path]:
     ``A start end|||type|||correction|||REQUIRED|||-NONE-|||annotator`` lines) for the M2
     scorer, which needs one hypothesis per source line.
     """
-    folder = data_root(root) / "gec" / "conll2013"
+    folder = shared_folder("conll2013", root)
     dataset = load_parallel_files(
         folder / "conll2013.test.src.gz", folder / "conll2013.test.ref0.gz", skip_empty=False
     )
@@ -579,6 +607,8 @@ def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
     }
     if spec.name not in corpora:
         raise ValueError(f"unknown shared corpus {spec.name!r}; choose one of {sorted(corpora)}")
+    if spec.name in SHARED_FOLDERS:
+        shared_folder(spec.name, root)  # fail before reading anything, naming --data_dir
     return corpora[spec.name]
 
 

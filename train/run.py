@@ -59,6 +59,7 @@ from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    fit_tokenizer_to_model,
     non_finite_tensors,
 )
 
@@ -76,6 +77,7 @@ from .checkpoints import (
 )
 from .data import (
     DataSpec,
+    MissingCorpusError,
     conll2013_test,
     load_hub_dataset,
     load_local_file,
@@ -111,7 +113,10 @@ CORPUS_CARDS: dict[str, tuple[str, str]] = {
     "ptb": ("Penn Treebank (Mikolov)", "ptb_text_only"),
     "conll2013": ("CoNLL-2013 test", "conll2013"),
 }
+# The language of the shared corpora that have one language (the card's `language` metadata).
+CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
 
 
 @dataclass
@@ -196,6 +201,12 @@ class DataArguments:
             "help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
         },
     )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the shared corpora (default: $ODE_DATA_DIR, else ../shared/data of a clone)"
+        },
+    )
     hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
     hub_config: str | None = None
     source_lang: str | None = field(default=None, metadata={"help": "language (or column) of the source"})
@@ -278,15 +289,19 @@ def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser(
         ALL_ARGUMENTS,
         prog=f"python -m {__spec__.name}",
-        usage="%(prog)s [RECIPE.yaml] [--flag value ...]",
+        usage="%(prog)s [RECIPE] [--flag value ...]",
         description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
         "flags override them.",
     )
     parser.add_argument(
         "recipe",
-        metavar="RECIPE.yaml",
+        metavar="RECIPE",
         nargs="?",
-        help="recipe file (YAML or JSON) of flag defaults, read first",
+        help="recipe of flag defaults, read first: a YAML/JSON file or a packaged recipe's name "
+        "(e.g. multi30k_en_de_cpu; --list-recipes lists them)",
+    )
+    parser.add_argument(
+        "--list-recipes", "--list_recipes", action="store_true", help="list the packaged recipes"
     )
     first = [
         group for group in parser._action_groups if group.title in ("positional arguments", *GROUP_TITLES)
@@ -299,12 +314,43 @@ def build_parser() -> HfArgumentParser:
     return parser
 
 
+class RecipeNotFoundError(FileNotFoundError):
+    """RECIPE is neither a file nor a packaged recipe."""
+
+
+def recipe_names() -> list[str]:
+    """The packaged recipes (``train/recipes/*.yaml``), by name."""
+    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe file: ``name`` if it is a file, else the packaged recipe of that name (``.yaml`` optional)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = RECIPES / (name if path.suffix in (".yaml", ".yml", ".json") else f"{name}.yaml")
+    if path.parent == Path(".") and packaged.is_file():
+        return packaged
+    raise RecipeNotFoundError(
+        f"no recipe {name!r}: give a YAML/JSON file or a packaged recipe ({', '.join(recipe_names())})"
+    )
+
+
+def _list_recipes() -> None:
+    for name in recipe_names():
+        print(f"{name:<24} {RECIPES / f'{name}.yaml'}")
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple:
-    """Parse ``[RECIPE.yaml|RECIPE.json] [--flag value ...]`` into the four argument dataclasses."""
+    """Parse ``[RECIPE] [--flag value ...]`` into the four argument dataclasses; RECIPE is a YAML/JSON file or
+    a packaged recipe's name. ``--list-recipes`` prints the packaged recipes and exits."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
-        recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
+    if {"--list-recipes", "--list_recipes"} & set(argv):
+        _list_recipes()
+        raise SystemExit(0)
+    if argv and not argv[0].startswith("-"):
+        recipe = yaml.safe_load(find_recipe(argv.pop(0)).read_text(encoding="utf-8")) or {}
         known = {action.dest for action in parser._actions}
         unknown = sorted(set(recipe) - known)
         if unknown:
@@ -354,7 +400,14 @@ def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataAr
     parts = [
         load_task_data(
             kind,
-            DataSpec("shared", name, source_lang=data_args.source_lang, target_lang=data_args.target_lang),
+            DataSpec(
+                "shared",
+                name,
+                source_lang=data_args.source_lang,
+                target_lang=data_args.target_lang,
+                # libreoffice is built locally in its own cache folder, not read from the shared data
+                root=data_args.data_dir if name != "libreoffice" else None,
+            ),
         )
         for name in names.split("+")
     ]
@@ -398,7 +451,7 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
             raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
-        raw["test"], conll_m2 = conll2013_test()
+        raw["test"], conll_m2 = conll2013_test(data_args.data_dir)
         m2_file = m2_file or str(conll_m2)
     if "test" not in raw and "validation" in raw:
         raw["test"] = raw["validation"]
@@ -683,6 +736,22 @@ def model_shape(config: ODETransformerConfig) -> str:
     )
 
 
+def training_datasets(data_args: DataArguments) -> list[str]:
+    """Hub ids of the training data, for the card's ``datasets`` metadata (none for local files)."""
+    if data_args.dataset:
+        return [CORPUS_CARDS[name][1] for name in data_args.dataset.split("+") if name in CORPUS_CARDS]
+    return [data_args.hub_dataset] if data_args.hub_dataset else []
+
+
+def card_language(data_args: DataArguments, task: str) -> list[str] | None:
+    """ISO 639-1 codes for the card (source first): the translation pair, else the shared corpus's language."""
+    if task == "translation":
+        pair = [data_args.source_lang, data_args.target_lang]
+        return pair if all(pair) else None
+    first = (data_args.dataset or "").split("+")[0]
+    return [CORPUS_LANGUAGES[first]] if first in CORPUS_LANGUAGES else None
+
+
 def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
     """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
     with the preset named only when nothing overrode its dimensions)."""
@@ -693,6 +762,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
         shape += f" (preset {model_args.preset})"
     return {
         "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+        "datasets": training_datasets(data_args),
         "recipe": {
             "model": shape,
             **{key: value for key, value in overrides.items() if key not in SHAPE_FIELDS},
@@ -729,8 +799,11 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
     }
     if train_metrics:
         document["training"] = training_card(args, train_metrics, model.config)
-    if data_args.source_lang and data_args.target_lang and run_args.task == "translation":
-        document["language"] = [data_args.source_lang, data_args.target_lang]
+    if language := card_language(data_args, run_args.task):
+        document["language"] = language
+    base = args[0].model_name_or_path
+    if train_metrics and base and not Path(base).exists():  # fine-tuned from a Hub model
+        document["base_model"] = base
     if run_args.task != "lm":
         document["decoding"] = {
             **{k: decoding[k] for k in ("num_beams", "length_penalty")},
@@ -1019,6 +1092,7 @@ def _run(args: tuple) -> dict:
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer)
+    fit_tokenizer_to_model(tokenizer, model.config, data_args.max_source_length)  # saved with the model
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
@@ -1090,7 +1164,13 @@ def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) ->
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     datasets.disable_progress_bars()
-    run(parse_arguments(argv))  # the test metrics are printed once, by the main process (trainer.log_metrics)
+    try:
+        args = parse_arguments(argv)
+        run(args)
+    except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting, not a bug: one line
+        raise SystemExit(
+            f"error: {error}"
+        ) from None  # the test metrics are printed once, by the main process (trainer.log_metrics)
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
     # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -155,12 +155,22 @@ def generate_texts(
     max_source_length: int | None = None,
     **kwargs,
 ) -> list[str]:
-    """Tokenise ``texts`` (truncated to ``max_source_length`` tokens if given, and always to the model's own
-    limit, with a warning counting the lines cut), :func:`generate_ids`, decode. No texts, no outputs."""
+    """Translate (summarise, correct, continue) ``texts`` in one call: the outputs, in input order.
+
+    transformers 5 has no seq2seq pipelines; this is their stand-in, the decoder of ``ode-translate``. Inputs
+    are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the model's
+    limit in the folders this project saves) and never past the model's positions, with a warning counting the
+    lines cut; then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config
+    (beam size, length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``,
+    ``max_new_tokens``, ``bf16``, ...) override it. No texts, no outputs.
+
+    >>> model, tokenizer = load_for_generation("path/to/model")
+    >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
+    """
     if not texts:
         return []
     limit = model.config.max_position_embeddings - _POSITION_MARGIN
-    length = min(max_source_length or limit, limit)
+    length = min(max_source_length or tokenizer.model_max_length, limit)
     encoded = tokenizer(list(texts), truncation=True, max_length=length)
     cut = sum(bool(encoding.overflowing) for encoding in encoded.encodings) if encoded.encodings else 0
     if cut:
@@ -168,7 +178,8 @@ def generate_texts(
             "%d input line(s) longer than %d tokens were truncated (%s); %s",
             cut, length,
             f"--max_source_length {max_source_length}" if length == max_source_length
-            else f"the model's limit, max_position_embeddings {model.config.max_position_embeddings}",
+            else f"the model's limit, max_position_embeddings {model.config.max_position_embeddings}"
+            if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
             "raise --max_source_length to keep them whole" if length < limit
             else "split long lines, or give --max_source_length to cut them shorter",
         )  # fmt: skip
@@ -187,7 +198,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
     parser.add_argument("--length_penalty", type=float, default=None, help="default: the generation config")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: the generation config")
-    parser.add_argument("--max_source_length", type=int, default=None, help="truncate inputs to N tokens")
+    parser.add_argument(
+        "--max_source_length",
+        type=int,
+        default=None,
+        help="truncate inputs to N tokens (default: the tokenizer's limit)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default fp32)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")

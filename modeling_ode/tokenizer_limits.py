@@ -1,0 +1,29 @@
+"""The model's limits, carried by its tokenizer: a saved folder's ``tokenizer(text, truncation=True)`` cuts
+inputs to what the model takes, and batches are padded on the side its task needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .configuration_ode_transformer import ODETransformerConfig
+
+__all__ = ["fit_tokenizer_to_model", "tokenizer_limits"]
+
+
+def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None = None) -> dict[str, Any]:
+    """``model_max_length``: the source length the model was trained with (``max_source_length``), at most its
+    ``max_position_embeddings`` (longer inputs are refused by the model). ``padding_side``: right for the
+    encoder-decoder (the encoder masks padding), left for the causal LM, so that a batch of prompts is continued
+    after each prompt's last token rather than after padding."""
+    limit = config.max_position_embeddings
+    if max_source_length is not None:
+        limit = min(limit, max_source_length)
+    return {"model_max_length": limit, "padding_side": "right" if config.is_encoder_decoder else "left"}
+
+
+def fit_tokenizer_to_model(tokenizer, config: ODETransformerConfig, max_source_length: int | None = None):
+    """Set :func:`tokenizer_limits` on ``tokenizer`` (and in what its ``save_pretrained`` writes); returns it."""
+    for key, value in tokenizer_limits(config, max_source_length).items():
+        setattr(tokenizer, key, value)
+        tokenizer.init_kwargs[key] = value  # save_pretrained writes init_kwargs
+    return tokenizer
