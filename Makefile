@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast gpu-check lint format clean
+.PHONY: setup demo test test-fast test-oldest gpu-check lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,19 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
+# The oldest versions pyproject allows (.ci/oldest-constraints.txt, which tests/test_packaging.py ties to the
+# floors in pyproject), in a venv of their own; `make test` runs on the newest releases.
+OLDEST := .venv-oldest
+$(OLDEST)/.installed: pyproject.toml .ci/oldest-constraints.txt
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install -q --upgrade pip
+	$(OLDEST)/bin/pip install -q $(TORCH)
+	$(OLDEST)/bin/pip install -q -e ".[dev]" -c .ci/oldest-constraints.txt
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pytest -n 2 --dist loadgroup
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow"
 
@@ -40,4 +53,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) .cache .pytest_cache .ruff_cache

@@ -186,3 +186,25 @@ def test_the_installed_package_works_outside_the_clone(tmp_path, shared_data, in
     assert len(card_snippets) == 2
     for snippet in card_snippets:
         call(python, "-c", snippet.replace("path/to/run", str(model)))
+
+
+def test_the_oldest_constraints_are_the_floors_of_pyproject():
+    """`make test-oldest` installs exactly the lowest versions pyproject allows."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    floors = {}
+    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(line)
+        lower = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        floors[requirement.name] = lower[0] if lower else None
+    pins = dict(
+        line.split("==")
+        for line in (REPO / ".ci" / "oldest-constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert pins and all(floors[name] is not None and pins[name].startswith(floors[name]) for name in pins), (
+        pins,
+        floors,
+    )
+    assert set(floors) - set(pins) == {"torch"}  # torch: the machine's CPU (or CUDA) build, installed first
