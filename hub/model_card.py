@@ -526,8 +526,8 @@ domain of its training data. It is not suited to other languages or domains with
 the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
 errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
 Inputs longer than {config.max_position_embeddings} tokens are rejected: the tokenizer truncates to the model's limit
-with `truncation=True`. Positions are counted from the first token of a row, padding included, so a causal LM's
-prompts are best batched by equal length (as `generate_texts` does).
+with `truncation=True`. Positions come from the attention mask, so padding on either side changes no output; a
+causal LM's batched prompts are padded on the left (its saved tokenizer does so).
 
 ## How to use
 

@@ -18,10 +18,9 @@ SOURCES = [
 ]
 
 
-def test_length_batches_longest_first_and_one_length_per_causal_batch():
+def test_length_batches_longest_first():
     lengths = [3, 1, 3, 2, 5]
     assert translate.length_batches(lengths, 2) == [[4, 0], [2, 3], [1]]
-    assert translate.length_batches(lengths, 2, same_length=True) == [[4], [0, 2], [3], [1]]
     assert translate.length_batches([], 4) == []
 
 

@@ -6,8 +6,8 @@
 ``MODEL`` is a folder written by ``train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
 from the folder's ``generation_config.json`` (the run's beam size, length penalty and ``max_new_tokens``);
 flags override them. Inputs are batched by length (longest first) and written back in input order. A causal
-LM continues each line as a prompt and writes the continuation only; its batches hold prompts of equal
-length, since the model expects right padding.
+LM continues each line as a prompt and writes the continuation only; its prompts are padded on the left, which
+changes no output (positions come from the attention mask).
 
 This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
@@ -87,28 +87,30 @@ def load_for_generation(
     return model, AutoTokenizer.from_pretrained(model_name_or_path)
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, same_length: bool = False) -> list[list[int]]:
-    """Indices in batches of at most ``batch_size``, longest first; ``same_length``: one length per batch."""
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices in batches of at most ``batch_size``, longest first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     for index in order:
         full = batches and len(batches[-1]) == batch_size
-        new_length = same_length and batches and lengths[batches[-1][0]] != lengths[index]
-        if not batches or full or new_length:
+        if not batches or full:
             batches.append([])
         batches[-1].append(index)
     return batches
 
 
-def _pad_right(
-    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
+def _pad(
+    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device, left: bool
 ) -> dict[str, torch.Tensor]:
+    """Padded ids and attention mask; a causal LM's prompts are padded on the left, so that every prompt ends
+    where generation starts (positions come from the mask: padding on either side changes no output)."""
     longest = max(len(seq) for seq in sequences)
     input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     mask = torch.zeros_like(input_ids)
     for row, seq in enumerate(sequences):
-        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-        mask[row, : len(seq)] = 1
+        span = slice(longest - len(seq), longest) if left else slice(0, len(seq))
+        input_ids[row, span] = torch.as_tensor(seq, dtype=torch.long)
+        mask[row, span] = 1
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
@@ -124,15 +126,15 @@ def generate_ids(
     """``model.generate`` over token-id ``sequences`` in length-sorted batches; the new ids, in input order.
 
     ``generate_kwargs`` (``num_beams``, ``length_penalty``, ``max_new_tokens``, ...) override the model's
-    generation config. A causal LM's prompts are batched by equal length and its outputs exclude the prompt.
+    generation config. A causal LM's prompts are padded on the left and its outputs exclude the prompt.
     """
     model.eval()
     causal = not model.config.is_encoder_decoder
     pad_id = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else 0
     outputs: list[list[int]] = [[] for _ in sequences]
     bar = tqdm(total=len(sequences), unit="sent", disable=not progress, file=sys.stderr)
-    for batch in length_batches([len(seq) for seq in sequences], batch_size, same_length=causal):
-        inputs = _pad_right([sequences[i] for i in batch], pad_id, model.device)
+    for batch in length_batches([len(seq) for seq in sequences], batch_size):
+        inputs = _pad([sequences[i] for i in batch], pad_id, model.device, left=causal)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
             generated = model.generate(**inputs, **generate_kwargs)
         new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
