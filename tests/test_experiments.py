@@ -149,6 +149,32 @@ def test_no_two_variants_of_a_study_compute_the_same_function(study_name):
     assert same == []
 
 
+def test_the_authors_gate_rows_own_one_gate_for_the_encoder_and_leave_the_decoder_alone():
+    """`rk2_gated_authors` / `rk2_learnable_authors`: F the whole layer and one gate (2d + 1 parameters) or one pair
+    of scalars for the whole encoder. `ode_coefficient_scope` is a global field, but the study's Euler decoder has
+    constant coefficients: its parameters are the residual row's."""
+    from dataclasses import fields
+
+    from modeling_ode import ODETransformerConfig, ODETransformerModel
+
+    study = STUDIES["multi30k"]
+    names = {f.name for f in fields(ODETransformerConfig)} - {"d_model"}  # tiny's width
+
+    def model(variant: str) -> ODETransformerModel:
+        flags = study.flags(variant, 3, 0, "cpu")
+        return ODETransformerModel(
+            ODETransformerConfig.from_preset("tiny", **{k: v for k, v in flags.items() if k in names})
+        )
+
+    residual_decoder = sum(p.numel() for p in model("residual").decoder.parameters())
+    for variant, own in [("rk2_gated_authors", 2 * 16 + 1), ("rk2_learnable_authors", 2)]:
+        built = model(variant)
+        assert built.config.ode_function_includes_residual
+        assert built.encoder.config.encoder_layers == 3 and len(built.encoder.ode_coefficients) == 1
+        assert sum(p.numel() for p in built.encoder.ode_coefficients.parameters()) == own
+        assert sum(p.numel() for p in built.decoder.parameters()) == residual_decoder
+
+
 def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
     run = runner.plan(STUDIES["ptb"], "cpu", [0], ["rk2_codeF"], [1])[0]
     out = run.work_dir(tmp_path)
