@@ -382,6 +382,69 @@ def test_block_diagnostic_gate_means_leave_out_padding():
             assert row["collapsed_share"] == ((real_g > 0.99) | (real_g < 0.01)).float().mean().item()
 
 
+@pytest.mark.parametrize("gate_inputs", ["stages", "layer_norm"])
+def test_block_diagnostic_says_what_drives_the_gates_logits(gate_inputs):
+    """Block 0's gate is forced (W = 0, b = 30: z = 30 and g > 0.99 on every token); block 1's has known halves
+    W1 = 0.5, W2 = -0.25 (every entry) and b = -0.1, so z = 0.5 sum(x1) - 0.25 sum(x2) - 0.1 with x_i = F_i or
+    LN(F_i), computed here by hand from the recorded stages of the real tokens, percentiles with numpy."""
+    import numpy as np
+    import torch
+
+    from experiments.block_diagnostic import block_statistics
+    from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
+    from modeling_ode.ode import StageCoefficients
+
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset(
+        "tiny", vocab_size=50, encoder_ode_method="rk2", encoder_ode_coefficients="gated",
+        ode_gate_inputs=gate_inputs,
+    )  # fmt: skip
+    model = ODETransformerForConditionalGeneration(config).eval()
+    d = config.d_model
+    gates = [m.gate for m in model.get_encoder().modules() if isinstance(m, StageCoefficients)]
+    with torch.no_grad():
+        gates[0].weight.zero_()
+        gates[0].bias.fill_(30.0)
+        gates[1].weight.copy_(torch.cat([torch.full((1, d), 0.5), torch.full((1, d), -0.25)], dim=1))
+        gates[1].bias.fill_(-0.1)
+    input_ids, attention_mask = _padded_batch()
+    forced, known = block_statistics(model, input_ids, attention_mask)
+
+    assert forced["logit_abs_mean"] == pytest.approx(30.0)
+    assert forced["logit_abs_percentiles"] == pytest.approx([30.0] * 3)
+    assert forced["gate_weight_norms"] == [0.0, 0.0] and forced["logit_parts"] == [0.0, 0.0]
+    assert forced["gate_bias"] == [30.0] and (forced["g_below"], forced["g_above"]) == (0.0, 1.0)
+
+    with torch.no_grad():
+        out = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_ode_stages=True)
+    f1, f2 = out.ode_stages[1][:, attention_mask.bool()]  # (real tokens, d) each
+
+    def mean_norm(x):
+        return x.norm(dim=-1).mean().item()
+
+    def read(x):
+        if gate_inputs == "stages":
+            return x
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / torch.sqrt((centred**2).mean(-1, keepdim=True) + config.layer_norm_eps)
+
+    x1, x2 = read(f1), read(f2)
+    z = 0.5 * x1.sum(-1) - 0.25 * x2.sum(-1) - 0.1
+    g = 1 / (1 + torch.exp(-z))
+    assert known["logit_abs_mean"] == pytest.approx(z.abs().mean().item(), rel=1e-5)
+    expected = np.percentile(z.abs().numpy(), [50, 90, 99])
+    assert known["logit_abs_percentiles"] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert known["gate_input_norms"] == pytest.approx([mean_norm(x1), mean_norm(x2)], rel=1e-5)
+    assert known["stage_norms"] == pytest.approx([mean_norm(f1), mean_norm(f2)], rel=1e-5)
+    assert known["gate_weight_norms"] == pytest.approx([0.5 * d**0.5, 0.25 * d**0.5])
+    parts = [(0.5 * x1.sum(-1)).abs().mean(), (0.25 * x2.sum(-1)).abs().mean()]
+    assert known["logit_parts"] == pytest.approx([p.item() for p in parts], rel=1e-5, abs=1e-6)
+    assert known["gate_bias"] == pytest.approx([-0.1])
+    assert known["g_below"] == (g < 0.01).float().mean().item()
+    assert known["g_above"] == (g > 0.99).float().mean().item()
+    assert known["gamma"][0] == pytest.approx(g.mean().item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_diagnostic_reads_a_forced_gate_from_a_saved_model(tmp_path, shared_data, causal):
     """The gate of Eq. (learnable) is g = sigmoid(w [F1, F2] + b): with w = 0 it is sigmoid(b) on every token, so
