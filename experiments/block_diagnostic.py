@@ -8,6 +8,12 @@ Multi30k English sources for an encoder-decoder (the `multi30k` and `ablations` 
 `gated`, a softmax over stages) it also prints the share of tokens on which one stage carries more than 99% of
 the weight: a block whose gate does that on every token has collapsed to a single stage (g = 1: the residual
 block y + F(y) that still pays for F2; g = 0: y + F(y + F(y))).
+
+For every gate it also prints what drives its logits z = [F1, F2] W + b (issue 32): the mean and percentiles of
+|z| over the real tokens, the norms of what the gate reads (the stages, or LN(F_i) with `ode_gate_inputs`), the
+norm of each stage's part W_i of W and the mean |F_i W_i| it contributes, the bias, and the shares of tokens with
+g < 0.01 and g > 0.99 (g = gamma_1). Large |z| from large |F_i| with a small W points at the stages' scale; from a
+large W at the gate's own growth.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from modeling_ode.ode import GATED_MODES
+from modeling_ode.ode import GATED_MODES, StageCoefficients
 from train.data import multi30k, ptb
 from train.translate import load_for_generation
 
 COLLAPSED = 0.99  # a stage with more than this share of the weight carries the block alone
+LOGIT_PERCENTILES = (50, 90, 99)
 
 
 def diagnostic_sentences(
@@ -51,6 +58,7 @@ def block_statistics(
     with torch.no_grad():
         out = stack(input_ids=input_ids, attention_mask=attention_mask, output_ode_stages=True)
     tokens = attention_mask.bool()
+    coefficients = block_coefficients(stack)
     rows = []
     for block, (stages, gamma) in enumerate(zip(out.ode_stages, out.ode_coefficients)):
         row: dict[str, object] = {
@@ -64,10 +72,40 @@ def block_statistics(
             row["gamma"] = per_token.mean(dim=1).tolist()
             if mode == "gated":  # the weights sum to 1: one of them near 1 leaves the others near 0
                 row["collapsed_share"] = (per_token.max(dim=0).values > COLLAPSED).float().mean().item()
+            row.update(gate_statistics(coefficients[block], stages[:, tokens], per_token[0]))
         else:  # (s,) or, for EMA with one alpha per dimension, (s, d)
             row["gamma"] = gamma.float().reshape(gamma.shape[0], -1).mean(dim=1).tolist()
         rows.append(row)
     return rows
+
+
+def block_coefficients(stack: torch.nn.Module) -> list[StageCoefficients]:
+    """The coefficient module of every ODE block of `stack`, in the order the blocks record their stages (layer by
+    layer); with `ode_coefficient_scope="stack"` the one module, once per block."""
+    return [module for layer in range(len(stack.layers)) for module in stack._layer_coefficients(layer)]
+
+
+def gate_statistics(
+    coefficients: StageCoefficients, stages: torch.Tensor, g: torch.Tensor
+) -> dict[str, object]:
+    """What drives a gate's logits z = [x_1..x_s] W + b, x_i the gate's reading of stage F_i (F_i itself, or
+    LN(F_i)), on the real tokens: `stages` (s, tokens, d) as recorded, `g` (tokens,) the first stage's weight."""
+    with torch.no_grad():
+        inputs = coefficients.gate_input([stage.float() for stage in stages])
+        weight, bias = coefficients.gate.weight.float(), coefficients.gate.bias.float()
+        parts = weight.split(stages.shape[-1], dim=1)  # W_i: the columns that read stage i, (logits, d) each
+        logits = torch.cat(inputs, dim=-1) @ weight.T + bias  # (tokens, logits)
+        size = logits.abs().flatten()
+        return {
+            "logit_abs_mean": size.mean().item(),
+            "logit_abs_percentiles": torch.quantile(size, torch.tensor(LOGIT_PERCENTILES) / 100).tolist(),
+            "gate_input_norms": [x.norm(dim=-1).mean().item() for x in inputs],
+            "gate_weight_norms": [part.norm().item() for part in parts],
+            "logit_parts": [(x @ part.T).abs().mean().item() for x, part in zip(inputs, parts)],
+            "gate_bias": bias.tolist(),
+            "g_below": (g < 1 - COLLAPSED).float().mean().item(),
+            "g_above": (g > COLLAPSED).float().mean().item(),
+        }
 
 
 def diagnose(run_dir: Path, sentences: int, data_root: Path | None = None) -> list[dict[str, object]]:
@@ -80,6 +118,16 @@ def diagnose(run_dir: Path, sentences: int, data_root: Path | None = None) -> li
 
 def _numbers(values: Sequence[float]) -> str:
     return " / ".join(f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}" for v in values)
+
+
+def _gate_line(row: dict[str, object]) -> str:
+    percentiles = "/".join(f"p{p}" for p in LOGIT_PERCENTILES)
+    return (
+        f"|z| mean {row['logit_abs_mean']:.2f}, {percentiles} {_numbers(row['logit_abs_percentiles'])}; "
+        f"|x_i| {_numbers(row['gate_input_norms'])}  |W_i| {_numbers(row['gate_weight_norms'])}  "
+        f"|x_i W_i| {_numbers(row['logit_parts'])}  b {_numbers(row['gate_bias'])}; "
+        f"g < 0.01 on {row['g_below']:.1%}, g > 0.99 on {row['g_above']:.1%} of tokens"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
@@ -102,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
             )
             numbers = f"|F_i| {_numbers(row['stage_norms'])}  gamma {_numbers(row['gamma'])}"
             print(f"  {row['side']} block {row['block']} ({row['coefficients']}): {numbers}{collapsed}")
+            if "logit_abs_mean" in row:
+                print(f"    gate: {_gate_line(row)}")
     return results
 
 

@@ -369,6 +369,26 @@ MULTI30K_BLOCKS = {
     "pc_rk2": ("PC-RK2 (PCformer)", _pcformer("encoder", "rk2")),
     "pc_rk4": ("PC-RK4 (PCformer)", _pcformer("encoder", "rk4")),
 }
+# The authors' code's form of Eq. (learnable) (issue 32): ONE gate (or pair of learnable scalars) for the whole
+# encoder and F the whole layer, where g -> 1 is a residual step and g -> 0 is y + F1 + F2 (the `_codeF` rows have one
+# gate per block). The scope is a global field, but the study's decoder is Euler (constant coefficients, nothing to
+# share), and the DLCL connections (the authors' too) are the study's, so only the encoder's coefficients change.
+AUTHORS_GATE: Flags = {"ode_coefficient_scope": "stack", **CODE_F}
+MULTI30K_GATE_VARIANTS: dict[str, Variant] = {
+    "rk2_gated_authors": Variant(
+        "RK2-block (learnable gamma), authors' code: one gate, code F",
+        _encoder_block("rk2", "gated", **AUTHORS_GATE),
+    ),
+    "rk2_learnable_authors": Variant(
+        "RK2-block (learnable scalars), authors' code: one pair, code F",
+        _encoder_block("rk2", "learnable", **AUTHORS_GATE),
+    ),
+    # Beyond the paper, issue 32's remedy for the gate's collapse: `rk2_gated` whose gate reads LN(F1), LN(F2).
+    "rk2_gated_norm": Variant(
+        "RK2-block (learnable gamma), gate reads LN(F_i)",
+        _encoder_block("rk2", "gated", ode_gate_inputs="layer_norm"),
+    ),
+}
 # The cpu-size seq2seq model of every translation-like study (multi30k, ablations, gec, cnndm).
 SMALL_SEQ2SEQ: Flags = {
     "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
@@ -394,7 +414,7 @@ MULTI30K = Study(
     "average of the last 5 checkpoints; RK blocks in the encoder, Euler decoder.",
     common=MULTI30K_COMMON,
     sizes=MULTI30K_SIZES,
-    variants=_both_readings(MULTI30K_BLOCKS),
+    variants={**_both_readings(MULTI30K_BLOCKS), **MULTI30K_GATE_VARIANTS},
     depth_flags=("encoder_layers", "decoder_layers"),
     depths=(3,),
     metrics=(Metric("BLEU"), Metric("chrF")),

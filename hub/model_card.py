@@ -202,14 +202,24 @@ def _method_in_words(method: str | dict, tableau) -> str:
     return f"{tableau.description} with {stages}, y_{{t+1}} = {tableau.equation}"
 
 
-def _coefficients_in_words(mode: str, tableau, scope: str, alpha_size: str = "scalar") -> str:
-    from modeling_ode.ode import COEFFICIENT_MODES, COEFFICIENT_SCOPES, EMA_ALPHA_SIZES
+def _coefficients_in_words(
+    mode: str, tableau, scope: str, alpha_size: str = "scalar", gate_inputs: str = "stages"
+) -> str:
+    from modeling_ode.ode import (
+        COEFFICIENT_MODES,
+        COEFFICIENT_SCOPES,
+        EMA_ALPHA_SIZES,
+        GATE_INPUTS,
+        GATED_MODES,
+    )
 
     text = f"{COEFFICIENT_MODES[mode].description}, {COEFFICIENT_MODES[mode].equation}"
     if mode == "tableau":
         return f"{text} = ({', '.join(_fraction(x) for x in tableau.b)})"
     if mode == "ema":
         return f"{text} ({EMA_ALPHA_SIZES[alpha_size]}, {COEFFICIENT_SCOPES[scope]})"
+    if mode in GATED_MODES and gate_inputs != "stages":  # the paper's gate is the mode's own equation
+        return f"{text} ({COEFFICIENT_SCOPES[scope]}; {GATE_INPUTS[gate_inputs]})"
     return text if mode == "ones" else f"{text} ({COEFFICIENT_SCOPES[scope]})"
 
 
@@ -233,6 +243,7 @@ def describe_ode(config) -> list[str]:
                 tableau,
                 config.ode_coefficient_scope,
                 config.ode_ema_alpha,
+                config.ode_gate_inputs,
             )
             text += f", combining its stages with {coefficients}"
             text += f"; F is {ODE_FUNCTIONS[getattr(config, f'{side}_ode_function')]}"

@@ -19,6 +19,7 @@ from .ode import (
     CoefficientModeName,
     CoefficientScopeName,
     EmaAlphaSizeName,
+    GateInputName,
     LayerConnectionName,
     ODEFunctionName,
     ODEMethodName,
@@ -158,6 +159,8 @@ class ODETransformerConfig(PreTrainedConfig):
     - `ode_coefficient_scope`: who owns the learnable coefficients or gate, one of `COEFFICIENT_SCOPES`.
     - `ode_ema_alpha`: the size of each alpha of `ema` coefficients, one of `EMA_ALPHA_SIZES` (with the scope: one
       scalar per stack or per block, or one per dimension).
+    - `ode_gate_inputs`: what the gate of the gated coefficient modes reads, one of `GATE_INPUTS`: the raw stages
+      (Eq. (learnable), the default) or the stages layer-normalised (beyond the paper); on every gated side.
     - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
       (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
       model's, for one extra forward of those stages.
@@ -215,6 +218,7 @@ class ODETransformerConfig(PreTrainedConfig):
     ode_function_includes_residual: bool = False
     ode_coefficient_scope: CoefficientScopeName = "block"
     ode_ema_alpha: EmaAlphaSizeName = "scalar"
+    ode_gate_inputs: GateInputName = "stages"
     ode_checkpoint_stages: bool = False
     encoder_layer_connections: LayerConnectionName = "learnable_dense"
     decoder_layer_connections: LayerConnectionName = "learnable_dense"
@@ -248,6 +252,7 @@ class ODETransformerConfig(PreTrainedConfig):
             _check_choice(field, getattr(self, field), allowed, default)
         for side in ("encoder", "decoder"):
             self._check_ode_side(side)
+        self._check_gate_inputs()
         for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             _check_probability(field, getattr(self, field))
         for field in (
@@ -310,6 +315,17 @@ class ODETransformerConfig(PreTrainedConfig):
                 f"`{side}_ode_coefficients`={coefficients!r} gates between stages, but "
                 f"`{side}_ode_method`={getattr(self, f'{side}_ode_method')!r} has a single stage; use a "
                 "multi-stage method (e.g. 'rk2') or coefficients 'tableau'."
+            )
+
+    def _check_gate_inputs(self) -> None:
+        """A gate input other than the paper's needs a gate to read it: refused where it would change nothing."""
+        sides = ("encoder", "decoder") if self.is_encoder_decoder else ("decoder",)
+        gated = [side for side in sides if getattr(self, f"{side}_ode_coefficients") in GATED_MODES]
+        if self.ode_gate_inputs != "stages" and not gated:
+            raise ValueError(
+                f"`ode_gate_inputs`={self.ode_gate_inputs!r} changes what a gate reads, but no ODE block of this "
+                f"model has a gate; use gated coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or "
+                "`ode_gate_inputs='stages'`."
             )
 
     def tableau(self, side: str) -> ButcherTableau:

@@ -999,7 +999,14 @@ class _ODEStack(ODETransformerPreTrainedModel):
         )
         mode = getattr(config, f"{side}_ode_coefficients")
         self.ode_coefficients = nn.ModuleList(
-            StageCoefficients(mode, tableau, config.d_model, config.ode_ema_alpha)
+            StageCoefficients(
+                mode,
+                tableau,
+                config.d_model,
+                alpha_size=config.ode_ema_alpha,
+                gate_inputs=config.ode_gate_inputs,
+                layer_norm_eps=config.layer_norm_eps,
+            )
             for _ in range(num_coefficients)
         )
         self.connections = LayerConnections(

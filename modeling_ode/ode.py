@@ -15,7 +15,8 @@ function F, and is used by the encoder, the decoder and the causal LM alike.
 
 The catalogue lives here, on the data, once: every named method (`ODE_METHODS`), coefficient mode
 (`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`), coefficient
-scope (`COEFFICIENT_SCOPES`) and size of an EMA coefficient (`EMA_ALPHA_SIZES`) carries its equation and a one-line description. The config validates against
+scope (`COEFFICIENT_SCOPES`), size of an EMA coefficient (`EMA_ALPHA_SIZES`) and input of a gate (`GATE_INPUTS`)
+carries its equation and a one-line description. The config validates against
 these tables, and the model card and the README's config table are written from (or tested against) them.
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "CoefficientModeName",
     "CoefficientScopeName",
     "EmaAlphaSizeName",
+    "GateInputName",
     "LayerConnectionName",
     "ODEFunctionName",
     "ODEMethodName",
@@ -40,6 +42,7 @@ __all__ = [
     "COEFFICIENT_SCOPES",
     "EMA_ALPHA_SIZES",
     "GATED_MODES",
+    "GATE_INPUTS",
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
     "ODE_METHODS",
@@ -313,6 +316,19 @@ EMA_ALPHA_SIZES: dict[EmaAlphaSizeName, str] = {
     "dimension": "one alpha per hidden dimension (the released PCformer's `alpha_type='vector'`)",
 }
 
+# What the gate of the gated modes reads (Eq. (learnable) reads the raw stages). Beyond the paper: in every trained
+# model here the paper's gate saturates (g = 0 or 1 on > 98% of tokens); its logit [F1, F2] W + b grows with the
+# stages' norms, which nothing bounds (with the code's F a stage carries the whole residual stream). The
+# layer-normalised reading is the authors' `rk_norm` (libeineu/shortformer), applied to the gate's input only.
+GateInputName = Literal["stages", "layer_norm"]
+GATE_INPUTS: dict[GateInputName, str] = {
+    "stages": "the gate reads the raw stages, g = sigmoid([F1, F2] W + b) (Eq. (learnable))",
+    "layer_norm": (
+        "the gate reads layer-normalised stages, g = sigmoid([LN(F1), LN(F2)] W + b) with LN without gain or "
+        "bias (the authors' `rk_norm`, beyond the paper); the update y + g F1 + (1 - g) F2 keeps the raw stages"
+    ),
+}
+
 
 def resolve_tableau(method: str | dict | ButcherTableau, field: str = "ode_method") -> ButcherTableau:
     """A named method, a user tableau as a dict, or a ButcherTableau -> a checked ButcherTableau."""
@@ -351,12 +367,23 @@ class StageCoefficients(nn.Module):
     alpha per dimension (`alpha_size="dimension"`), or (s, ..., 1) for a gate. The
     (`gated`) generalises Eq. (learnable) to s stages as a softmax over s logits of which the last is fixed to
     0: gamma = softmax([F_1..F_s] W + b, 0). With s = 2 this is exactly sigmoid / 1 - sigmoid with W of shape
-    (2d, 1), i.e. 2d + 1 parameters per gate.
+    (2d, 1), i.e. 2d + 1 parameters per gate. With `gate_inputs="layer_norm"` (`GATE_INPUTS`) a gate reads each
+    stage layer-normalised (eps `layer_norm_eps`), the update still the raw stages.
     """
 
-    def __init__(self, mode: str, tableau: ButcherTableau, hidden_size: int, alpha_size: str = "scalar"):
+    def __init__(
+        self,
+        mode: str,
+        tableau: ButcherTableau,
+        hidden_size: int,
+        alpha_size: str = "scalar",
+        gate_inputs: str = "stages",
+        layer_norm_eps: float = 1e-5,
+    ):
         super().__init__()
         self.mode = mode
+        self.gate_inputs = gate_inputs
+        self.layer_norm_eps = layer_norm_eps
         self.tableau = tableau
         num_stages = tableau.num_stages
         self.constant: tuple[float, ...] | None = {"tableau": tableau.b, "ones": (1.0,) * num_stages}.get(
@@ -394,7 +421,7 @@ class StageCoefficients(nn.Module):
             return self.weight
         if self.mode == "ema":
             return self.ema_gamma()
-        logits = self.gate(torch.cat(list(stages), dim=-1))
+        logits = self.gate(torch.cat(self.gate_input(stages), dim=-1))
         if self.mode == "gated":
             gamma = torch.softmax(torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1), dim=-1)
         elif self.mode == "gated_independent":
@@ -402,6 +429,17 @@ class StageCoefficients(nn.Module):
         else:
             gamma = torch.tanh(logits)
         return gamma.movedim(-1, 0).unsqueeze(-1)
+
+    def gate_input(self, stages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """What a gate reads: the stages, or each normalised to zero mean and unit variance over the hidden size.
+        The LayerNorm has no gain or bias: before the linear gate they would add nothing it cannot express
+        (gain_i * LN(F_i) W_i = LN(F_i) (diag(gain_i) W_i); a bias adds a constant to b), so the gate keeps the 2d + 1
+        parameters of Eq. (learnable) and the remedy changes the logits' scale only, not the model's capacity."""
+        if self.gate_inputs == "stages":
+            return list(stages)
+        return [
+            nn.functional.layer_norm(stage, stage.shape[-1:], eps=self.layer_norm_eps) for stage in stages
+        ]
 
     def ema_gamma(self) -> torch.Tensor:
         """gamma_i = alpha (1 - alpha)^(s - i), i = 1..s: the last stage weighs alpha, each earlier one (1 - alpha)

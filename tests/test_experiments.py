@@ -149,6 +149,32 @@ def test_no_two_variants_of_a_study_compute_the_same_function(study_name):
     assert same == []
 
 
+def test_the_authors_gate_rows_own_one_gate_for_the_encoder_and_leave_the_decoder_alone():
+    """`rk2_gated_authors` / `rk2_learnable_authors`: F the whole layer and one gate (2d + 1 parameters) or one pair
+    of scalars for the whole encoder. `ode_coefficient_scope` is a global field, but the study's Euler decoder has
+    constant coefficients: its parameters are the residual row's."""
+    from dataclasses import fields
+
+    from modeling_ode import ODETransformerConfig, ODETransformerModel
+
+    study = STUDIES["multi30k"]
+    names = {f.name for f in fields(ODETransformerConfig)} - {"d_model"}  # tiny's width
+
+    def model(variant: str) -> ODETransformerModel:
+        flags = study.flags(variant, 3, 0, "cpu")
+        return ODETransformerModel(
+            ODETransformerConfig.from_preset("tiny", **{k: v for k, v in flags.items() if k in names})
+        )
+
+    residual_decoder = sum(p.numel() for p in model("residual").decoder.parameters())
+    for variant, own in [("rk2_gated_authors", 2 * 16 + 1), ("rk2_learnable_authors", 2)]:
+        built = model(variant)
+        assert built.config.ode_function_includes_residual
+        assert built.encoder.config.encoder_layers == 3 and len(built.encoder.ode_coefficients) == 1
+        assert sum(p.numel() for p in built.encoder.ode_coefficients.parameters()) == own
+        assert sum(p.numel() for p in built.decoder.parameters()) == residual_decoder
+
+
 def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
     run = runner.plan(STUDIES["ptb"], "cpu", [0], ["rk2_codeF"], [1])[0]
     out = run.work_dir(tmp_path)
@@ -354,6 +380,69 @@ def test_block_diagnostic_gate_means_leave_out_padding():
             assert real != pytest.approx(g.mean().item(), rel=1e-4)  # the padded tokens would have moved it
             real_g = g[attention_mask.bool()]
             assert row["collapsed_share"] == ((real_g > 0.99) | (real_g < 0.01)).float().mean().item()
+
+
+@pytest.mark.parametrize("gate_inputs", ["stages", "layer_norm"])
+def test_block_diagnostic_says_what_drives_the_gates_logits(gate_inputs):
+    """Block 0's gate is forced (W = 0, b = 30: z = 30 and g > 0.99 on every token); block 1's has known halves
+    W1 = 0.5, W2 = -0.25 (every entry) and b = -0.1, so z = 0.5 sum(x1) - 0.25 sum(x2) - 0.1 with x_i = F_i or
+    LN(F_i), computed here by hand from the recorded stages of the real tokens, percentiles with numpy."""
+    import numpy as np
+    import torch
+
+    from experiments.block_diagnostic import block_statistics
+    from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
+    from modeling_ode.ode import StageCoefficients
+
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset(
+        "tiny", vocab_size=50, encoder_ode_method="rk2", encoder_ode_coefficients="gated",
+        ode_gate_inputs=gate_inputs,
+    )  # fmt: skip
+    model = ODETransformerForConditionalGeneration(config).eval()
+    d = config.d_model
+    gates = [m.gate for m in model.get_encoder().modules() if isinstance(m, StageCoefficients)]
+    with torch.no_grad():
+        gates[0].weight.zero_()
+        gates[0].bias.fill_(30.0)
+        gates[1].weight.copy_(torch.cat([torch.full((1, d), 0.5), torch.full((1, d), -0.25)], dim=1))
+        gates[1].bias.fill_(-0.1)
+    input_ids, attention_mask = _padded_batch()
+    forced, known = block_statistics(model, input_ids, attention_mask)
+
+    assert forced["logit_abs_mean"] == pytest.approx(30.0)
+    assert forced["logit_abs_percentiles"] == pytest.approx([30.0] * 3)
+    assert forced["gate_weight_norms"] == [0.0, 0.0] and forced["logit_parts"] == [0.0, 0.0]
+    assert forced["gate_bias"] == [30.0] and (forced["g_below"], forced["g_above"]) == (0.0, 1.0)
+
+    with torch.no_grad():
+        out = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, output_ode_stages=True)
+    f1, f2 = out.ode_stages[1][:, attention_mask.bool()]  # (real tokens, d) each
+
+    def mean_norm(x):
+        return x.norm(dim=-1).mean().item()
+
+    def read(x):
+        if gate_inputs == "stages":
+            return x
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / torch.sqrt((centred**2).mean(-1, keepdim=True) + config.layer_norm_eps)
+
+    x1, x2 = read(f1), read(f2)
+    z = 0.5 * x1.sum(-1) - 0.25 * x2.sum(-1) - 0.1
+    g = 1 / (1 + torch.exp(-z))
+    assert known["logit_abs_mean"] == pytest.approx(z.abs().mean().item(), rel=1e-5)
+    expected = np.percentile(z.abs().numpy(), [50, 90, 99])
+    assert known["logit_abs_percentiles"] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert known["gate_input_norms"] == pytest.approx([mean_norm(x1), mean_norm(x2)], rel=1e-5)
+    assert known["stage_norms"] == pytest.approx([mean_norm(f1), mean_norm(f2)], rel=1e-5)
+    assert known["gate_weight_norms"] == pytest.approx([0.5 * d**0.5, 0.25 * d**0.5])
+    parts = [(0.5 * x1.sum(-1)).abs().mean(), (0.25 * x2.sum(-1)).abs().mean()]
+    assert known["logit_parts"] == pytest.approx([p.item() for p in parts], rel=1e-5, abs=1e-6)
+    assert known["gate_bias"] == pytest.approx([-0.1])
+    assert known["g_below"] == (g < 0.01).float().mean().item()
+    assert known["g_above"] == (g > 0.99).float().mean().item()
+    assert known["gamma"][0] == pytest.approx(g.mean().item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -318,7 +318,7 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
 
 def test_describe_ode_speaks_the_catalogue():
     """The card's words for methods, coefficients, F and connections are the catalogue's (modeling_ode/ode.py)."""
-    from modeling_ode.ode import COEFFICIENT_MODES, LAYER_CONNECTIONS, ODE_FUNCTIONS, ODE_METHODS
+    from modeling_ode.ode import COEFFICIENT_MODES, GATE_INPUTS, LAYER_CONNECTIONS, ODE_FUNCTIONS, ODE_METHODS
 
     for method, mode, function, connections in zip(
         ["rk2", "rk4", "rk3", "ralston", "polynet", "rk2"],
@@ -337,6 +337,8 @@ def test_describe_ode_speaks_the_catalogue():
         for words in (ODE_METHODS[method].description, COEFFICIENT_MODES[mode].description):
             assert words in encoder
         assert ODE_FUNCTIONS[function] in encoder and LAYER_CONNECTIONS[connections] in encoder
+    normalised = ODETransformerConfig.from_preset("tiny", ode_gate_inputs="layer_norm")
+    assert GATE_INPUTS["layer_norm"] in model_card.describe_ode(normalised)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------

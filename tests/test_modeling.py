@@ -177,7 +177,10 @@ def test_recording_outputs_keeps_later_forwards_on_sdpa(monkeypatch, device):
 
 def test_save_load_round_trip_is_bit_exact(tmp_path, device):
     model = seq2seq(
-        decoder_ode_method="rk2", decoder_ode_coefficients="learnable", ode_coefficient_scope="stack"
+        decoder_ode_method="rk2",
+        decoder_ode_coefficients="learnable",
+        ode_coefficient_scope="stack",
+        ode_gate_inputs="layer_norm",  # the encoder's gate (tiny's default `gated`) reads normalised stages
     ).to(device)
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
@@ -187,6 +190,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, device):
     for auto in (AutoModelForSeq2SeqLM, ODETransformerForConditionalGeneration):
         loaded = auto.from_pretrained(tmp_path).eval().to(device)
         assert type(loaded) is ODETransformerForConditionalGeneration
+        assert loaded.config.ode_gate_inputs == "layer_norm"
         for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
             assert torch.equal(a, b), name
         ids, mask = source_batch(device=device)
@@ -331,6 +335,11 @@ def test_causal_lm_cache_loss_and_auto_class(tmp_path, device):
         ({"encoder_ode_function": "san"}, "encoder_ode_function"),
         ({"decoder_layer_connections": "highway"}, "decoder_layer_connections"),
         ({"ode_coefficient_scope": "layer"}, "ode_coefficient_scope"),
+        ({"ode_gate_inputs": "batch_norm"}, "ode_gate_inputs"),
+        (
+            {"encoder_ode_coefficients": "tableau", "ode_gate_inputs": "layer_norm"},
+            "no ODE block of this model has a gate",
+        ),
         ({"dropout": 1.5}, "dropout"),
         ({"source_vocab_size": 50}, "share_encoder_decoder_embeddings"),
         ({"ode_step_size": 0}, "ode_step_size"),

@@ -359,6 +359,60 @@ def test_sublayer_sharing_is_san_twice_then_ffn_twice():
     torch.testing.assert_close(apply_layer(layer, y), h + ffn(layer, h))
 
 
+@pytest.mark.parametrize("includes_residual", [False, True])
+def test_gate_reading_layer_normalised_stages_is_its_formula(includes_residual):
+    """`ode_gate_inputs="layer_norm"`: g = sigmoid([LN(F1), LN(F2)] W + b) with LN(x) = (x - mean) / sqrt(var + eps)
+    (no gain, no bias; eps the config's), and the block y + g F1 + (1 - g) F2 with the raw stages. The encoder's
+    first block and its own gate module, against the formula written out in float64, for both readings of F."""
+    from modeling_ode import ODETransformerModel
+
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset(
+        "tiny", d_model=8, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_relative_position=0,
+        encoder_ode_method="rk2", encoder_ode_coefficients="gated", ode_gate_inputs="layer_norm",
+        ode_function_includes_residual=includes_residual, layer_norm_eps=1e-3,
+    )  # fmt: skip
+    encoder = ODETransformerModel(config).encoder.eval()
+    layer, coefficients = encoder.layers[0], encoder._layer_coefficients(0)
+    w, b = random_gate(coefficients[0])
+    assert sum(p.numel() for p in coefficients[0].parameters()) == 2 * 8 + 1  # the gate of Eq. (learnable)
+    y = 5 * layer_input()  # stages of norm well above 1: the normalisation matters
+
+    def f(x):
+        h = san(layer, x)
+        out = h + ffn(layer, x + h)
+        return x + out if includes_residual else out
+
+    def layer_norm(x):
+        mean = x.sum(-1, keepdim=True) / x.shape[-1]
+        variance = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]
+        return (x - mean) / torch.sqrt(variance + 1e-3)
+
+    f1 = f(y)
+    f2 = f(y + f1)
+    logit = torch.cat([layer_norm(f1), layer_norm(f2)], -1) @ w[0] + b[0]
+    g = (1 / (1 + torch.exp(-logit)))[..., None]
+    with torch.no_grad():
+        out = layer(y, coefficients=coefficients)
+    torch.testing.assert_close(out, y + g * f1 + (1 - g) * f2, rtol=0, atol=1e-12)
+
+
+def test_a_gate_reading_layer_normalised_stages_ignores_their_scale(nonlinear_f):
+    """The point of the remedy: the paper's logit [F1, F2] W + b grows with the stages' norms, the normalised
+    reading's does not (scaling every stage by c > 0 leaves g unchanged, exactly so with eps = 0)."""
+    f, _ = nonlinear_f
+    stages = rk2_stages(f, y0())
+    gates = {}
+    for inputs in ("stages", "layer_norm"):
+        coefficients = StageCoefficients(
+            "gated", ODE_METHODS["rk2"], D, gate_inputs=inputs, layer_norm_eps=0.0
+        )
+        random_gate(coefficients)
+        gates[inputs] = [coefficients.learned_gamma([c * s for s in stages]) for c in (1.0, 30.0)]
+    torch.testing.assert_close(*gates["layer_norm"])
+    assert not torch.allclose(*gates["stages"])
+
+
 # --- the catalogue ------------------------------------------------------------------------------------------
 
 
@@ -391,6 +445,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
         ode.LayerConnectionName: ode.LAYER_CONNECTIONS,
         ode.CoefficientScopeName: ode.COEFFICIENT_SCOPES,
         ode.EmaAlphaSizeName: ode.EMA_ALPHA_SIZES,
+        ode.GateInputName: ode.GATE_INPUTS,
     }
     for literal, table in tables.items():
         assert get_args(literal) == tuple(table)
@@ -401,6 +456,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
         assert choices[f"{side}_layer_connections"] == tuple(ode.LAYER_CONNECTIONS)
     assert choices["ode_coefficient_scope"] == tuple(ode.COEFFICIENT_SCOPES)
     assert choices["ode_ema_alpha"] == tuple(ode.EMA_ALPHA_SIZES)
+    assert choices["ode_gate_inputs"] == tuple(ode.GATE_INPUTS)
 
 
 def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f):

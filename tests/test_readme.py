@@ -41,6 +41,7 @@ def test_readme_config_table_lists_exactly_the_catalogue():
         COEFFICIENT_MODES,
         COEFFICIENT_SCOPES,
         EMA_ALPHA_SIZES,
+        GATE_INPUTS,
         LAYER_CONNECTIONS,
         ODE_FUNCTIONS,
         ODE_METHODS,
@@ -52,6 +53,7 @@ def test_readme_config_table_lists_exactly_the_catalogue():
         ("encoder_ode_function", ODE_FUNCTIONS),
         ("ode_coefficient_scope", COEFFICIENT_SCOPES),
         ("ode_ema_alpha", EMA_ALPHA_SIZES),
+        ("ode_gate_inputs", GATE_INPUTS),
         ("encoder_layer_connections", LAYER_CONNECTIONS),
     ]:
         names = re.findall(r"`(\w+)`", _config_table_row(field))
