@@ -19,6 +19,7 @@ from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    fit_tokenizer_to_model,
 )
 from train import translate
 from train.data import multi30k, ptb
@@ -163,7 +164,8 @@ def untrained_model(multi30k_run, tmp_path) -> Path:
             parameter.mul_(3)
     model.generation_config.update(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=24)
     model.save_pretrained(tmp_path / "untrained")
-    tokenizer.save_pretrained(tmp_path / "untrained")
+    # The borrowed tokenizer carries the trained run's limit (its --max_source_length); this folder's model has its own.
+    fit_tokenizer_to_model(tokenizer, config).save_pretrained(tmp_path / "untrained")
     return tmp_path / "untrained"
 
 

@@ -59,8 +59,11 @@ __all__ = [
 @dataclass
 class PadCollator(DataCollatorForSeq2Seq):
     """transformers' :class:`~transformers.DataCollatorForSeq2Seq` (``input_ids`` padded with the tokenizer's pad
-    id on its padding side, right for every tokenizer this project trains, with their ``attention_mask``;
-    ``labels`` padded with -100) plus the paper's GEC source word dropout.
+    id, with their ``attention_mask``; ``labels`` padded with -100) plus the paper's GEC source word dropout.
+
+    Batches are padded on the right whatever the tokenizer's ``padding_side``: a causal LM's tokenizer pads on
+    the left for generation, but in training its shifted labels would then make each row's first token a target
+    predicted from padding.
 
     With ``word_dropout > 0`` each source token except ``</s>`` is dropped with that probability when
     ``training`` is true; the draw uses torch's global RNG, which the trainer seeds and restores on resume. The
@@ -78,7 +81,11 @@ class PadCollator(DataCollatorForSeq2Seq):
                 {**f, "input_ids": word_dropout(f["input_ids"], self.word_dropout, keep_ids=keep)}
                 for f in features
             ]
-        batch = super().__call__(features, return_tensors)
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "right"
+        try:
+            batch = super().__call__(features, return_tensors)
+        finally:
+            self.tokenizer.padding_side = side
         if batch.get("labels") is None:
             del batch["labels"]
         return batch
