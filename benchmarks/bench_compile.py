@@ -105,7 +105,7 @@ def markdown(results: dict) -> str:
     lines = [
         "# torch.compile vs eager",
         "",
-        f"`{results['command']}` on {results['machine'].get('cpu', 'cpu')}, {results['threads']} threads, "
+        f"`{results['command']}` on {results['machine']['cpu_model']}, {results['threads']} threads, "
         f"torch {results['torch']}, dims {results['dims']}.",
         "",
         "| model | train step eager (s) | compiled (s) | compiled speed-up | greedy tok/s eager | compiled | speed-up |",

@@ -146,3 +146,19 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
     assert all(folder in line for line in out.splitlines() if "--results" in line)
     steps = gpu_suite.plan(Path(folder), "cuda", "stamp")
     assert sum(step.limit_s for step in steps) <= 25 * 60
+
+
+@pytest.mark.slow
+def test_compile_benchmark_quick_run_writes_its_report(tmp_path):
+    """`benchmarks.bench_compile --quick`: eager and compiled times for residual and RK4, the same greedy tokens,
+    and a report whose speed-ups are the ratios of the stored times."""
+    from benchmarks import bench_compile
+
+    results = bench_compile.main(["--quick", "--out-dir", str(tmp_path), "--threads", "1"])
+    assert set(results["models"]) == {"residual", "rk4"}
+    report = (tmp_path / "compile.md").read_text()
+    for name, row in results["models"].items():
+        train, decode = row["training"], row["decoding"]
+        assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0 and decode["same_tokens"]
+        assert f"{train['eager_step_s'] / train['compiled_step_s']:.2f}x" in report.split(f"| {name} |")[1]
+    assert json.loads((tmp_path / "compile.json").read_text()) == json.loads(json.dumps(results))
