@@ -6,8 +6,9 @@
 Steps, each a subprocess with a time limit (a step over its limit is stopped and recorded as timed out, so the
 suite ends on time whatever happens):
 
-1. the device-agnostic tests (model, cache, generation, dropout; tests/conftest.py's `device` and `dtype`
-   fixtures) on the GPU in fp32, then in bf16;
+1. the device-agnostic tests (model, cache, generation, dropout, padding, torch.compile graph capture;
+   tests/conftest.py's `device` and `dtype` fixtures) on the GPU in fp32, then in bf16, without the tests marked
+   slow (test_compile.py's inductor and `train.run --torch_compile` tests, which run on the CPU);
 2. the benchmark against MarianMT at the paper's base size (benchmarks/bench_ode.py);
 3. one short paper-size training run per study that has a paper size (experiments/run.py), with the first
    ODE variant, seed and depth of the study, a few hundred steps and a small test set.
@@ -35,6 +36,8 @@ TEST_SUBSET = [
     "tests/test_pcformer.py",
     "tests/test_ode.py",
     "tests/test_dropout.py",
+    "tests/test_padding.py",
+    "tests/test_compile.py",
 ]
 TEST_DTYPES = ("float32", "bfloat16")
 # A short run: enough steps to see the loss fall and every code path (training, evaluation, saving, test
@@ -76,7 +79,7 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
     steps = [
         Step(
             f"tests-{dtype}",
-            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "4", *TEST_SUBSET,
+            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "4", "-m", "not slow", *TEST_SUBSET,
              f"--junitxml={folder / f'tests-{dtype}.xml'}"],
             TEST_LIMIT_S,
             {"ODE_TEST_DEVICE": device, "ODE_TEST_DTYPE": dtype},

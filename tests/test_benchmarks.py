@@ -137,6 +137,9 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == [], "a dry run writes nothing"
     for dtype in ("float32", "bfloat16"):
         assert f"ODE_TEST_DEVICE=cuda ODE_TEST_DTYPE={dtype}" in out
+    tests = next(line for line in out.splitlines() if "[tests-float32]" in line)
+    for path in ("tests/test_modeling.py", "tests/test_padding.py", "tests/test_compile.py"):
+        assert path in tests
     assert "benchmarks.bench_ode" in out
     studies = gpu_suite.short_runs()
     assert len(studies) >= 1

@@ -2,7 +2,9 @@
 block type and for one cached decoding step with the static cache; compiled results equal eager ones.
 
 Graphs are captured with the `aot_eager` backend (Dynamo + AOT autograd, the same graph capture as inductor without
-its code generation) so that the tests stay fast; one test runs inductor itself."""
+its code generation) so that the tests stay fast; one test runs inductor itself. The graph-capture tests run on
+tests/conftest.py's `device` (the GPU suite runs them on CUDA); the inductor and `train.run --torch_compile` tests
+stay on the CPU."""
 
 from __future__ import annotations
 
@@ -33,16 +35,17 @@ def config(block: str, causal: bool = False, **overrides):
     return tiny(**fields, **({"is_encoder_decoder": False} if causal else {}), **overrides)
 
 
-def batch(vocab_size: int) -> dict[str, torch.Tensor]:
+def batch(vocab_size: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab_size, (2, 9), generator=generator)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
-    return {
+    inputs = {
         "input_ids": ids,
         "attention_mask": mask,
         "labels": torch.randint(4, vocab_size, (2, 7), generator=generator),
     }
+    return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
 def training_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -50,20 +53,20 @@ def training_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))
-def test_training_forward_has_no_graph_break(block):
+def test_training_forward_has_no_graph_break(block, device):
     torch.manual_seed(0)
-    model = ODETransformerForConditionalGeneration(config(block, dropout=0.1)).train()
-    explanation = torch._dynamo.explain(training_loss)(model, batch(model.config.vocab_size))
+    model = ODETransformerForConditionalGeneration(config(block, dropout=0.1)).train().to(device)
+    explanation = torch._dynamo.explain(training_loss)(model, batch(model.config.vocab_size, device))
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))
-def test_fullgraph_training_step_equals_eager(block):
+def test_fullgraph_training_step_equals_eager(block, device):
     """Forward and backward compiled as one graph (no dropout, so both runs compute the same function)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = ODETransformerForConditionalGeneration(config(block)).train()
-    inputs = batch(model.config.vocab_size)
+    model = ODETransformerForConditionalGeneration(config(block)).train().to(device)
+    inputs = batch(model.config.vocab_size, device)
     eager = training_loss(model, inputs)
     eager.backward()
     eager_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -75,24 +78,25 @@ def test_fullgraph_training_step_equals_eager(block):
         torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-4, atol=1e-6)
 
 
-def test_causal_lm_training_forward_has_no_graph_break():
+def test_causal_lm_training_forward_has_no_graph_break(device):
     torch.manual_seed(0)
-    model = ODETransformerForCausalLM(config("rk4", causal=True, dropout=0.1)).train()
-    inputs = batch(model.config.vocab_size)
+    model = ODETransformerForCausalLM(config("rk4", causal=True, dropout=0.1)).train().to(device)
+    inputs = batch(model.config.vocab_size, device)
     inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     explanation = torch._dynamo.explain(training_loss)(model, inputs)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
 
 
 @pytest.mark.parametrize("block", ["rk2_gated", "rk4"])
-def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block):
+def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block, device):
     """Prefill eagerly into a static cache with a slot per (layer, stage), then one decoding step compiled with
     `fullgraph=True`: the logits of the eager step from the same cache state."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = ODETransformerForCausalLM(config(block, causal=True)).eval()
-    ids = torch.randint(4, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
-    step_ids = torch.tensor([[7], [9]])
+    model = ODETransformerForCausalLM(config(block, causal=True)).eval().to(device)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, model.config.vocab_size, (2, 5), generator=generator).to(device)
+    step_ids = torch.tensor([[7], [9]], device=device)
 
     def prefilled():
         cache = model.get_decoder().cache_layout.build(encoder_decoder=False, max_cache_len=12)
@@ -102,7 +106,7 @@ def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block):
     def step(token, mask, cache):
         return model(token, attention_mask=mask, past_key_values=cache, use_cache=True).logits
 
-    mask = torch.ones(2, 6, dtype=torch.long)
+    mask = torch.ones(2, 6, dtype=torch.long, device=device)
     with torch.no_grad():
         eager = step(step_ids, mask, prefilled())
         compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(step_ids, mask, prefilled())

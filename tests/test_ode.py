@@ -22,10 +22,11 @@ def float64():
 
 
 @pytest.fixture
-def nonlinear_f():
+def nonlinear_f(device):
     """A fixed nonlinear F(y) = tanh(y W + c), and a counter of how often it is called."""
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(D, D, generator=g) / D**0.5, torch.randn(D, generator=g)
+    weight, bias = weight.to(device), bias.to(device)
     calls = []
 
     def f(x, stage=None):
@@ -35,8 +36,8 @@ def nonlinear_f():
     return f, calls
 
 
-def y0():
-    return torch.randn(3, 4, D, generator=torch.Generator().manual_seed(1))
+def y0(device):
+    return torch.randn(3, 4, D, generator=torch.Generator().manual_seed(1)).to(device)
 
 
 # Each method written out by hand from its textbook definition, with h the step size.
@@ -82,11 +83,11 @@ def by_hand(method, f, y, h):
 
 @pytest.mark.parametrize("method", sorted(ODE_METHODS))
 @pytest.mark.parametrize("h", [1.0, 0.3])
-def test_tableau_block_equals_formula_by_hand(method, h, nonlinear_f):
+def test_tableau_block_equals_formula_by_hand(method, h, nonlinear_f, device):
     f, calls = nonlinear_f
     tableau = ODE_METHODS[method]
-    coefficients = StageCoefficients("tableau", tableau, D)
-    y = y0()
+    coefficients = StageCoefficients("tableau", tableau, D).to(device)
+    y = y0(device)
     out = ode_step(y, lambda x, i: f(x, i), tableau, coefficients, step_size=h)
     torch.testing.assert_close(out, by_hand(method, f, y, h), rtol=1e-12, atol=1e-12)
     assert calls[: tableau.num_stages] == list(range(tableau.num_stages))  # one call per stage, in order
@@ -97,19 +98,20 @@ def rk2_stages(f, y):
     return f1, f(y + f1)
 
 
-def test_ones_coefficients(nonlinear_f):
+def test_ones_coefficients(nonlinear_f, device):
     """Table "scale_function", gamma_i = 1: y + F1 + F(y + F1)."""
     f, _ = nonlinear_f
-    y = y0()
+    y = y0(device)
     f1, f2 = rk2_stages(f, y)
-    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], StageCoefficients("ones", ODE_METHODS["rk2"], D))
+    coefficients = StageCoefficients("ones", ODE_METHODS["rk2"], D).to(device)
+    out = ode_step(y, lambda x, i: f(x), ODE_METHODS["rk2"], coefficients)
     torch.testing.assert_close(out, y + f1 + f2)
 
 
-def test_learnable_coefficients_start_at_one_and_scale_stages(nonlinear_f):
+def test_learnable_coefficients_start_at_one_and_scale_stages(nonlinear_f, device):
     f, _ = nonlinear_f
-    y = y0()
-    coefficients = StageCoefficients("learnable", ODE_METHODS["rk2"], D)
+    y = y0(device)
+    coefficients = StageCoefficients("learnable", ODE_METHODS["rk2"], D).to(device)
     assert coefficients.weight.tolist() == [1.0, 1.0]
     with torch.no_grad():
         coefficients.weight.copy_(torch.tensor([0.3, -1.7]))
@@ -119,17 +121,19 @@ def test_learnable_coefficients_start_at_one_and_scale_stages(nonlinear_f):
 
 
 def random_gate(coefficients):
+    """Standard normal gate weights and bias, drawn on the CPU (seeds 3 and 4) whatever the gate's device."""
     with torch.no_grad():
-        coefficients.gate.weight.normal_(generator=torch.Generator().manual_seed(3))
-        coefficients.gate.bias.normal_(generator=torch.Generator().manual_seed(4))
+        for parameter, seed in ((coefficients.gate.weight, 3), (coefficients.gate.bias, 4)):
+            cpu = torch.empty(parameter.shape, dtype=parameter.dtype)
+            parameter.copy_(cpu.normal_(generator=torch.Generator().manual_seed(seed)))
     return coefficients.gate.weight, coefficients.gate.bias
 
 
-def test_gated_rk2_is_eq_learnable(nonlinear_f):
+def test_gated_rk2_is_eq_learnable(nonlinear_f, device):
     """Eq. (learnable): g = sigmoid([F1, F2] W + b), y + g F1 + (1 - g) F2, one scalar per token."""
     f, _ = nonlinear_f
-    y = y0()
-    coefficients = StageCoefficients("gated", ODE_METHODS["rk2"], D)
+    y = y0(device)
+    coefficients = StageCoefficients("gated", ODE_METHODS["rk2"], D).to(device)
     assert sum(p.numel() for p in coefficients.parameters()) == 2 * D + 1
     w, b = random_gate(coefficients)
     f1, f2 = rk2_stages(f, y)
@@ -139,11 +143,11 @@ def test_gated_rk2_is_eq_learnable(nonlinear_f):
 
 
 @pytest.mark.parametrize("mode,squash", [("gated_independent", torch.sigmoid), ("gated_tanh", torch.tanh)])
-def test_independent_gates(mode, squash, nonlinear_f):
+def test_independent_gates(mode, squash, nonlinear_f, device):
     """Table "scale_function" rows (sigmoid, sigmoid) and (tanh, tanh)."""
     f, _ = nonlinear_f
-    y = y0()
-    coefficients = StageCoefficients(mode, ODE_METHODS["rk2"], D)
+    y = y0(device)
+    coefficients = StageCoefficients(mode, ODE_METHODS["rk2"], D).to(device)
     w, b = random_gate(coefficients)
     f1, f2 = rk2_stages(f, y)
     z = torch.cat([f1, f2], -1)
@@ -152,11 +156,11 @@ def test_independent_gates(mode, squash, nonlinear_f):
     torch.testing.assert_close(out, y + g1 * f1 + g2 * f2)
 
 
-def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f):
+def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f, device):
     f, _ = nonlinear_f
-    y = y0()
+    y = y0(device)
     tableau = ODE_METHODS["rk4"]
-    coefficients = StageCoefficients("gated", tableau, D)
+    coefficients = StageCoefficients("gated", tableau, D).to(device)
     w, b = random_gate(coefficients)
     recorded = []
     coefficients.recorder.register_forward_hook(lambda module, args, output: recorded.append(output))
@@ -173,13 +177,13 @@ def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f):
     "method,order",
     [("euler", 1), ("rk2", 2), ("midpoint", 2), ("ralston", 2), ("rk3", 3), ("rk4", 4), ("rk4_38", 4)],
 )
-def test_local_error_falls_with_the_methods_order(method, order):
+def test_local_error_falls_with_the_methods_order(method, order, device):
     """dy/dt = A y: one step's error against exp(hA) y is O(h^(p+1)); the log-log slope tells p + 1."""
     g = torch.Generator().manual_seed(5)
-    a = torch.randn(D, D, generator=g) / D**0.5
-    y = torch.randn(D, generator=g)
+    a = (torch.randn(D, D, generator=g) / D**0.5).to(device)
+    y = torch.randn(D, generator=g).to(device)
     tableau = ODE_METHODS[method]
-    coefficients = StageCoefficients("tableau", tableau, D)
+    coefficients = StageCoefficients("tableau", tableau, D).to(device)
     steps = [0.2 / 2**k for k in range(5)]
     errors = []
     for h in steps:
@@ -206,7 +210,7 @@ def test_user_tableau_and_invalid_tableaus():
 
 
 def run_connections(kind, blocks, x, **setup):
-    connections = LayerConnections(kind, len(blocks), D, eps=1e-5)
+    connections = LayerConnections(kind, len(blocks), D, eps=1e-5).to(x.device)
     for name, value in setup.items():
         with torch.no_grad():
             getattr(connections, name).copy_(value)
@@ -217,17 +221,17 @@ def run_connections(kind, blocks, x, **setup):
     return connections, connections.output(history)
 
 
-def make_blocks(n):
+def make_blocks(n, device):
     g = torch.Generator().manual_seed(7)
-    weights = [torch.randn(D, D, generator=g) / D**0.5 for _ in range(n)]
+    weights = [(torch.randn(D, D, generator=g) / D**0.5).to(device) for _ in range(n)]
     return [lambda y, w=w: y + torch.tanh(y @ w) for w in weights], [
         lambda y, w=w: torch.tanh(y @ w) for w in weights
     ]
 
 
-def test_leapfrog():
-    blocks, fs = make_blocks(3)
-    x = y0()
+def test_leapfrog(device):
+    blocks, fs = make_blocks(3, device)
+    x = y0(device)
     _, out = run_connections("leapfrog", blocks, x)
     y1 = x + fs[0](x)  # Euler start
     y2 = x + 2 * fs[1](y1)
@@ -235,10 +239,10 @@ def test_leapfrog():
     torch.testing.assert_close(out, y3)
 
 
-def test_multistep():
-    blocks, fs = make_blocks(3)
-    x = y0()
-    k = torch.rand(3, D, generator=torch.Generator().manual_seed(8)) - 1
+def test_multistep(device):
+    blocks, fs = make_blocks(3, device)
+    x = y0(device)
+    k = torch.rand(3, D, generator=torch.Generator().manual_seed(8)).to(device) - 1
     _, out = run_connections("multistep", blocks, x, k=k)
     y1 = x + fs[0](x)
     y2 = k[1] * y1 + (1 - k[1]) * x + fs[1](y1)
@@ -247,12 +251,13 @@ def test_multistep():
 
 
 @pytest.mark.parametrize("kind", ["dense", "learnable_dense"])
-def test_dense_layer_connections(kind):
-    blocks, _ = make_blocks(3)
-    x = y0()
+def test_dense_layer_connections(kind, device):
+    blocks, _ = make_blocks(3, device)
+    x = y0(device)
     connections, out = run_connections(kind, blocks, x)
     weight = connections.weight
-    torch.testing.assert_close(weight[2, :3], torch.full((3,), 1 / 3))  # rows start as plain means
+    means = torch.full((3,), 1 / 3, device=device)
+    torch.testing.assert_close(weight[2, :3], means)  # rows start as plain means
     assert weight[1, 2] == 0  # lower triangular
     states = [x]
     for i, block in enumerate(blocks):
@@ -289,18 +294,20 @@ def ffn(layer, x):
 
 
 def apply_layer(layer, y):
-    coefficients = [StageCoefficients("tableau", layer.tableau, 8) for _ in range(layer.num_ode_blocks)]
+    coefficients = [
+        StageCoefficients("tableau", layer.tableau, 8).to(y.device) for _ in range(layer.num_ode_blocks)
+    ]
     return layer(y, coefficients=coefficients)
 
 
-def layer_input():
-    return torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(9))
+def layer_input(device):
+    return torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(9)).to(device)
 
 
-def test_layer_function_is_san_plus_ffn():
+def test_layer_function_is_san_plus_ffn(device):
     """F(y) = G(LN(y)) with G = SAN then FFN (the paper's default F, without the residual)."""
-    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function="layer")
-    y = layer_input()
+    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function="layer").to(device)
+    y = layer_input(device)
 
     def f(x):
         h = san(layer, x)
@@ -311,10 +318,10 @@ def test_layer_function_is_san_plus_ffn():
     torch.testing.assert_close(apply_layer(layer, y), y + (f1 + f2) / 2)
 
 
-def test_function_including_residual_is_the_authors_code():
+def test_function_including_residual_is_the_authors_code(device):
     """ode_function_includes_residual: F = L(x), the whole pre-norm layer, residuals included."""
-    layer = tiny_layer(encoder_ode_method="rk2", ode_function_includes_residual=True)
-    y = layer_input()
+    layer = tiny_layer(encoder_ode_method="rk2", ode_function_includes_residual=True).to(device)
+    y = layer_input(device)
 
     def big_l(x):
         h = x + san(layer, x)
@@ -325,19 +332,20 @@ def test_function_including_residual_is_the_authors_code():
     torch.testing.assert_close(apply_layer(layer, y), y + (f1 + f2) / 2)
 
 
-def test_euler_layer_is_the_plain_pre_norm_layer_in_both_readings():
+def test_euler_layer_is_the_plain_pre_norm_layer_in_both_readings(device):
     for includes_residual in (False, True):
         layer = tiny_layer(encoder_ode_method="euler", ode_function_includes_residual=includes_residual)
-        y = layer_input()
+        layer = layer.to(device)
+        y = layer_input(device)
         h = y + san(layer, y)
         torch.testing.assert_close(apply_layer(layer, y), h + ffn(layer, h))
 
 
 @pytest.mark.parametrize("function", ["attention", "ffn", "sublayers"])
-def test_components(function):
+def test_components(function, device):
     """Figure "components": an ODE block over SAN only, FFN only, or each sublayer its own block."""
-    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function=function)
-    y = layer_input()
+    layer = tiny_layer(encoder_ode_method="rk2", encoder_ode_function=function).to(device)
+    y = layer_input(device)
 
     def rk2(g, x):
         f1 = g(layer, x)
@@ -348,11 +356,11 @@ def test_components(function):
     torch.testing.assert_close(apply_layer(layer, y), expected)
 
 
-def test_sublayer_sharing_is_san_twice_then_ffn_twice():
+def test_sublayer_sharing_is_san_twice_then_ffn_twice(device):
     """The authors' code's weight sharing (the `ablations` study's row): each sublayer applied twice in sequence
     with the same weights, each application with its own residual."""
-    layer = tiny_layer(encoder_ode_method="weight_sharing", encoder_ode_function="sublayers")
-    y = layer_input()
+    layer = tiny_layer(encoder_ode_method="weight_sharing", encoder_ode_function="sublayers").to(device)
+    y = layer_input(device)
     h = y + san(layer, y)
     h = h + san(layer, h)
     h = h + ffn(layer, h)
@@ -360,7 +368,7 @@ def test_sublayer_sharing_is_san_twice_then_ffn_twice():
 
 
 @pytest.mark.parametrize("includes_residual", [False, True])
-def test_gate_reading_layer_normalised_stages_is_its_formula(includes_residual):
+def test_gate_reading_layer_normalised_stages_is_its_formula(includes_residual, device):
     """`ode_gate_inputs="layer_norm"`: g = sigmoid([LN(F1), LN(F2)] W + b) with LN(x) = (x - mean) / sqrt(var + eps)
     (no gain, no bias; eps the config's), and the block y + g F1 + (1 - g) F2 with the raw stages. The encoder's
     first block and its own gate module, against the formula written out in float64, for both readings of F."""
@@ -372,11 +380,11 @@ def test_gate_reading_layer_normalised_stages_is_its_formula(includes_residual):
         encoder_ode_method="rk2", encoder_ode_coefficients="gated", ode_gate_inputs="layer_norm",
         ode_function_includes_residual=includes_residual, layer_norm_eps=1e-3,
     )  # fmt: skip
-    encoder = ODETransformerModel(config).encoder.eval()
+    encoder = ODETransformerModel(config).encoder.eval().to(device)
     layer, coefficients = encoder.layers[0], encoder._layer_coefficients(0)
     w, b = random_gate(coefficients[0])
     assert sum(p.numel() for p in coefficients[0].parameters()) == 2 * 8 + 1  # the gate of Eq. (learnable)
-    y = 5 * layer_input()  # stages of norm well above 1: the normalisation matters
+    y = 5 * layer_input(device)  # stages of norm well above 1: the normalisation matters
 
     def f(x):
         h = san(layer, x)
@@ -397,16 +405,16 @@ def test_gate_reading_layer_normalised_stages_is_its_formula(includes_residual):
     torch.testing.assert_close(out, y + g * f1 + (1 - g) * f2, rtol=0, atol=1e-12)
 
 
-def test_a_gate_reading_layer_normalised_stages_ignores_their_scale(nonlinear_f):
+def test_a_gate_reading_layer_normalised_stages_ignores_their_scale(nonlinear_f, device):
     """The point of the remedy: the paper's logit [F1, F2] W + b grows with the stages' norms, the normalised
     reading's does not (scaling every stage by c > 0 leaves g unchanged, exactly so with eps = 0)."""
     f, _ = nonlinear_f
-    stages = rk2_stages(f, y0())
+    stages = rk2_stages(f, y0(device))
     gates = {}
     for inputs in ("stages", "layer_norm"):
         coefficients = StageCoefficients(
             "gated", ODE_METHODS["rk2"], D, gate_inputs=inputs, layer_norm_eps=0.0
-        )
+        ).to(device)
         random_gate(coefficients)
         gates[inputs] = [coefficients.learned_gamma([c * s for s in stages]) for c in (1.0, 30.0)]
     torch.testing.assert_close(*gates["layer_norm"])
@@ -459,14 +467,14 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
     assert choices["ode_gate_inputs"] == tuple(ode.GATE_INPUTS)
 
 
-def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f):
+def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f, device):
     """What `capture_outputs` records for `output_ode_stages=True`; any forward hook on the recorder sees it too."""
     f, _ = nonlinear_f
-    coefficients = StageCoefficients("tableau", ODE_METHODS["rk4"], D)
+    coefficients = StageCoefficients("tableau", ODE_METHODS["rk4"], D).to(device)
     calls = []
     coefficients.recorder.register_forward_hook(lambda module, args, output: calls.append(output))
-    y = y0()
+    y = y0(device)
     ode_step(y, lambda x, i: f(x), ODE_METHODS["rk4"], coefficients)
     ((stages, gamma),) = calls
     assert stages.shape == (4, *y.shape)
-    torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1]) / 6)
+    torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1], device=device) / 6)

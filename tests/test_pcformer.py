@@ -46,14 +46,14 @@ def float64():
 
 @pytest.mark.parametrize("method", ["rk2", "rk4"])
 @pytest.mark.parametrize("alpha_size", ["scalar", "dimension"])
-def test_ema_predictor_by_hand(float64, method, alpha_size):
+def test_ema_predictor_by_hand(float64, method, alpha_size, device):
     """RK2: y + a(1-a) F1 + a F2, F2 = F(y + F1); RK4: y + a(1-a)^3 F1 + a(1-a)^2 F2 + a(1-a) F3 + a F4 with the
     classical RK4 inputs y + F1/2, y + F2/2, y + F3 (the released code's predictor)."""
     g = torch.Generator().manual_seed(0)
-    weight = torch.randn(D, D, generator=g) / D**0.5
+    weight = (torch.randn(D, D, generator=g) / D**0.5).to(device)
     f = lambda x: torch.tanh(x @ weight)  # noqa: E731
-    y = torch.randn(3, 4, D, generator=g)
-    coefficients = StageCoefficients("ema", ODE_METHODS[method], D, alpha_size)
+    y = torch.randn(3, 4, D, generator=g).to(device)
+    coefficients = StageCoefficients("ema", ODE_METHODS[method], D, alpha_size).to(device)
     with torch.no_grad():
         coefficients.alpha.copy_(torch.rand(coefficients.alpha.shape, generator=g))
     a = coefficients.alpha
@@ -70,12 +70,15 @@ def test_ema_predictor_by_hand(float64, method, alpha_size):
     torch.testing.assert_close(out, expected)
 
 
-def test_ema_alpha_starts_at_one_half():
+def test_ema_alpha_starts_at_one_half(device):
     """alpha = 0.5 at initialisation (also after `post_init`): RK4 weighs its stages 1/16, 1/8, 1/4, 1/2."""
-    model = ODETransformerForConditionalGeneration(pc_config(method="rk4", ode_ema_alpha="dimension"))
+    config = pc_config(method="rk4", ode_ema_alpha="dimension")
+    model = ODETransformerForConditionalGeneration(config).to(device)
     coefficients = model.get_encoder().ode_coefficients[0]
-    torch.testing.assert_close(coefficients.alpha, torch.full((D,), 0.5))
-    torch.testing.assert_close(coefficients.ema_gamma()[:, 0], torch.tensor([1 / 16, 1 / 8, 1 / 4, 1 / 2]))
+    torch.testing.assert_close(coefficients.alpha, torch.full((D,), 0.5, device=device))
+    torch.testing.assert_close(
+        coefficients.ema_gamma()[:, 0], torch.tensor([1 / 16, 1 / 8, 1 / 4, 1 / 2], device=device)
+    )
 
 
 # --- the whole block, by hand ---------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ def stack_by_hand(stack, method, includes_residual, x, mask=None):
 
 @pytest.mark.parametrize("scope,alpha_size", ALPHA_SCOPES)
 @pytest.mark.parametrize("method,includes_residual", [("rk2", False), ("rk4", True)])
-def test_encoder_block_by_hand(float64, scope, alpha_size, method, includes_residual):
+def test_encoder_block_by_hand(float64, scope, alpha_size, method, includes_residual, device):
     """The encoder of a PC model is the hand-written predictor, corrector and history, for each alpha scope and
     both readings of F (the paper's G(LN(y)), the released code's whole layer)."""
     torch.manual_seed(0)
@@ -142,18 +145,18 @@ def test_encoder_block_by_hand(float64, scope, alpha_size, method, includes_resi
         ode_ema_alpha=alpha_size,
         ode_function_includes_residual=includes_residual,
     )
-    encoder = ODETransformerForConditionalGeneration(config).eval().get_encoder()
+    encoder = ODETransformerForConditionalGeneration(config).eval().to(device).get_encoder()
     alphas = [c.alpha.shape for c in encoder.ode_coefficients]
     assert alphas == [(D,) if alpha_size == "dimension" else ()] * (2 if scope == "block" else 1)
     randomize(encoder, torch.Generator().manual_seed(1))
-    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(2)).to(device)
     with torch.no_grad():
         expected = stack_by_hand(encoder, method, includes_residual, encoder.embed(encoder.embed_tokens(ids)))
         torch.testing.assert_close(encoder(ids).last_hidden_state, expected)
 
 
 @pytest.mark.parametrize("method,includes_residual", [("rk2", True), ("rk4", False)])
-def test_causal_lm_block_by_hand(float64, method, includes_residual):
+def test_causal_lm_block_by_hand(float64, method, includes_residual, device):
     """The causal LM's decoder blocks: the same formulas, with causal self-attention."""
     torch.manual_seed(0)
     config = pc_config(
@@ -164,10 +167,10 @@ def test_causal_lm_block_by_hand(float64, method, includes_residual):
         ode_ema_alpha="dimension",
         ode_function_includes_residual=includes_residual,
     )
-    decoder = ODETransformerForCausalLM(config).eval().get_decoder()
+    decoder = ODETransformerForCausalLM(config).eval().to(device).get_decoder()
     randomize(decoder, torch.Generator().manual_seed(1))
-    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(2))
-    causal = torch.full((6, 6), float("-inf")).triu(1)[None, None]
+    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(2)).to(device)
+    causal = torch.full((6, 6), float("-inf"), device=device).triu(1)[None, None]
     with torch.no_grad():
         x = decoder.embed(decoder.embed_tokens(ids))
         expected = stack_by_hand(decoder, method, includes_residual, x, causal)
@@ -222,18 +225,18 @@ def pc_seq2seq(**overrides):
     return ODETransformerForConditionalGeneration(config).eval()
 
 
-def source_batch():
-    return padded_source_batch(padded_from=(None, 6, None))
+def source_batch(device):
+    return padded_source_batch(padded_from=(None, 6, None), device=device)
 
 
-def test_the_corrector_has_its_own_cache_slot_and_every_slot_is_written():
+def test_the_corrector_has_its_own_cache_slot_and_every_slot_is_written(device):
     """RK4 + corrector, 2 layers: 10 slots, the corrector's last in each layer; after a cached forward every slot
     holds every position (the released HF variant's predictor stages read the cache but never write it)."""
-    model = pc_seq2seq(decoder_ode_method="rk4")
+    model = pc_seq2seq(decoder_ode_method="rk4").to(device)
     layout = model.get_decoder().cache_layout
     assert (layout.num_slots, layout.slot(1, 4)) == (10, 9)
     assert [layer.corrector_stage for layer in model.get_decoder().layers] == [4, 4]
-    ids, mask = source_batch()
+    ids, mask = source_batch(device)
     cache = model(
         input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5], use_cache=True
     ).past_key_values
@@ -241,24 +244,22 @@ def test_the_corrector_has_its_own_cache_slot_and_every_slot_is_written():
 
 
 @pytest.mark.parametrize("overrides", DECODER_CASES)
-def test_incremental_decoding_equals_the_full_forward(overrides):
-    assert_incremental_decoding_equals_full_forward(pc_seq2seq(**overrides), *source_batch())
+def test_incremental_decoding_equals_the_full_forward(overrides, device):
+    assert_incremental_decoding_equals_full_forward(pc_seq2seq(**overrides).to(device), *source_batch(device))
 
 
 @pytest.mark.parametrize("overrides", DECODER_CASES)
 @pytest.mark.parametrize("decoding", [{}, {"num_beams": 3, "length_penalty": 0.6}])
-def test_static_dynamic_and_uncached_generation_agree(overrides, decoding):
+def test_static_dynamic_and_uncached_generation_agree(overrides, decoding, device):
     kwargs = {"max_new_tokens": 8, "min_new_tokens": 8, **decoding}
-    assert generate_static_dynamic_uncached(pc_seq2seq(**overrides), *source_batch(), **kwargs).shape == (
-        3,
-        9,
-    )
+    model = pc_seq2seq(**overrides).to(device)
+    assert generate_static_dynamic_uncached(model, *source_batch(device), **kwargs).shape == (3, 9)
 
 
 @pytest.mark.parametrize("method,decoding", [("rk2", {}), ("rk4", {"num_beams": 3})])
-def test_causal_lm_static_dynamic_and_uncached_generation_agree(method, decoding):
-    model = causal_lm(pc_config("decoder", method, is_encoder_decoder=False))
-    prompt, prompt_mask = source_batch()
+def test_causal_lm_static_dynamic_and_uncached_generation_agree(method, decoding, device):
+    model = causal_lm(pc_config("decoder", method, is_encoder_decoder=False)).to(device)
+    prompt, prompt_mask = source_batch(device)
     full = model(prompt, attention_mask=prompt_mask, use_cache=False).logits
     past = model(prompt[:, :5], attention_mask=prompt_mask[:, :5]).past_key_values
     rest = model(prompt[:, 5:], attention_mask=prompt_mask, past_key_values=past).logits
@@ -272,14 +273,15 @@ def test_causal_lm_static_dynamic_and_uncached_generation_agree(method, decoding
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-def test_gradient_checkpointing_gives_the_same_gradients(reentrant):
+def test_gradient_checkpointing_gives_the_same_gradients(reentrant, device):
     """The corrector input's tensor goes to the layer positionally, so even reentrant checkpointing keeps every
     gradient (the connections' V and predictor LayerNorms included)."""
-    ids, mask = source_batch()
-    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(3))
+    ids, mask = source_batch(device)
+    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(3)).to(device)
     grads = []
     for checkpointing in (False, True):
-        model = pc_seq2seq(decoder_ode_method="rk2", encoder_layer_connections="predictor_corrector").train()
+        model = pc_seq2seq(decoder_ode_method="rk2", encoder_layer_connections="predictor_corrector")
+        model = model.train().to(device)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
