@@ -273,7 +273,10 @@ def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[
     return [
         name
         for name, tensor in tensors.items()
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+        # meta tensors (weights offloaded by a `device_map`) hold no values to check
+        if tensor.is_floating_point()
+        and tensor.device.type != "meta"
+        and not bool(torch.isfinite(tensor).all())
     ]
 
 
@@ -323,7 +326,7 @@ def token_positions(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(query positions (b, length), key positions (b, key_length)), b the batch size or 1: each token's position
     in its own sequence, counted over the tokens `attention_mask` (batch, past + length) keeps, as GPT-2 and Llama
-    build `position_ids`. Left or right padding then shifts no token; padding itself is masked (position 0).
+    build `position_ids`. Left or right padding then shifts no token (padding is masked, whatever its position).
     `position_ids` (as `generate` passes them) give the queries' positions; the cached keys' come from the mask.
     Keys past the mask (the unwritten part of a static cache) are masked too and get position 0."""
     if attention_mask is None:
