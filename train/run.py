@@ -84,7 +84,7 @@ from .data import (
     load_task_data,
 )
 from .files import clear_folder, read_lines, refuse_occupied, saving
-from .tokenizer import load_or_train_tokenizer
+from .tokenizer import load_or_train_tokenizer, truncated_rows
 from .trainer import (
     PadCollator,
     TokenBudgetSeq2SeqTrainer,
@@ -499,11 +499,6 @@ def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[st
             yield example[column]
 
 
-def _truncated(encoded) -> list[bool]:
-    """Which rows of a fast tokenizer's batch were cut to ``max_length`` (their encoding keeps the overflow)."""
-    return [bool(encoding.overflowing) for encoding in encoded.encodings]
-
-
 def tokenize_function(
     tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments, report: bool = False
 ):
@@ -521,7 +516,10 @@ def tokenize_function(
             ),
         }
         if report:
-            columns |= {"source_truncated": _truncated(sources), "target_truncated": _truncated(targets)}
+            columns |= {
+                "source_truncated": truncated_rows(sources),
+                "target_truncated": truncated_rows(targets),
+            }
         return columns
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
@@ -533,7 +531,7 @@ def tokenize_function(
         )
         ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded["input_ids"]]
         columns = {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
-        return columns | ({"target_truncated": _truncated(encoded)} if report else {})
+        return columns | ({"target_truncated": truncated_rows(encoded)} if report else {})
 
     return lm if task == "lm" else seq2seq
 

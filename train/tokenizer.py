@@ -42,6 +42,7 @@ __all__ = [
     "TRAINING_RECORD",
     "load_or_train_tokenizer",
     "train_tokenizer",
+    "truncated_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -230,3 +231,9 @@ def _check_record(folder: str | os.PathLike, record: dict, asked: dict, texts: I
             f"the tokenizer in {folder} was trained with other settings or data ({'; '.join(differences)}); "
             "delete that folder to train a new one, or name another one with --tokenizer_name."
         )
+
+
+def truncated_rows(encoded) -> list[bool]:
+    """Which rows of a fast tokenizer's batch (``tokenizer(texts, truncation=True, ...)``) were cut to
+    ``max_length``: their encodings keep the overflow. A slow tokenizer's batch reports none."""
+    return [bool(encoding.overflowing) for encoding in encoded.encodings or ()]

@@ -36,6 +36,7 @@ from transformers import (
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
 
 from .files import read_lines
+from .tokenizer import truncated_rows
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
@@ -174,7 +175,7 @@ def generate_texts(
     limit = model.config.max_position_embeddings - _POSITION_MARGIN
     length = min(max_source_length or tokenizer.model_max_length, limit)
     encoded = tokenizer(list(texts), truncation=True, max_length=length)
-    cut = sum(bool(encoding.overflowing) for encoding in encoded.encodings) if encoded.encodings else 0
+    cut = sum(truncated_rows(encoded))
     if cut:
         logger.warning(
             "%d input line(s) longer than %d tokens were truncated (%s); %s",
