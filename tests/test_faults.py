@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import logging
 import multiprocessing
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import train.run
 import train.trainer
 from hub.export import export_for_hub
 from modeling_ode import ODETransformerForConditionalGeneration
+from ode_transformer import cli
 from train import averaging, translate
 from train.data import load_local_file
 from train.files import read_lines
@@ -328,6 +330,46 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):
         (folder / name).unlink()
     with pytest.raises(FileNotFoundError, match=f"^{folder} holds no tokenizer .*: copy tokenizer.json"):
         translate.main([str(folder), "--input", str(empty)])
+
+
+def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
+    """ode-translate / ode-evaluate: what the user can fix is one line on stderr, exit code 2 (ODE_TRACEBACK=1
+    re-raises); before, ode-translate printed the traceback and ode-evaluate exited 0 after its error line."""
+    missing = tmp_path / "missing" / "model"
+    monkeypatch.setattr(
+        sys, "argv", ["ode-translate", str(missing), "--input", str(write(tmp_path / "in.txt", "a\n"))]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        cli.translate()
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert (
+        error == f"ode-translate: error: no model folder {missing}: give the folder train.run wrote (its "
+        "--output_dir) or a Hub id (USER/NAME) (ODE_TRACEBACK=1 shows where)\n"
+    )
+    monkeypatch.setenv("ODE_TRACEBACK", "1")
+    with pytest.raises(FileNotFoundError, match="^no model folder"):
+        cli.translate()
+    monkeypatch.delenv("ODE_TRACEBACK")
+
+    monkeypatch.setattr(sys, "argv", ["ode-evaluate", "--task", "gec", "--hyp", str(tmp_path / "none.txt")])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.evaluate()
+    assert exit_info.value.code == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp_path):
+    assert read_lines("/dev/null") == []
+    reader, writer = os.pipe()  # what `--input <(zcat x.gz)` hands over: /dev/fd/N, not a regular file
+    os.write(writer, b"ein Hund\nzwei Katzen\n")
+    os.close(writer)
+    try:
+        assert read_lines(f"/dev/fd/{reader}") == ["ein Hund", "zwei Katzen"]
+    finally:
+        os.close(reader)
+    with pytest.raises(IsADirectoryError, match=f"^{tmp_path} is a folder: give a text file"):
+        read_lines(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,13 +28,18 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
 
     The final newline ends the last line, it does not start a new one.
 
+    A pipe or device (``/dev/stdin``, ``<(zcat x.gz)``) reads like a file.
+
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: a folder.
         ValueError: a ``.gz`` file is truncated or damaged (the file named).
     """
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"no such file: {path}")
+    if file.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give a text file, one line per example")
     data = file.read_bytes()
     if file.suffix == ".gz":
         try:
