@@ -34,6 +34,7 @@ from transformers import (
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
+from modeling_ode.tokenizer_limits import tokenizer_limits
 
 from .files import read_lines
 from .tokenizer import truncated_rows
@@ -44,8 +45,6 @@ logger = logging.getLogger(__name__)
 
 # Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-# Positions a sequence needs beyond its tokens (train.run sizes max_position_embeddings the same way).
-_POSITION_MARGIN = 2
 
 
 def _check_model_folder(model_name_or_path: str) -> None:
@@ -172,7 +171,7 @@ def generate_texts(
     """
     if not texts:
         return []
-    limit = model.config.max_position_embeddings - _POSITION_MARGIN
+    limit = tokenizer_limits(model.config)["model_max_length"]  # the positions the model has
     length = min(max_source_length or tokenizer.model_max_length, limit)
     encoded = tokenizer(list(texts), truncation=True, max_length=length)
     cut = sum(truncated_rows(encoded))
