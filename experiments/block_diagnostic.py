@@ -1,4 +1,4 @@
-"""Trained blocks: ``python -m experiments.block_diagnostic RUN_DIR [RUN_DIR ...] [--sentences 64]``.
+"""Trained blocks: ``python -m experiments.block_diagnostic RUN_DIR [RUN_DIR ...] [--sentences 64] [--json F]``.
 
 For each saved model (a study run's folder, or any folder `from_pretrained` reads) and each ODE block of its
 encoder (of its decoder for a language model), prints the mean per-token norm of every stage F_i and the mean of
@@ -14,11 +14,15 @@ For every gate it also prints what drives its logits z = [F1, F2] W + b (issue 3
 norm of each stage's part W_i of W and the mean |F_i W_i| it contributes, the bias, and the shares of tokens with
 g < 0.01 and g > 0.99 (g = gamma_1). Large |z| from large |F_i| with a small W points at the stages' scale; from a
 large W at the gate's own growth.
+
+``--json FILE`` also writes the rows, keyed by the run folder's name, into FILE (keeping the other runs it
+holds): the statistics a study document quotes, committed beside the study's results since the models are not.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -139,6 +143,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
     parser.add_argument(
         "--data-root", type=Path, help="corpora folder (default: $ODE_DATA_DIR or ../shared/data)"
     )
+    parser.add_argument(
+        "--json", type=Path, help="also write the rows into this JSON file, keyed by run name"
+    )
     args = parser.parse_args(argv)
     results = {}
     for run_dir in args.run_dirs:
@@ -152,7 +159,17 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
             print(f"  {row['side']} block {row['block']} ({row['coefficients']}): {numbers}{collapsed}")
             if "logit_abs_mean" in row:
                 print(f"    gate: {_gate_line(row)}")
+    if args.json:
+        write_rows(args.json, {Path(run_dir).name: rows for run_dir, rows in results.items()})
     return results
+
+
+def write_rows(path: Path, rows_by_run: dict[str, list[dict[str, object]]]) -> None:
+    """Merge ``rows_by_run`` into the JSON file at ``path`` (created if missing), runs sorted by name."""
+    merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    merged.update(rows_by_run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

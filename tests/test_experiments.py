@@ -465,12 +465,18 @@ def test_block_diagnostic_reads_a_forced_gate_from_a_saved_model(tmp_path, share
             gate.weight.zero_()
             gate.bias.fill_(bias)
     model.save_pretrained(tmp_path)
-    (rows,) = block_diagnostic.main([str(tmp_path), "--sentences", "4"]).values()  # Multi30k or PTB sentences
+    saved = tmp_path / "gates.json"
+    saved.write_text('{"another-run": []}')
+    (rows,) = block_diagnostic.main(
+        [str(tmp_path), "--sentences", "4", "--json", str(saved)]
+    ).values()  # Multi30k or PTB sentences
     assert [row["side"] for row in rows] == [side] * 3
     assert [row["gamma"] for row in rows] == [
         pytest.approx(g, abs=1e-6) for g in ([1, 0], [0, 1], [0.5, 0.5])
     ]
     assert [row["collapsed_share"] for row in rows] == [1.0, 1.0, 0.0]
+    assert [row["g_above"] for row in rows] == [1.0, 0.0, 0.0]  # g = gamma_1
+    assert json.loads(saved.read_text()) == {"another-run": [], tmp_path.name: rows}  # merged, not replaced
 
 
 def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypatch):
