@@ -229,6 +229,45 @@ def test_kill_in_an_end_phase_then_resume_gives_the_same_model(end_phase_run, tm
     assert (out / "README.md").is_file() and not (out / ".staging").exists()
 
 
+SIGKILL_RUN = """
+import os, signal, sys
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+import train.trainer
+from train.run import main
+
+original = train.trainer.publish
+def publish(staged, final):  # the kernel ends the process: no finally, no atexit, the lock files stay
+    if final.name == "checkpoint-4":
+        os.kill(os.getpid(), signal.SIGKILL)
+    original(staged, final)
+train.trainer.publish = publish
+main(sys.argv[2:])
+"""
+
+
+def test_a_real_sigkill_leaves_lock_files_and_staging_and_resume_recovers(end_phase_run, tmp_path):
+    """The in-process kills above unwind `finally` blocks; SIGKILL does not. Killed while publishing its last
+    checkpoint, the run leaves .run.lock, .run.pid (a dead pid) and .staging/checkpoint-4; resuming takes the
+    lock (the kernel released it), clears the staging and ends with the uninterrupted run's model (to 1e-6: the
+    first steps ran in another process)."""
+    full, flags = end_phase_run
+    out = tmp_path / "killed"
+    killed = subprocess.run(
+        [sys.executable, "-c", SIGKILL_RUN, str(torch.get_num_threads()), *TINY_RUN, "--output_dir", str(out), *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (out / ".run.lock").exists() and (out / ".run.pid").exists() and (out / ".staging").is_dir()
+    assert not (out / "checkpoint-4").exists() and (out / "checkpoint-3").is_dir()
+    train_run(out, *flags, "--resume_from_checkpoint", "last")
+    resumed, expected = weights(out), weights(full)
+    assert resumed.keys() == expected.keys()
+    assert all(torch.allclose(resumed[key], expected[key], rtol=0, atol=1e-6) for key in expected)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    assert not any((out / name).exists() for name in (".run.lock", ".run.pid", ".staging"))
+
+
 def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_run, tmp_path, caplog):
     full, flags = end_phase_run
     before = snapshot(full)
