@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import logging
 
+import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
@@ -38,3 +40,25 @@ def test_stdin_to_stdout_in_input_order(tmp_path, monkeypatch, capsys):
     expected = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in one_by_one]
     assert len(set(expected)) > 1
     assert capsys.readouterr().out.split("\n") == [*expected, ""]
+
+
+def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuation(tmp_path, caplog):
+    """A causal LM continues the end of its prompt: an overlong prompt is cut at its start (after `<s>`) to the
+    model's 128 positions less max_new_tokens, and generates what the model generates from exactly those ids."""
+    model, tokenizer = save_tiny_folder(tmp_path, causal=True, weight_scale=3)
+    assert tokenizer.truncation_side == "left" and tokenizer.padding_side == "left"
+    prompt = " ".join(f"w{i % 7} dog{i % 5}" for i in range(150))
+    full = tokenizer(prompt)["input_ids"]
+    assert full[0] == tokenizer.bos_token_id and len(full) > 128
+    kept = [tokenizer.bos_token_id, *full[-(128 - 8 - 1) :]]
+    with caplog.at_level(logging.WARNING, logger="train.translate"):
+        (text,) = translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=8, num_beams=1)
+    assert "1 input line(s) longer than 120 tokens were truncated (the model's limit, max_position_embeddings 128 " \
+           "less max_new_tokens 8)" in caplog.text  # fmt: skip
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([kept]), max_new_tokens=8, num_beams=1, do_sample=False)
+    assert text == tokenizer.decode(expected[0, len(kept) :], skip_special_tokens=True).strip() != ""
+    with pytest.raises(
+        ValueError, match="^max_new_tokens 128 leaves no room for a prompt in the model's 128"
+    ):
+        translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=128)

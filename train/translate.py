@@ -34,7 +34,6 @@ from transformers import (
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
-from modeling_ode.tokenizer_limits import tokenizer_limits
 
 from .files import read_lines
 from .tokenizer import truncated_rows
@@ -161,17 +160,27 @@ def generate_texts(
 
     transformers 5 has no seq2seq pipelines; this is their stand-in, the decoder of ``ode-translate``. Inputs
     are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the model's
-    limit in the folders this project saves) and never past the model's positions, with a warning counting the
-    lines cut; then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config
-    (beam size, length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``,
-    ``max_new_tokens``, ``bf16``, ...) override it. No texts, no outputs.
+    limit in the folders this project saves) and never past the model's positions (a causal LM's prompt leaves
+    ``max_new_tokens`` of them to its continuation and loses its start: its tokenizer truncates on the left), with
+    a warning counting the lines cut; then decoded in length-sorted batches (:func:`generate_ids`) with the
+    model's generation config (beam size, length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``,
+    ``num_beams``, ``max_new_tokens``, ``bf16``, ...) override it. No texts, no outputs.
 
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
     """
     if not texts:
         return []
-    limit = tokenizer_limits(model.config)["model_max_length"]  # the positions the model has
+    positions = model.config.max_position_embeddings
+    limit, model_limit = positions, f"the model's limit, max_position_embeddings {positions}"
+    if not model.config.is_encoder_decoder:  # a prompt shares the positions with its continuation
+        new_tokens = kwargs.get("max_new_tokens") or model.generation_config.max_new_tokens or 0
+        if new_tokens >= positions:
+            raise ValueError(
+                f"max_new_tokens {new_tokens} leaves no room for a prompt in the model's {positions} positions: "
+                "give a smaller --max_new_tokens"
+            )
+        limit, model_limit = positions - new_tokens, f"{model_limit} less max_new_tokens {new_tokens}"
     length = min(max_source_length or tokenizer.model_max_length, limit)
     encoded = tokenizer(list(texts), truncation=True, max_length=length)
     cut = sum(truncated_rows(encoded))
@@ -180,8 +189,7 @@ def generate_texts(
             "%d input line(s) longer than %d tokens were truncated (%s); %s",
             cut, length,
             f"--max_source_length {max_source_length}" if length == max_source_length
-            else f"the model's limit, max_position_embeddings {model.config.max_position_embeddings}"
-            if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
+            else model_limit if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
             "raise --max_source_length to keep them whole" if length < limit
             else "split long lines, or give --max_source_length to cut them shorter",
         )  # fmt: skip
