@@ -565,3 +565,18 @@ def test_source_diagnostic_refuses_a_language_model_and_a_single_pair(tmp_path):
         source_diagnostic.main([str(tmp_path / "lm"), *files])
     with pytest.raises(ValueError, match="at least 2 aligned pairs"):
         source_diagnostic.main([str(tmp_path / "seq2seq"), *files, "--pairs", "1"])
+
+
+def test_gate_table_renders_each_gate_of_each_run():
+    """A recorded gate row becomes one line of figures; a block without a gate (learnable scalars) none."""
+    from experiments.report import gate_table
+
+    gate = {"block": 1, "gamma": [0.9731, 0.0269], "g_below": 0.0, "g_above": 0.4721, "logit_abs_mean": 4.5213,
+            "logit_abs_percentiles": [4.494, 6.43, 7.508], "gate_input_norms": [16.0, 15.99],
+            "gate_weight_norms": [0.984, 1.0241], "gate_bias": [0.0191]}  # fmt: skip
+    scalars = {"block": 0, "gamma": [0.5, 1.16]}
+    lines = gate_table({"norm-seed0": [gate], "scalars-seed0": [scalars]}).splitlines()
+    assert lines[2:] == [
+        "| norm-seed0 | 1 | 0.973 | 0.0% | 47.2% | 4.52 (4.49 / 7.51) | 16.0 / 16.0 | 0.98 / 1.02 | +0.019 |"
+    ]
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 10
