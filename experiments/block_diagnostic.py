@@ -102,7 +102,12 @@ def gate_statistics(
         size = logits.abs().flatten()
         return {
             "logit_abs_mean": size.mean().item(),
-            "logit_abs_percentiles": torch.quantile(size, torch.tensor(LOGIT_PERCENTILES) / 100).tolist(),
+            "logit_abs_percentiles": dict(
+                zip(
+                    (f"p{p}" for p in LOGIT_PERCENTILES),
+                    torch.quantile(size, torch.tensor(LOGIT_PERCENTILES) / 100).tolist(),
+                )
+            ),
             "gate_input_norms": [x.norm(dim=-1).mean().item() for x in inputs],
             "gate_weight_norms": [part.norm().item() for part in parts],
             "logit_parts": [(x @ part.T).abs().mean().item() for x, part in zip(inputs, parts)],
@@ -125,9 +130,9 @@ def _numbers(values: Sequence[float]) -> str:
 
 
 def _gate_line(row: dict[str, object]) -> str:
-    percentiles = "/".join(f"p{p}" for p in LOGIT_PERCENTILES)
+    percentiles = row["logit_abs_percentiles"]
     return (
-        f"|z| mean {row['logit_abs_mean']:.2f}, {percentiles} {_numbers(row['logit_abs_percentiles'])}; "
+        f"|z| mean {row['logit_abs_mean']:.2f}, {'/'.join(percentiles)} {_numbers(list(percentiles.values()))}; "
         f"|x_i| {_numbers(row['gate_input_norms'])}  |W_i| {_numbers(row['gate_weight_norms'])}  "
         f"|x_i W_i| {_numbers(row['logit_parts'])}  b {_numbers(row['gate_bias'])}; "
         f"g < 0.01 on {row['g_below']:.1%}, g > 0.99 on {row['g_above']:.1%} of tokens"
@@ -160,7 +165,10 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
             if "logit_abs_mean" in row:
                 print(f"    gate: {_gate_line(row)}")
     if args.json:
-        write_rows(args.json, {Path(run_dir).name: rows for run_dir, rows in results.items()})
+        names = [Path(run_dir).resolve().name for run_dir in results]
+        if len(set(names)) < len(names):
+            parser.error("--json keys runs by their folder's name: give folders with different names")
+        write_rows(args.json, dict(zip(names, results.values())))
     return results
 
 

@@ -14,13 +14,11 @@ def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None
     """``model_max_length``: the source length the model was trained with (``max_source_length``), at most its
     ``max_position_embeddings`` (longer inputs are refused by the model). ``padding_side``: right for the
     encoder-decoder (the encoder masks padding), left for the causal LM, so that a batch of prompts is continued
-    after each prompt's last token rather than after padding. ``truncation_side``: the causal LM's overlong prompt
-    loses its start, not the end that it continues (``<s>`` stays: the tokenizer adds it after cutting)."""
+    after each prompt's last token rather than after padding."""
     limit = config.max_position_embeddings
     if max_source_length is not None:
         limit = min(limit, max_source_length)
-    side = "right" if config.is_encoder_decoder else "left"
-    return {"model_max_length": limit, "padding_side": side, "truncation_side": side}
+    return {"model_max_length": limit, "padding_side": "right" if config.is_encoder_decoder else "left"}
 
 
 def fit_tokenizer_to_model(tokenizer, config: ODETransformerConfig, max_source_length: int | None = None):

@@ -3,8 +3,10 @@
 Each runs a module's ``main``. What a user can fix ends the command with one line on stderr and exit code 2,
 not a traceback: a third-party module missing because an extra was not installed (the extra named), and the
 ``OSError`` / ``ValueError`` our tools raise for bad input (a missing file, a damaged ``.gz``, a full disk, ...),
-whose messages name the problem and the fix. ``ODE_TRACEBACK=1`` shows the traceback instead.
-(``python -m train.translate`` and the other modules keep Python's traceback: that is the developer's path.)
+whose messages name the problem and the fix. The traceback is kept in a file the line names (an unexpected
+``ValueError`` after hours of training must not lose it), and ``ODE_TRACEBACK=1`` prints it instead. A closed
+output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m train.translate`` and the other
+modules keep Python's traceback: that is the developer's path.
 """
 
 from __future__ import annotations
@@ -12,30 +14,46 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 
 
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
+def _keep_traceback(command: str) -> str:
+    """Write the traceback being handled to a temporary file; returns its path."""
+    with tempfile.NamedTemporaryFile("w", prefix=f"{command}-", suffix=".traceback", delete=False) as file:
+        traceback.print_exc(file=file)
+    return file.name
+
+
 def _launch(module: str, extra: str | None) -> None:
     command = Path(sys.argv[0]).name
     try:
-        main = importlib.import_module(f"ode_transformer.{module}").main
-    except ModuleNotFoundError as error:
+        status = importlib.import_module(f"ode_transformer.{module}").main()
+    except ModuleNotFoundError as error:  # at import, or a lazy import inside main
         missing = (error.name or "").split(".")[0]
         if extra is None or not missing or missing in OWN_PACKAGES:
             raise
-        sys.exit(
+        _fail(
             f"{command}: needs the {missing!r} package: install `ode-transformer[{extra}]` "
             f"(pip install 'ode-transformer[{extra}]')"
         )
-    try:
-        status = main()
+    except BrokenPipeError:  # the reader closed the pipe: stop writing, and let exit not write again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except (OSError, ValueError) as error:
-        if os.environ.get("ODE_TRACEBACK"):
+        if os.environ.get("ODE_TRACEBACK", "0") not in ("", "0"):
             raise
-        print(f"{command}: error: {error} (ODE_TRACEBACK=1 shows where)", file=sys.stderr)
-        sys.exit(2)
+        _fail(
+            f"{command}: error: {error} (traceback in {_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)"
+        )
     sys.exit(status or 0)
 
 

@@ -411,7 +411,7 @@ def test_block_diagnostic_says_what_drives_the_gates_logits(gate_inputs):
     forced, known = block_statistics(model, input_ids, attention_mask)
 
     assert forced["logit_abs_mean"] == pytest.approx(30.0)
-    assert forced["logit_abs_percentiles"] == pytest.approx([30.0] * 3)
+    assert forced["logit_abs_percentiles"] == pytest.approx({"p50": 30.0, "p90": 30.0, "p99": 30.0})
     assert forced["gate_weight_norms"] == [0.0, 0.0] and forced["logit_parts"] == [0.0, 0.0]
     assert forced["gate_bias"] == [30.0] and (forced["g_below"], forced["g_above"]) == (0.0, 1.0)
 
@@ -433,7 +433,7 @@ def test_block_diagnostic_says_what_drives_the_gates_logits(gate_inputs):
     g = 1 / (1 + torch.exp(-z))
     assert known["logit_abs_mean"] == pytest.approx(z.abs().mean().item(), rel=1e-5)
     expected = np.percentile(z.abs().numpy(), [50, 90, 99])
-    assert known["logit_abs_percentiles"] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert list(known["logit_abs_percentiles"].values()) == pytest.approx(expected.tolist(), rel=1e-5)
     assert known["gate_input_norms"] == pytest.approx([mean_norm(x1), mean_norm(x2)], rel=1e-5)
     assert known["stage_norms"] == pytest.approx([mean_norm(f1), mean_norm(f2)], rel=1e-5)
     assert known["gate_weight_norms"] == pytest.approx([0.5 * d**0.5, 0.25 * d**0.5])
@@ -572,7 +572,7 @@ def test_gate_table_renders_each_gate_of_each_run():
     from experiments.report import gate_table
 
     gate = {"block": 1, "gamma": [0.9731, 0.0269], "g_below": 0.0, "g_above": 0.4721, "logit_abs_mean": 4.5213,
-            "logit_abs_percentiles": [4.494, 6.43, 7.508], "gate_input_norms": [16.0, 15.99],
+            "logit_abs_percentiles": {"p50": 4.494, "p90": 6.43, "p99": 7.508}, "gate_input_norms": [16.0, 15.99],
             "gate_weight_norms": [0.984, 1.0241], "gate_bias": [0.0191]}  # fmt: skip
     scalars = {"block": 0, "gamma": [0.5, 1.16]}
     lines = gate_table({"norm-seed0": [gate], "scalars-seed0": [scalars]}).splitlines()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -102,15 +103,28 @@ def test_non_editable_install_gives_console_commands(tmp_path, installed):
 @pytest.mark.parametrize(
     ("command", "extra"), [(cli.train, "train"), (cli.evaluate, "train"), (cli.push, "hub")]
 )
-def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch):
+def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch, capsys):
     def import_without_extra(name):
         raise ModuleNotFoundError("No module named 'rouge_score'", name="rouge_score")
 
     monkeypatch.setattr(cli.importlib, "import_module", import_without_extra)
     with pytest.raises(SystemExit) as exit_info:
         command()
-    assert f"install `ode-transformer[{extra}]`" in str(exit_info.value.code)
-    assert "rouge_score" in str(exit_info.value.code) and "\n" not in str(exit_info.value.code)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"install `ode-transformer[{extra}]`" in error
+    assert "rouge_score" in error and error.count("\n") == 1
+
+
+def test_a_missing_extra_imported_inside_main_is_named_too(monkeypatch, capsys):
+    """Some modules import an extra's package late (train.run draws its plots after training)."""
+
+    def main():
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: SimpleNamespace(main=main))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train()
+    assert exit_info.value.code == 2 and "install `ode-transformer[train]`" in capsys.readouterr().err
 
 
 def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):

@@ -43,22 +43,33 @@ def test_stdin_to_stdout_in_input_order(tmp_path, monkeypatch, capsys):
 
 
 def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuation(tmp_path, caplog):
-    """A causal LM continues the end of its prompt: an overlong prompt is cut at its start (after `<s>`) to the
-    model's 128 positions less max_new_tokens, and generates what the model generates from exactly those ids."""
+    """A causal LM continues the end of its prompt: an overlong prompt is cut at its start (after `<s>`), whatever
+    the tokenizer's own truncation side, to the model's 128 positions less the new tokens, and generates what the
+    model generates from exactly those ids; without max_new_tokens anywhere, transformers' default of 20 new tokens.
+    max_new_tokens 0 would generate nothing, 127 would leave the prompt no token: both refused."""
     model, tokenizer = save_tiny_folder(tmp_path, causal=True, weight_scale=3)
-    assert tokenizer.truncation_side == "left" and tokenizer.padding_side == "left"
+    tokenizer.truncation_side = "right"
     prompt = " ".join(f"w{i % 7} dog{i % 5}" for i in range(150))
     full = tokenizer(prompt)["input_ids"]
     assert full[0] == tokenizer.bos_token_id and len(full) > 128
-    kept = [tokenizer.bos_token_id, *full[-(128 - 8 - 1) :]]
-    with caplog.at_level(logging.WARNING, logger="train.translate"):
-        (text,) = translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=8, num_beams=1)
-    assert "1 input line(s) longer than 120 tokens were truncated (the model's limit, max_position_embeddings 128 " \
-           "less max_new_tokens 8)" in caplog.text  # fmt: skip
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([kept]), max_new_tokens=8, num_beams=1, do_sample=False)
-    assert text == tokenizer.decode(expected[0, len(kept) :], skip_special_tokens=True).strip() != ""
-    with pytest.raises(
-        ValueError, match="^max_new_tokens 128 leaves no room for a prompt in the model's 128"
-    ):
-        translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=128)
+    assert model.generation_config.max_new_tokens is None and model.generation_config.max_length is None
+    for new_tokens in (8, None):
+        kept = [tokenizer.bos_token_id, *full[-(128 - (new_tokens or 20) - 1) :]]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="train.translate"):
+            (text,) = translate.generate_texts(
+                model, tokenizer, [prompt], max_new_tokens=new_tokens, num_beams=1
+            )
+        assert f"1 input line(s) longer than {len(kept)} tokens were truncated (the model's limit, " \
+               f"max_position_embeddings 128 less max_new_tokens {new_tokens or 20})" in caplog.text  # fmt: skip
+        with torch.no_grad():
+            expected = model.generate(
+                torch.tensor([kept]), max_new_tokens=new_tokens or 20, num_beams=1, do_sample=False
+            )
+        assert text == tokenizer.decode(expected[0, len(kept) :], skip_special_tokens=True).strip() != ""
+    assert tokenizer.truncation_side == "right"  # restored
+    for new_tokens in (0, 127):
+        with pytest.raises(
+            ValueError, match=f"^max_new_tokens {new_tokens}: a continuation takes 1 to 126 new"
+        ):
+            translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=new_tokens)

@@ -31,10 +31,11 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -231,6 +232,21 @@ def _check_record(folder: str | os.PathLike, record: dict, asked: dict, texts: I
             f"the tokenizer in {folder} was trained with other settings or data ({'; '.join(differences)}); "
             "delete that folder to train a new one, or name another one with --tokenizer_name."
         )
+
+
+@contextmanager
+def tokenizer_sides(
+    tokenizer: PreTrainedTokenizerBase, padding: str | None = None, truncation: str | None = None
+) -> Iterator[PreTrainedTokenizerBase]:
+    """``tokenizer`` with ``padding_side`` / ``truncation_side`` set inside the block and restored after it, where
+    the task decides the side whatever the tokenizer was saved with (training batches pad on the right; a causal
+    LM's prompt loses its start, not the end it continues)."""
+    saved = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side, tokenizer.truncation_side = padding or saved[0], truncation or saved[1]
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = saved
 
 
 def truncated_rows(encoded) -> list[bool]:

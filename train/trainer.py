@@ -45,6 +45,7 @@ from .batching import TokenBudgetBatchSampler
 from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
 from .data import word_dropout
 from .files import saving
+from .tokenizer import tokenizer_sides
 
 __all__ = [
     "PadCollator",
@@ -81,11 +82,8 @@ class PadCollator(DataCollatorForSeq2Seq):
                 {**f, "input_ids": word_dropout(f["input_ids"], self.word_dropout, keep_ids=keep)}
                 for f in features
             ]
-        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "right"
-        try:
+        with tokenizer_sides(self.tokenizer, padding="right"):
             batch = super().__call__(features, return_tensors)
-        finally:
-            self.tokenizer.padding_side = side
         if batch.get("labels") is None:
             del batch["labels"]
         return batch

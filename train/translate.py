@@ -36,7 +36,7 @@ from transformers import (
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
 
 from .files import read_lines
-from .tokenizer import truncated_rows
+from .tokenizer import tokenizer_sides, truncated_rows
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 # Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
+# causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
+DEFAULT_NEW_TOKENS = 20
 
 
 def _check_model_folder(model_name_or_path: str) -> None:
@@ -160,9 +163,10 @@ def generate_texts(
 
     transformers 5 has no seq2seq pipelines; this is their stand-in, the decoder of ``ode-translate``. Inputs
     are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the model's
-    limit in the folders this project saves) and never past the model's positions (a causal LM's prompt leaves
-    ``max_new_tokens`` of them to its continuation and loses its start: its tokenizer truncates on the left), with
-    a warning counting the lines cut; then decoded in length-sorted batches (:func:`generate_ids`) with the
+    limit in the folders this project saves) and never past the model's positions, with a warning counting the
+    lines cut. A causal LM's prompt loses its start, not the end it continues, and leaves ``max_new_tokens`` of
+    the positions to its continuation (the generation config's, else transformers' default of 20 new tokens).
+    Then decoded in length-sorted batches (:func:`generate_ids`) with the
     model's generation config (beam size, length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``,
     ``num_beams``, ``max_new_tokens``, ``bf16``, ...) override it. No texts, no outputs.
 
@@ -171,18 +175,22 @@ def generate_texts(
     """
     if not texts:
         return []
-    positions = model.config.max_position_embeddings
+    positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
     limit, model_limit = positions, f"the model's limit, max_position_embeddings {positions}"
-    if not model.config.is_encoder_decoder:  # a prompt shares the positions with its continuation
-        new_tokens = kwargs.get("max_new_tokens") or model.generation_config.max_new_tokens or 0
-        if new_tokens >= positions:
+    if causal:  # a prompt shares the positions with its continuation, counted in new tokens
+        new_tokens = kwargs.get("max_new_tokens")
+        if new_tokens is None:
+            new_tokens = model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
+        if not 1 <= new_tokens <= positions - 2:
             raise ValueError(
-                f"max_new_tokens {new_tokens} leaves no room for a prompt in the model's {positions} positions: "
-                "give a smaller --max_new_tokens"
+                f"max_new_tokens {new_tokens}: a continuation takes 1 to {positions - 2} new tokens in the model's "
+                f"{positions} positions (its prompt keeps <s> and a token at least); give another --max_new_tokens"
             )
+        kwargs["max_new_tokens"] = new_tokens
         limit, model_limit = positions - new_tokens, f"{model_limit} less max_new_tokens {new_tokens}"
     length = min(max_source_length or tokenizer.model_max_length, limit)
-    encoded = tokenizer(list(texts), truncation=True, max_length=length)
+    with tokenizer_sides(tokenizer, truncation="left" if causal else "right"):
+        encoded = tokenizer(list(texts), truncation=True, max_length=length)
     cut = sum(truncated_rows(encoded))
     if cut:
         logger.warning(
