@@ -42,6 +42,7 @@ __all__ = [
     "TOKENIZER_KINDS",
     "TRAINING_RECORD",
     "load_or_train_tokenizer",
+    "tokenizer_sides",
     "train_tokenizer",
     "truncated_rows",
 ]

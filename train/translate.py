@@ -166,9 +166,9 @@ def generate_texts(
     limit in the folders this project saves) and never past the model's positions, with a warning counting the
     lines cut. A causal LM's prompt loses its start, not the end it continues, and leaves ``max_new_tokens`` of
     the positions to its continuation (the generation config's, else transformers' default of 20 new tokens).
-    Then decoded in length-sorted batches (:func:`generate_ids`) with the
-    model's generation config (beam size, length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``,
-    ``num_beams``, ``max_new_tokens``, ``bf16``, ...) override it. No texts, no outputs.
+    Then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config (beam size,
+    length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``,
+    ...) override it. No texts, no outputs.
 
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
