@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ode_transformer.cli import program_name
+
 __all__ = [
     "FairseqCheckpointError",
     "config_from_fairseq_args",
@@ -402,7 +404,7 @@ def convert_fairseq_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         description="Convert an ODE Transformer fairseq checkpoint (libeineu/ODE-Transformer) to an HF folder.",
     )
     parser.add_argument("checkpoint", help="fairseq checkpoint*.pt")

@@ -34,6 +34,7 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
+from ode_transformer.cli import program_name
 
 from .model_card import METRICS_FILENAME, write_model_card
 
@@ -166,7 +167,7 @@ def export_for_hub(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
     )
     parser.add_argument("model_dir", help="folder written by save_pretrained")

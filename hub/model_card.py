@@ -59,6 +59,8 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
+from ode_transformer.cli import program_name
+
 __all__ = [
     "CITATION",
     "METRICS_FILENAME",
@@ -586,7 +588,7 @@ def validate_card_locally(path: str | Path) -> ModelCard:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         description="Write README.md (model card) into a trained model folder.",
     )
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")

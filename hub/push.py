@@ -12,6 +12,8 @@ import argparse
 import fnmatch
 from pathlib import Path
 
+from ode_transformer.cli import program_name
+
 __all__ = ["IGNORE_PATTERNS", "files_to_upload", "push_folder"]
 
 # Never uploaded: VCS and cache folders, Python bytecode (upload_folder also skips .git/ and .cache/huggingface/).
@@ -81,7 +83,7 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(__spec__.name), description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="folder written by `python -m hub.export`")
     parser.add_argument("--repo-id", required=True, help="USER/NAME (or ORG/NAME) of the model repo")
     parser.add_argument("--private", action="store_true", help="create the repo as private")

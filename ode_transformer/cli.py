@@ -21,6 +21,13 @@ from pathlib import Path
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 
 
+def program_name(module: str) -> str:
+    """The name a command's usage and error lines give: the console command that launched it (``ode-train``),
+    else ``python -m MODULE``."""
+    launched = Path(sys.argv[0]).name
+    return launched if launched.startswith("ode-") else f"python -m {module}"
+
+
 def _fail(message: str) -> None:
     print(message, file=sys.stderr)
     sys.exit(2)

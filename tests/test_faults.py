@@ -403,7 +403,16 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         cli.evaluate()
     assert exit_info.value.code == 2
-    assert "no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("ode-evaluate: error: no such file")
+
+    # ode-train names itself too (it used to print a bare "error:" and exit 1), in its usage line as well
+    monkeypatch.setattr(sys, "argv", ["ode-train", "--dataset", "multi30k", "--data_dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train()
+    assert exit_info.value.code == 2
+    last_line = capsys.readouterr().err.splitlines()[-1]
+    assert last_line.startswith("ode-train: error: shared corpus 'multi30k' not found")
+    assert train.run.build_parser().format_usage().startswith("usage: ode-train [RECIPE]")
 
 
 def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp_path):

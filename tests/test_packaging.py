@@ -82,7 +82,7 @@ def test_non_editable_install_gives_console_commands(tmp_path, installed):
         )
     for command in COMMANDS:
         result = call(str(bin_dir / command), "--help")
-        assert result.returncode == 0 and result.stdout.startswith("usage: "), (
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: {command}"), (
             command,
             result.stderr[-2000:],
         )

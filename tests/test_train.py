@@ -516,9 +516,10 @@ def test_list_recipes_prints_every_packaged_recipe(capsys):
 def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")])
-    message = str(exit_info.value.code)
-    assert "\n" not in message and "--data_dir" in message and "ODE_DATA_DIR" in message
-    assert str(tmp_path / "multi30k") in message
+    assert exit_info.value.code == 2  # argparse's code for a usage error
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert message.startswith("python -m train.run: error: shared corpus 'multi30k' not found")
+    assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
 def test_one_label_smoothing_flag():

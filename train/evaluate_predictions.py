@@ -27,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 
+from ode_transformer.cli import program_name
+
 from .files import read_lines
 from .metrics import (
     chrf_score,
@@ -119,7 +121,7 @@ _RUNNERS = {"translation": _translation, "summarization": _summarization, "gec":
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         description="Score system outputs (one segment per line; .gz accepted) and print JSON metrics.",
     )
     parser.add_argument("--task", required=True, choices=TASKS)
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         hyps = read_lines(args.hyp)
         metrics = _RUNNERS[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
-        print(f"evaluate_predictions: error: {error}", file=sys.stderr)
+        print(f"{program_name(__spec__.name)}: error: {error}", file=sys.stderr)
         return 2
     text = json.dumps(metrics, indent=2, ensure_ascii=False)
     print(text)

@@ -62,6 +62,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
     non_finite_tensors,
 )
+from ode_transformer.cli import program_name
 
 from . import metrics
 from .batching import seq2seq_lengths
@@ -288,7 +289,7 @@ def build_parser() -> HfArgumentParser:
     """
     parser = HfArgumentParser(
         ALL_ARGUMENTS,
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         usage="%(prog)s [RECIPE] [--flag value ...]",
         description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
         "flags override them.",
@@ -1165,10 +1166,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_arguments(argv)
         run(args)
-    except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting, not a bug: one line
-        raise SystemExit(
-            f"error: {error}"
-        ) from None  # the test metrics are printed once, by the main process (trainer.log_metrics)
+    except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting: one line, as argparse's
+        print(f"{program_name(__spec__.name)}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
     # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
     if torch.distributed.is_available() and torch.distributed.is_initialized():

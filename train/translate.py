@@ -34,6 +34,7 @@ from transformers import (
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
+from ode_transformer.cli import program_name
 
 from .files import read_lines
 from .tokenizer import tokenizer_sides, truncated_rows
@@ -206,7 +207,7 @@ def generate_texts(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}",
+        prog=program_name(__spec__.name),
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
     )
     parser.add_argument("model", help="model folder (train.run output, save_pretrained) or Hub id")
