@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         convert_fairseq_checkpoint(args.checkpoint, args.out_dir, args.trust_pickle, args.padding_idx)
     except FairseqCheckpointError as error:
-        raise SystemExit(f"error: {error}") from None
+        parser.exit(2, f"{parser.prog}: error: {error}\n")  # one line, as argparse's usage errors
     print(args.out_dir)
 
 

@@ -345,7 +345,7 @@ def test_foreign_checkpoint_is_rejected(tmp_path):
         convert_fairseq_checkpoint(path)
 
 
-def test_pickle_flag(tmp_path):
+def test_pickle_flag(tmp_path, capsys):
     # args Namespace only: loads safely (weights_only=True with argparse.Namespace allow-listed).
     safe = tmp_path / "safe.pt"
     torch.save(make_checkpoint(2, "standard"), safe)
@@ -357,7 +357,10 @@ def test_pickle_flag(tmp_path):
     torch.save(checkpoint, unsafe)
     with pytest.raises(FairseqCheckpointError, match="--trust-pickle"):
         load_fairseq_checkpoint(unsafe)
-    with pytest.raises(SystemExit, match="--trust-pickle"):
+    with pytest.raises(SystemExit) as exit_info:
         main([str(unsafe), str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m hub.convert_fairseq: error: ") and "--trust-pickle" in error
     main([str(unsafe), str(tmp_path / "out"), "--trust-pickle"])
     assert (tmp_path / "out" / "config.json").is_file()

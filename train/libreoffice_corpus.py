@@ -371,7 +371,9 @@ def build_corpus(
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m train.libreoffice_corpus --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m train.libreoffice_corpus", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_CACHE, help="output/cache folder")
     parser.add_argument("--debs-dir", type=Path, help="folder with the two .deb files (skips apt-get)")
     parser.add_argument("--max-chars", type=int, default=1000, help="drop pairs with a longer side")
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stats = build_corpus(args.out, args.debs_dir, args.max_chars, args.force)
     except CorpusError as err:
-        raise SystemExit(f"error: {err}") from err
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     print(json.dumps(stats["splits"]))
 
 
