@@ -28,6 +28,11 @@ def program_name(module: str) -> str:
     return launched if launched.startswith("ode-") else f"python -m {module}"
 
 
+def traceback_wanted() -> bool:
+    """``ODE_TRACEBACK=1``: a user's error re-raises with its traceback instead of ending in one line."""
+    return os.environ.get("ODE_TRACEBACK", "0") not in ("", "0")
+
+
 def _fail(message: str) -> None:
     print(message, file=sys.stderr)
     sys.exit(2)
@@ -56,7 +61,7 @@ def _launch(module: str, extra: str | None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except (OSError, ValueError) as error:
-        if os.environ.get("ODE_TRACEBACK", "0") not in ("", "0"):
+        if traceback_wanted():
             raise
         _fail(
             f"{command}: error: {error} (traceback in {_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)"

@@ -404,6 +404,10 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
         cli.evaluate()
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("ode-evaluate: error: no such file")
+    monkeypatch.setenv("ODE_TRACEBACK", "1")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        cli.evaluate()
+    monkeypatch.delenv("ODE_TRACEBACK")
 
     # ode-train names itself too (it used to print a bare "error:" and exit 1), in its usage line as well
     monkeypatch.setattr(sys, "argv", ["ode-train", "--dataset", "multi30k", "--data_dir", str(tmp_path)])
