@@ -3,23 +3,31 @@ residual and the RK4 model (benchmarks/common.py's variants, plain stacking, as 
 
     .venv/bin/python -m benchmarks.bench_compile            # d 512, 6-6 (base dims); ~10 min on 2 cores
     .venv/bin/python -m benchmarks.bench_compile --quick    # tiny dims, a smoke run
+    .venv/bin/python -m benchmarks.bench_compile --dropout  # where compiled CPU training loses (~5 min)
 
 Writes <out-dir>/compile-<time stamp>.json and <out-dir>/compile.json/.md (the newest). Training: forward +
 backward + Adam on a fixed batch (fp32, dropout on); the compiled model is `torch.compile(model)` (inductor),
 warmed up (compiled) before timing. Decoding: greedy `generate` with the static cache, whose decoding step is
 one graph (tests/test_compile.py); compiled = the model's forward compiled with `fullgraph=True`. Eager and
 compiled runs of one model alternate, and every time is the minimum over the repetitions.
+
+``--dropout`` times only the residual model's training step, eager and compiled, three ways: dropout 0.1 (under
+compile, inductor generates the random numbers inside its kernels), dropout 0.1 with inductor's
+``fallback_random`` (aten's generator, as eager ``nnf.dropout``), and dropout 0 (no random numbers at all). It
+writes compile-dropout-<time stamp>.json and compile-dropout.json/.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 
 from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
@@ -59,6 +67,25 @@ def bench_training(name: str, setup: dict) -> dict:
         "compiled_step_s": min(compiled_s),
         "first_compiled_calls_s": compile_s,
     }
+
+
+DROPOUT_PROBE = (  # label, dropout, inductor's fallback_random
+    ("dropout 0.1", 0.1, False),
+    ("dropout 0.1, fallback_random", 0.1, True),
+    ("dropout 0", 0.0, False),
+)
+
+
+def bench_dropout(setup: dict) -> dict:
+    """The residual model's training step, eager and compiled, for each row of DROPOUT_PROBE."""
+    rows = {}
+    for label, dropout, fallback_random in DROPOUT_PROBE:
+        dims = dataclasses.replace(setup["dims"], dropout=dropout)
+        with torch._inductor.config.patch(
+            fallback_random=fallback_random
+        ):  # read when the first call compiles
+            rows[label] = bench_training("residual", {**setup, "dims": dims})
+    return rows
 
 
 def bench_decoding(name: str, setup: dict) -> dict:
@@ -101,13 +128,31 @@ def bench_decoding(name: str, setup: dict) -> dict:
     }
 
 
-def markdown(results: dict) -> str:
-    lines = [
-        "# torch.compile vs eager",
+def _header(results: dict, title: str) -> list[str]:
+    return [
+        f"# {title}",
         "",
         f"`{results['command']}` on {results['machine']['cpu_model']}, {results['threads']} threads, "
         f"torch {results['torch']}, dims {results['dims']}.",
         "",
+    ]
+
+
+def dropout_markdown(results: dict) -> str:
+    lines = _header(
+        results, "torch.compile vs eager: what dropout costs a compiled CPU training step (residual)"
+    )
+    lines += ["| dropout | train step eager (s) | compiled (s) | compiled speed-up |", "|---|---|---|---|"]
+    for label, train in results["dropout"].items():
+        lines.append(
+            f"| {label} | {train['eager_step_s']:.3f} | {train['compiled_step_s']:.3f} | "
+            f"{train['eager_step_s'] / train['compiled_step_s']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def markdown(results: dict) -> str:
+    lines = _header(results, "torch.compile vs eager") + [
         "| model | train step eager (s) | compiled (s) | compiled speed-up | greedy tok/s eager | compiled | speed-up |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -127,30 +172,36 @@ def main(argv: list[str] | None = None) -> dict:
         prog="python -m benchmarks.bench_compile", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="tiny dims, a smoke run")
+    parser.add_argument("--dropout", action="store_true", help="only the dropout probe (module docstring)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     setup = QUICK if args.quick else FULL
+    flags = "".join(f" --{name}" for name in ("quick", "dropout") if getattr(args, name))
     results = {
-        "command": "python -m benchmarks.bench_compile" + (" --quick" if args.quick else ""),
+        "command": "python -m benchmarks.bench_compile" + flags,
         "machine": common.machine_info(),
         "threads": args.threads,
         "torch": torch.__version__,
-        "dims": setup["dims"]._asdict() if hasattr(setup["dims"], "_asdict") else str(setup["dims"]),
+        "dims": setup["dims"].as_dict(),
         "setup": {key: value for key, value in setup.items() if key != "dims"},
-        "models": {
+    }
+    if args.dropout:
+        results["dropout"] = bench_dropout(setup)
+        name, report = "compile-dropout", dropout_markdown(results)
+    else:
+        results["models"] = {
             name: {"training": bench_training(name, setup), "decoding": bench_decoding(name, setup)}
             for name in MODELS
-        },
-    }
+        }
+        name, report = "compile", markdown(results)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     text = json.dumps(results, indent=1) + "\n"
-    (args.out_dir / f"compile-{stamp}.json").write_text(text)
-    (args.out_dir / "compile.json").write_text(text)
-    (args.out_dir / "compile.md").write_text(markdown(results))
-    print(markdown(results))
+    (args.out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    (args.out_dir / f"{name}.json").write_text(text)
+    (args.out_dir / f"{name}.md").write_text(report)
+    print(report)
     return results
 
 

@@ -165,3 +165,21 @@ def test_compile_benchmark_quick_run_writes_its_report(tmp_path):
         assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0 and decode["same_tokens"]
         assert f"{train['eager_step_s'] / train['compiled_step_s']:.2f}x" in report.split(f"| {name} |")[1]
     assert json.loads((tmp_path / "compile.json").read_text()) == json.loads(json.dumps(results))
+
+
+@pytest.mark.slow
+def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setting(tmp_path):
+    """`benchmarks.bench_compile --quick --dropout`: residual eager and compiled, for dropout 0.1 with inductor's
+    random numbers, with aten's (`fallback_random`) and for dropout 0; the setting is inductor's again after."""
+    import torch._inductor.config
+
+    from benchmarks import bench_compile
+
+    results = bench_compile.main(["--quick", "--dropout", "--out-dir", str(tmp_path), "--threads", "1"])
+    assert list(results["dropout"]) == [label for label, _, _ in bench_compile.DROPOUT_PROBE]
+    assert torch._inductor.config.fallback_random is False
+    report = (tmp_path / "compile-dropout.md").read_text()
+    for label, train in results["dropout"].items():
+        assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0
+        assert f"| {label} | {train['eager_step_s']:.3f} | {train['compiled_step_s']:.3f} |" in report
+    assert results["command"].endswith("--quick --dropout") and not (tmp_path / "compile.md").exists()
