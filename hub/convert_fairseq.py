@@ -32,8 +32,6 @@ from typing import Any
 
 import torch
 
-from ode_transformer.cli import program_name
-
 __all__ = [
     "FairseqCheckpointError",
     "config_from_fairseq_args",
@@ -404,7 +402,7 @@ def convert_fairseq_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog=program_name(__spec__.name),
+        prog=f"python -m {__spec__.name}",
         description="Convert an ODE Transformer fairseq checkpoint (libeineu/ODE-Transformer) to an HF folder.",
     )
     parser.add_argument("checkpoint", help="fairseq checkpoint*.pt")

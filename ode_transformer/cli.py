@@ -16,16 +16,15 @@ import os
 import sys
 import tempfile
 import traceback
-from pathlib import Path
 
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
+_running_command: str | None = None  # the console command being run, set by _launch
 
 
 def program_name(module: str) -> str:
-    """The name a command's usage and error lines give: the console command that launched it (``ode-train``),
-    else ``python -m MODULE``."""
-    launched = Path(sys.argv[0]).name
-    return launched if launched.startswith("ode-") else f"python -m {module}"
+    """The name a command's usage and error lines give: the console command running (``ode-train``), else
+    ``python -m MODULE``."""
+    return _running_command or f"python -m {module}"
 
 
 def traceback_wanted() -> bool:
@@ -45,8 +44,9 @@ def _keep_traceback(command: str) -> str:
     return file.name
 
 
-def _launch(module: str, extra: str | None) -> None:
-    command = Path(sys.argv[0]).name
+def _launch(command: str, module: str, extra: str | None) -> None:
+    global _running_command
+    _running_command = command
     try:
         status = importlib.import_module(f"ode_transformer.{module}").main()
     except ModuleNotFoundError as error:  # at import, or a lazy import inside main
@@ -66,28 +66,30 @@ def _launch(module: str, extra: str | None) -> None:
         _fail(
             f"{command}: error: {error} (traceback in {_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)"
         )
+    finally:
+        _running_command = None
     sys.exit(status or 0)
 
 
 def train() -> None:
-    _launch("train.run", "train")
+    _launch("ode-train", "train.run", "train")
 
 
 def translate() -> None:
-    _launch("train.translate", None)  # the core install suffices
+    _launch("ode-translate", "train.translate", None)  # the core install suffices
 
 
 def evaluate() -> None:
-    _launch("train.evaluate_predictions", "train")
+    _launch("ode-evaluate", "train.evaluate_predictions", "train")
 
 
 def export() -> None:
-    _launch("hub.export", "hub")
+    _launch("ode-export", "hub.export", "hub")
 
 
 def model_card() -> None:
-    _launch("hub.model_card", "hub")
+    _launch("ode-model-card", "hub.model_card", "hub")
 
 
 def push() -> None:
-    _launch("hub.push", "hub")
+    _launch("ode-push", "hub.push", "hub")

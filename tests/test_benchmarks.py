@@ -170,7 +170,8 @@ def test_compile_benchmark_quick_run_writes_its_report(tmp_path):
 @pytest.mark.slow
 def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setting(tmp_path):
     """`benchmarks.bench_compile --quick --dropout`: residual eager and compiled, for dropout 0.1 with inductor's
-    random numbers, with aten's (`fallback_random`) and for dropout 0; the setting is inductor's again after."""
+    random numbers, with aten's (`fallback_random`) and for dropout 0, each row compiled afresh (a row that reused
+    the previous row's graphs would never read its setting); the setting is inductor's again after."""
     import torch._inductor.config
 
     from benchmarks import bench_compile
@@ -180,6 +181,6 @@ def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setti
     assert torch._inductor.config.fallback_random is False
     report = (tmp_path / "compile-dropout.md").read_text()
     for label, train in results["dropout"].items():
-        assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0
+        assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0 and train["compiled_graphs"] >= 1
         assert f"| {label} | {train['eager_step_s']:.3f} | {train['compiled_step_s']:.3f} |" in report
     assert results["command"].endswith("--quick --dropout") and not (tmp_path / "compile.md").exists()

@@ -410,13 +410,22 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     monkeypatch.delenv("ODE_TRACEBACK")
 
     # ode-train names itself too (it used to print a bare "error:" and exit 1), in its usage line as well
-    monkeypatch.setattr(sys, "argv", ["ode-train", "--dataset", "multi30k", "--data_dir", str(tmp_path)])
+    argv = ["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", ["ode-train", *argv])
     with pytest.raises(SystemExit) as exit_info:
         cli.train()
     assert exit_info.value.code == 2
     last_line = capsys.readouterr().err.splitlines()[-1]
     assert last_line.startswith("ode-train: error: shared corpus 'multi30k' not found")
-    assert train.run.build_parser().format_usage().startswith("usage: ode-train [RECIPE]")
+    monkeypatch.setenv("ODE_TRACEBACK", "1")
+    with pytest.raises(FileNotFoundError, match="^shared corpus 'multi30k' not found"):
+        cli.train()
+    monkeypatch.delenv("ODE_TRACEBACK")
+    monkeypatch.setattr(sys, "argv", ["ode-train", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train()
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: ode-train [RECIPE]")
+    assert train.run.build_parser().prog == "python -m train.run"  # outside the command, the module's name
 
 
 def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp_path):

@@ -371,9 +371,7 @@ def build_corpus(
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m train.libreoffice_corpus --out DIR``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m train.libreoffice_corpus", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_CACHE, help="output/cache folder")
     parser.add_argument("--debs-dir", type=Path, help="folder with the two .deb files (skips apt-get)")
     parser.add_argument("--max-chars", type=int, default=1000, help="drop pairs with a longer side")

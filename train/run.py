@@ -62,7 +62,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
     non_finite_tensors,
 )
-from ode_transformer.cli import program_name
+from ode_transformer.cli import program_name, traceback_wanted
 
 from . import metrics
 from .batching import seq2seq_lengths
@@ -1167,6 +1167,8 @@ def main(argv: list[str] | None = None) -> None:
         args = parse_arguments(argv)
         run(args)
     except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting: one line, as argparse's
+        if traceback_wanted():
+            raise
         print(f"{program_name(__spec__.name)}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
