@@ -1,0 +1,119 @@
+"""Resume a long study in the background from the commit its runs started on: a detached git worktree of that
+commit, and one low-priority runner per core (a lane) that works through its steps in order. Each run resumes
+from its last checkpoint, so starting a queue again after an interruption loses at most the epoch in flight.
+
+    python -m experiments.queue ptb_paper             # start (or resume) the lanes in the background
+    python -m experiments.queue ptb_paper --dry-run   # print the worktree and each lane's commands
+
+The lanes of a queue never share a run: the pinned commit may predate the output-folder lock, so two runners
+must not train the same run. Results land in the worktree's results/; copy each finished run's JSON into this
+checkout's results/ and regenerate the study's table (`python -m experiments.report STUDY --size cpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+Step = tuple[tuple[int, ...], tuple[str, ...]]  # (seeds, variants) of one `experiments.run` call
+
+
+@dataclass(frozen=True)
+class Queue:
+    study: str
+    commit: str  # every run of the study so far trained from this commit; the rest must too
+    lanes: tuple[tuple[Step, ...], ...]  # one runner per lane, one thread each
+    worktree: str  # the worktree's folder, next to this checkout
+
+
+QUEUES = {
+    # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
+    # about the same time (RK4 is about 4x a residual run).
+    "ptb_paper": Queue(
+        study="ptb_paper",
+        commit="077866b",
+        lanes=(
+            (((0,), ("residual", "rk2", "rk2_ones")), ((1,), ("rk4",)), ((1, 2), ("residual",))),
+            (((0,), ("rk4", "rk2_gated")), ((2,), ("rk4",))),
+        ),
+        worktree="exp_ptb",
+    ),
+}
+
+
+def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
+    """The shell command of one lane: its steps one after another (a failed step does not stop the next)."""
+    calls = [
+        f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
+        f"--only {' '.join(variants)} --parallel 1 --threads 1"
+        for seeds, variants in lane
+    ]
+    return "; ".join(calls)
+
+
+def prepare_worktree(queue: Queue, tree: Path) -> None:
+    """A detached worktree of the queue's commit at `tree`, sharing this checkout's .venv."""
+    if not tree.exists():
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "-f", "--detach", str(tree), queue.commit], check=True
+        )
+    head = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    )
+    if not head.stdout.startswith(queue.commit):
+        raise SystemExit(f"{tree} is at {head.stdout.strip()[:7]}, not {queue.commit}: give another --tree")
+    venv = tree / ".venv"
+    if not venv.exists():
+        venv.symlink_to(REPO / ".venv")
+
+
+def running(study: str) -> bool:
+    return subprocess.run(["pgrep", "-f", f"experiments.run {study} "], capture_output=True).returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.queue", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=sorted(QUEUES))
+    parser.add_argument(
+        "--tree", type=Path, help="the worktree (default: the queue's, next to this checkout)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the worktree and the lanes' commands only"
+    )
+    args = parser.parse_args(argv)
+    queue = QUEUES[args.study]
+    tree = (args.tree or REPO.parent / queue.worktree).resolve()
+    commands = [lane_command(queue, lane) for lane in queue.lanes]
+    if args.dry_run:
+        print(f"worktree {tree} at {queue.commit}")
+        for index, command in enumerate(commands):
+            print(f"lane {index}: {command}")
+        return 0
+    if running(queue.study):
+        print(f"a runner of {queue.study} is already running: not starting another", file=sys.stderr)
+        return 1
+    prepare_worktree(queue, tree)
+    logs = tree / "runs" / "queue"
+    logs.mkdir(parents=True, exist_ok=True)
+    for index, command in enumerate(commands):
+        log = logs / f"lane{index}.log"
+        with log.open("a") as out:
+            subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=tree,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        print(f"lane {index} started, log {log}: {shlex.quote(command)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""experiments/queue.py: the background lanes that finish a long study from its pinned commit."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from experiments import queue, run
+from experiments.report import load_results
+from experiments.studies import STUDIES
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def lane_runs(lane) -> list[tuple[int, str]]:
+    return [(seed, variant) for seeds, variants in lane for seed in seeds for variant in variants]
+
+
+@pytest.mark.parametrize("name", sorted(queue.QUEUES))
+def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
+    q = queue.QUEUES[name]
+    runs = [item for lane in q.lanes for item in lane_runs(lane)]
+    assert len(runs) == len(set(runs)), "two lanes (or steps) would train the same run"
+    study = STUDIES[q.study]
+    if name == "ptb_paper":  # issue 32: seed 0 of every block, seeds 1-2 of residual and RK4
+        wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
+        assert set(runs) == wanted
+
+
+@pytest.mark.parametrize("name", sorted(queue.QUEUES))
+def test_finished_runs_come_from_the_queues_commit(name):
+    """The pinned commit is the one the committed results record: a lane must not train on other code."""
+    q = queue.QUEUES[name]
+    commits = {result["git"]["commit"] for result in load_results(RESULTS / q.study / "cpu")}
+    assert commits and all(commit.startswith(q.commit) for commit in commits), commits
+
+
+def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys):
+    assert queue.main(["ptb_paper", "--dry-run", "--tree", str(tmp_path / "tree")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    q = queue.QUEUES["ptb_paper"]
+    assert lines[0] == f"worktree {tmp_path / 'tree'} at {q.commit}" and len(lines) == 1 + len(q.lanes)
+    assert not (tmp_path / "tree").exists()  # a dry run creates nothing
+    for line, lane in zip(lines[1:], q.lanes):
+        calls = line.split(": ", 1)[1].split("; ")
+        assert len(calls) == len(lane)
+        for call, (seeds, variants) in zip(calls, lane):
+            words = shlex.split(call)
+            assert words[:6] == ["nice", "-n", "19", ".venv/bin/python", "-m", "experiments.run"]
+            args = run.parse_args(words[6:])  # exits on an unknown study, variant or flag
+            assert (args.study, tuple(args.seeds), tuple(args.only)) == (q.study, seeds, variants)
+            assert (args.parallel, args.threads) == (1, 1)
