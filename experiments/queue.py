@@ -6,8 +6,8 @@ from its last checkpoint, so starting a queue again after an interruption loses 
     python -m experiments.queue ptb_paper --dry-run   # print the worktree and each lane's commands
 
 The lanes of a queue never share a run: the pinned commit may predate the output-folder lock, so two runners
-must not train the same run. Results land in the worktree's results/; copy each finished run's JSON into this
-checkout's results/ and regenerate the study's table (`python -m experiments.report STUDY --size cpu`).
+must not train the same run. Each finished run's JSON lands in this checkout's results/ (it records the commit
+it trained on); commit it and regenerate the study's table (`python -m experiments.report STUDY --size cpu`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
     """The shell command of one lane: its steps one after another (a failed step does not stop the next)."""
     calls = [
         f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
-        f"--only {' '.join(variants)} --parallel 1 --threads 1"
+        f"--only {' '.join(variants)} --parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
         for seeds, variants in lane
     ]
     return "; ".join(calls)
@@ -68,6 +68,8 @@ def prepare_worktree(queue: Queue, tree: Path) -> None:
     )
     if not head.stdout.startswith(queue.commit):
         raise SystemExit(f"{tree} is at {head.stdout.strip()[:7]}, not {queue.commit}: give another --tree")
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        raise SystemExit(f"{REPO / '.venv'} is missing: run `make setup` first (the lanes use it)")
     venv = tree / ".venv"
     if not venv.exists():
         venv.symlink_to(REPO / ".venv")

@@ -52,3 +52,4 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys)
             args = run.parse_args(words[6:])  # exits on an unknown study, variant or flag
             assert (args.study, tuple(args.seeds), tuple(args.only)) == (q.study, seeds, variants)
             assert (args.parallel, args.threads) == (1, 1)
+            assert args.results == RESULTS  # finished runs land in this checkout, whatever the worktree
