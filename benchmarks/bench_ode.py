@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_ode            # full run (base-like dims, ~10-15 min on 2 cores)
     .venv/bin/python -m benchmarks.bench_ode --quick    # tiny dims, seconds (run by tests/test_benchmarks.py)
+    .venv/bin/python -m benchmarks.bench_ode --device cuda   # on a GPU (memory from the CUDA allocator)
 
 Writes <out-dir>/<run-name>-<time stamp>.json (one per run: the history), <out-dir>/<run-name>.json (a link to
 the newest of them), <out-dir>/<run-name>.md and <out-dir>/<run-name>.png (default out-dir benchmarks/results,
@@ -80,14 +81,14 @@ def in_fresh_process(ctx, function, spec: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def train_round_robin(setup: dict) -> dict:
+def train_round_robin(setup: dict, device: str) -> dict:
     """Training step times of every variant and dtype, all models in this process, timed in turn."""
     dims, t = setup["dims"], setup["train"]
-    batch = common.make_batch(t["batch"], t["src_len"], t["tgt_len"], dims.vocab_size)
+    batch = common.make_batch(t["batch"], t["src_len"], t["tgt_len"], dims.vocab_size, device=device)
     models, optimizers = {}, {}
     for name in VARIANTS:
         torch.manual_seed(0)
-        models[name] = common.build_model(name, dims).train()
+        models[name] = common.build_model(name, dims).to(device).train()
         optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=1e-4)
     times = {dtype: {name: [] for name in VARIANTS} for dtype in ("fp32", "bf16")}
     for rep in range(t["warmup"] + t["round_robin_reps"]):
@@ -99,14 +100,14 @@ def train_round_robin(setup: dict) -> dict:
     return times
 
 
-def bench_training(ctx, setup: dict, process: dict) -> dict:
+def bench_training(ctx, setup: dict, process: dict, device: str) -> dict:
     dims, t = setup["dims"], setup["train"]
     tokens = t["batch"] * t["tgt_len"]
-    round_robin = train_round_robin(setup)
+    round_robin = train_round_robin(setup, device)
     out: dict = {"fp32": {}, "bf16": {}}
     for dtype in ("fp32", "bf16"):
         for name in VARIANTS:
-            spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, **process, **t}
+            spec = {"model": name, "dims": dims.as_dict(), "dtype": dtype, "device": device, **process, **t}
             result = in_fresh_process(ctx, common.train_worker, spec)
             flops = common.train_flops(name, dims, t["batch"], t["src_len"], t["tgt_len"])
             step = min(round_robin[dtype][name])
@@ -128,22 +129,24 @@ def bench_training(ctx, setup: dict, process: dict) -> dict:
     return out
 
 
-def _time(function) -> float:
+def _time(function, device: str) -> float:
+    common.synchronize(device)
     start = time.perf_counter()
     function()
+    common.synchronize(device)
     return time.perf_counter() - start
 
 
 @torch.no_grad()
-def bench_inference(setup: dict) -> dict:
+def bench_inference(setup: dict, device: str) -> dict:
     dims, t = setup["dims"], setup["infer"]
-    batch = common.make_batch(t["batch"], t["src_len"], 1, dims.vocab_size, seed=1)
+    batch = common.make_batch(t["batch"], t["src_len"], 1, dims.vocab_size, seed=1, device=device)
     src = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     n = t["new_tokens"]
     models = {}
     for name in INFERENCE_VARIANTS:
         torch.manual_seed(0)
-        models[name] = common.build_model(name, dims).eval()
+        models[name] = common.build_model(name, dims).to(device).eval()
     gen = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "use_cache": True}
     tasks = {
         "beam4_s": lambda m: m.generate(**src, num_beams=4, **gen),
@@ -154,7 +157,7 @@ def bench_inference(setup: dict) -> dict:
     for rep in range(t["warmup"] + t["reps"]):
         for name, model in models.items():
             for task, run in tasks.items():
-                elapsed = _time(lambda run=run, model=model: run(model))
+                elapsed = _time(lambda run=run, model=model: run(model), device)
                 if rep >= t["warmup"]:
                     times[name][task].append(elapsed)
     out = {}
@@ -174,9 +177,9 @@ def bench_inference(setup: dict) -> dict:
     return out
 
 
-def bench_scaling(ctx, setup: dict, process: dict) -> dict:
+def bench_scaling(ctx, setup: dict, process: dict, device: str) -> dict:
     dims, s = setup["dims"], setup["scaling"]
-    base = {"dims": dims.as_dict(), **process, "warmup": s["warmup"], "reps": s["reps"]}
+    base = {"dims": dims.as_dict(), "device": device, **process, "warmup": s["warmup"], "reps": s["reps"]}
     length_points, depth_points = [], []
     for length in s["lengths"]:
         batch = max(1, s["length_tokens"] // length)
@@ -376,7 +379,8 @@ def markdown(results: dict) -> str:
         f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['torch_threads']} torch threads), "
         f"{m['memory_gb']} GB, ISA {', '.join(m['isa'])}; torch {m['torch']}, transformers {m['transformers']}, "
         f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}; CPU time stolen by the "
-        f"VM host during the run {100 * m['cpu_steal_fraction']:.1f}%.",
+        f"VM host during the run {100 * m['cpu_steal_fraction']:.1f}%."
+        + (f" Device: {m['accelerator']} ({m['device']})." if m.get("accelerator") else ""),
         "",
         f"Dims: d_model {dims['d_model']}, ffn {dims['ffn_dim']}, {dims['heads']} heads, "
         f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
@@ -523,6 +527,9 @@ def main(argv: list[str] | None = None) -> dict:
         default="keep-freed",
         help="glibc malloc policy of every process (see benchmarks/common.py: configure_process)",
     )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda / cuda:N (bench_ode has not run on CUDA yet)"
+    )
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
 
@@ -535,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {
         "mode": "quick" if args.quick else "full",
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": common.machine_info(),
+        "machine": common.machine_info(args.device),
         "settings": {
             **{k: v for k, v in setup.items() if k != "dims"},
             "dims": setup["dims"].as_dict(),
@@ -548,12 +555,12 @@ def main(argv: list[str] | None = None) -> dict:
     n = setup["matmul_n"]
     results["matmul"] = {
         "n": n,
-        "fp32_gflops": common.matmul_gflops(n, torch.float32),
-        "bf16_gflops": common.matmul_gflops(n, torch.bfloat16),
+        "fp32_gflops": common.matmul_gflops(n, torch.float32, device=args.device),
+        "bf16_gflops": common.matmul_gflops(n, torch.bfloat16, device=args.device),
     }
-    results["training"] = bench_training(ctx, setup, process)
-    results["inference"] = bench_inference(setup)
-    results["scaling"] = bench_scaling(ctx, setup, process)
+    results["training"] = bench_training(ctx, setup, process, args.device)
+    results["inference"] = bench_inference(setup, args.device)
+    results["scaling"] = bench_scaling(ctx, setup, process, args.device)
     results["targets"] = targets(results)
     results["informative"] = informative_ratios(results)
     results["wall_s"] = time.time() - started

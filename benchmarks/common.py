@@ -10,6 +10,8 @@ imported torch/transformers/modeling_ode (no tensors, no threads started). Two f
   VmRSS before the model is built. It adds what the C allocator keeps: fragmentation and slack, thread pools and
   library buffers, which depend on the order of allocations more than on the model.
 tracemalloc cannot see torch's allocations, and the CPU has no allocator statistics of its own.
+On a CUDA device the two figures are the caching allocator's own: torch.cuda.max_memory_allocated (live tensors)
+and torch.cuda.max_memory_reserved (what the allocator holds), both reset when the worker starts.
 """
 
 from __future__ import annotations
@@ -137,8 +139,11 @@ def build_model(name: str, dims: Dims) -> torch.nn.Module:
     return ODETransformerForConditionalGeneration(ode_config(dims, method, coefficients, features, extra))
 
 
-def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0) -> dict:
-    """Random tokens; source lengths uniform in [src_len / 2, src_len] (right padding), full-length targets."""
+def make_batch(
+    batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0, device: str = "cpu"
+) -> dict:
+    """Random tokens; source lengths uniform in [src_len / 2, src_len] (right padding), full-length targets.
+    The same tokens on every device (drawn on the CPU)."""
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, vocab, (batch, src_len), generator=g)
     lengths = torch.randint(max(1, src_len // 2), src_len + 1, (batch,), generator=g)
@@ -146,7 +151,10 @@ def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0
     attention_mask = (torch.arange(src_len)[None, :] < lengths[:, None]).long()
     input_ids = input_ids.masked_fill(attention_mask == 0, 1)
     labels = torch.randint(3, vocab, (batch, tgt_len), generator=g)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {
+        key: t.to(device)
+        for key, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("labels", labels))
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,7 +219,7 @@ def train_flops(name: str, dims: Dims, batch: int, src: int, tgt: int) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def machine_info() -> dict:
+def machine_info(device: str = "cpu") -> dict:
     cpu, flags = "unknown", set()
     try:
         with open("/proc/cpuinfo") as handle:
@@ -234,6 +242,8 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "load_average_at_start": list(os.getloadavg()),
+        "device": device,
+        "accelerator": torch.cuda.get_device_name(device) if is_cuda(device) else None,
     }
 
 
@@ -248,14 +258,16 @@ def cpu_ticks() -> dict:
     return {"total": sum(values[:8]), "steal": values[7] if len(values) > 7 else 0}
 
 
-def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5) -> float:
-    """Best-of-`reps` throughput of an n x n @ n x n torch.matmul (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5, device: str = "cpu") -> float:
+    """Best-of-`reps` throughput of an n x n @ n x n torch.matmul (2 n^3 FLOPs) on `device`."""
+    a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
     torch.matmul(a, b)
     best = float("inf")
     for _ in range(reps):
+        synchronize(device)
         start = time.perf_counter()
         torch.matmul(a, b)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e9
 
@@ -304,41 +316,60 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _autocast(dtype: str):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+def is_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after it times the work (CUDA runs async)."""
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def _autocast(dtype: str, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict, dtype: str) -> float:
-    """One forward + backward + Adam step; returns its wall time in seconds."""
+    """One forward + backward + Adam step on the batch's device; returns its wall time in seconds."""
+    device = batch["input_ids"].device
+    synchronize(device)
     begin = time.perf_counter()
-    with _autocast(dtype):
+    with _autocast(dtype, device):
         loss = model(**batch).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
     return time.perf_counter() - begin
 
 
 def train_worker(spec: dict) -> dict:
     """Training steps (forward + backward + Adam step) of one variant: step times and peak memory."""
     configure_process(spec["threads"], spec["malloc"])
+    device = spec["device"]
     start_kb = _status_kb("VmRSS")
     torch.manual_seed(0)
     dims = Dims(**spec["dims"])
-    model = build_model(spec["model"], dims)
+    model = build_model(spec["model"], dims).to(device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    batch = make_batch(spec["batch"], spec["src_len"], spec["tgt_len"], dims.vocab_size)
+    batch = make_batch(spec["batch"], spec["src_len"], spec["tgt_len"], dims.vocab_size, device=device)
     times = []
     for step in range(spec["warmup"] + spec["reps"]):
         elapsed = train_step(model, optimizer, batch, spec["dtype"])
         if step >= spec["warmup"]:
             times.append(elapsed)
-    peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024  # read before the profiled step below adds its own
+    if is_cuda(device):  # the allocator counts from the process start, with the model and Adam state
+        peak_mem_mb = torch.cuda.max_memory_reserved(device) / 2**20
+        tensor_peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024  # read before the profiled step adds its own
+        tensor_peak = tensor_peak_bytes(model, optimizer, batch, spec["dtype"])
     return {
         "step_s_all": times,
         "peak_mem_mb": peak_mem_mb,
-        "tensor_peak_mb": tensor_peak_bytes(model, optimizer, batch, spec["dtype"]) / 2**20,
+        "tensor_peak_mb": tensor_peak / 2**20,
         "params": sum(p.numel() for p in model.parameters()),
     }
 
@@ -374,21 +405,26 @@ def encoder_worker(spec: dict) -> dict:
     from modeling_ode.modeling_ode_transformer import ODETransformerEncoder
 
     configure_process(spec["threads"], spec["malloc"])
+    device = spec["device"]
     start_kb = _status_kb("VmRSS")
     torch.manual_seed(0)
     dims = Dims(**{**spec["dims"], "encoder_layers": spec["layers"]})
     config = ode_config(dims, spec["method"], "tableau", PLAIN)
-    encoder = ODETransformerEncoder(config)
+    encoder = ODETransformerEncoder(config).to(device)
     encoder.train()
-    batch = make_batch(spec["batch"], spec["length"], 1, dims.vocab_size)
+    batch = make_batch(spec["batch"], spec["length"], 1, dims.vocab_size, device=device)
     times = []
     for step in range(spec["warmup"] + spec["reps"]):
+        synchronize(device)
         begin = time.perf_counter()
         hidden = encoder(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
         ).last_hidden_state
         hidden.float().square().mean().backward()
         encoder.zero_grad(set_to_none=True)
+        synchronize(device)
         if step >= spec["warmup"]:
             times.append(time.perf_counter() - begin)
+    if is_cuda(device):
+        return {"step_s_all": times, "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20}
     return {"step_s_all": times, "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024}

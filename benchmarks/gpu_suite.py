@@ -58,7 +58,6 @@ class Step:
     command: list[str]
     limit_s: int
     env: dict[str, str] = field(default_factory=dict)
-    note: str = ""
 
 
 def short_runs() -> list[tuple[str, str, int, int]]:
@@ -89,10 +88,19 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
     steps.append(
         Step(
             "bench-marian-base",
-            [python, "-m", "benchmarks.bench_ode", "--out-dir", str(folder), "--name", "bench-marian-base"],
+            [
+                python,
+                "-m",
+                "benchmarks.bench_ode",
+                "--device",
+                device,
+                "--out-dir",
+                str(folder),
+                "--name",
+                "bench-marian-base",
+            ],
             BENCH_LIMIT_S,
-            note="bench_ode times on the CPU cores of the GPU machine: it has no --device path yet",
-        )
+        )  # fmt: skip
     )
     for study, variant, seed, depth in short_runs():
         overrides = [arg for key, value in TRAINING_OVERRIDES.items() for arg in ("--set", f"{key}={value}")]
@@ -151,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     for step in steps:
         env = " ".join(f"{key}={value}" for key, value in step.env.items())
         print(f"  [{step.name}] limit {step.limit_s} s: {env + ' ' if env else ''}{' '.join(step.command)}")
-        if step.note:
-            print(f"      note: {step.note}")
     if args.dry_run:
         return 0
     folder.mkdir(parents=True)

@@ -58,6 +58,7 @@ def test_machine_and_settings(quick_run):
         assert results["machine"][key]
     assert _positive(results["matmul"]["fp32_gflops"]) and _positive(results["matmul"]["bf16_gflops"])
     assert "VmHWM" in results["memory_method"]
+    assert (results["machine"]["device"], results["machine"]["accelerator"]) == ("cpu", None)
     assert results["settings"]["malloc"] == "keep-freed"
 
 
@@ -140,7 +141,7 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
     tests = next(line for line in out.splitlines() if "[tests-float32]" in line)
     for path in ("tests/test_modeling.py", "tests/test_padding.py", "tests/test_compile.py"):
         assert path in tests
-    assert "benchmarks.bench_ode" in out
+    assert "benchmarks.bench_ode --device cuda" in out
     studies = gpu_suite.short_runs()
     assert len(studies) >= 1
     for study, variant, _, _ in studies:
