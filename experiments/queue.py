@@ -57,22 +57,22 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
     return "; ".join(calls)
 
 
-def prepare_worktree(queue: Queue, tree: Path) -> None:
-    """A detached worktree of the queue's commit at `tree`, sharing this checkout's .venv."""
+def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
+    """A detached worktree of the queue's commit at `tree`, sharing the checkout's .venv."""
+    if not (repo / ".venv" / "bin" / "python").exists():
+        raise SystemExit(f"{repo / '.venv'} is missing: run `make setup` first (the lanes use it)")
     if not tree.exists():
         subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "-f", "--detach", str(tree), queue.commit], check=True
+            ["git", "-C", str(repo), "worktree", "add", "-f", "--detach", str(tree), queue.commit], check=True
         )
     head = subprocess.run(
         ["git", "-C", str(tree), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
     )
     if not head.stdout.startswith(queue.commit):
         raise SystemExit(f"{tree} is at {head.stdout.strip()[:7]}, not {queue.commit}: give another --tree")
-    if not (REPO / ".venv" / "bin" / "python").exists():
-        raise SystemExit(f"{REPO / '.venv'} is missing: run `make setup` first (the lanes use it)")
     venv = tree / ".venv"
     if not venv.exists():
-        venv.symlink_to(REPO / ".venv")
+        venv.symlink_to(repo / ".venv")
 
 
 def running(study: str) -> bool:

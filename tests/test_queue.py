@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,34 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys)
             assert (args.study, tuple(args.seeds), tuple(args.only)) == (q.study, seeds, variants)
             assert (args.parallel, args.threads) == (1, 1)
             assert args.results == RESULTS  # finished runs land in this checkout, whatever the worktree
+
+
+def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str, cwd: Path = repo) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+        ).stdout.strip()
+
+    git("init", "-q")
+    (repo / "f.txt").write_text("pinned\n")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pinned")
+    pinned = git("rev-parse", "--short", "HEAD")
+    (repo / "f.txt").write_text("later\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+    later = git("rev-parse", "HEAD")
+    q = queue.Queue(study="ptb_paper", commit=pinned, lanes=(), worktree="tree")
+    with pytest.raises(SystemExit, match="make setup"):  # the lanes' python must exist first
+        queue.prepare_worktree(q, tmp_path / "tree", repo)
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "bin" / "python").touch()
+    queue.prepare_worktree(q, tmp_path / "tree", repo)
+    assert (tmp_path / "tree" / "f.txt").read_text() == "pinned\n"  # the pinned code, not the newest
+    assert (tmp_path / "tree" / ".venv").resolve() == (repo / ".venv").resolve()
+    queue.prepare_worktree(q, tmp_path / "tree", repo)  # again: the existing worktree is kept
+    git("checkout", "-q", "--detach", later, cwd=tmp_path / "tree")
+    with pytest.raises(SystemExit, match=f"not {pinned}"):  # a worktree at other code is refused
+        queue.prepare_worktree(q, tmp_path / "tree", repo)
