@@ -331,8 +331,9 @@ def targets(results: dict) -> list[dict]:
 
 
 def informative_ratios(results: dict) -> list[dict]:
-    """Every row of :data:`INFORMATIVE` with its ratio in ``results``."""
-    return [_ratio(results, *row) for row in INFORMATIVE]
+    """Every row of :data:`INFORMATIVE` with its ratio in ``results`` (process peaks named for the device)."""
+    peak = common.process_peak_name(results["machine"].get("device", "cpu"))
+    return [_ratio(results, name.replace("RSS", peak), a, b) for name, a, b in INFORMATIVE]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -372,6 +373,7 @@ def _scaling_rows(points: list[dict], key: str) -> list[list[str]]:
 
 def markdown(results: dict) -> str:
     m, st = results["machine"], results["settings"]
+    peak = common.process_peak_name(m.get("device", "cpu"))  # runs before --device were all CPU
     dims = st["dims"]
     lines = [
         f"# ODE Transformer benchmarks ({results['mode']} run, {results['timestamp']})",
@@ -403,7 +405,7 @@ def markdown(results: dict) -> str:
         "## Training (forward + backward + Adam step)",
         "",
         *_table("llrrrrrrr", [
-            "model", "dtype", "s/step", "target tok/s", "peak MB (RSS)", "live-tensor peak MB", "train GFLOP/step",
+            "model", "dtype", "s/step", "target tok/s", f"peak MB ({peak})", "live-tensor peak MB", "train GFLOP/step",
             "achieved GFLOP/s", "% of matmul peak",
         ], [
             [
@@ -435,12 +437,12 @@ def markdown(results: dict) -> str:
         "",
         f"Sequence length ({sc['length_tokens_per_batch']} tokens per batch):",
         "",
-        *_table("rlrrrrr", ["length", "method", "batch", "s/step", "peak MB (RSS)", "time / Euler", "memory / Euler"],
+        *_table("rlrrrrr", ["length", "method", "batch", "s/step", f"peak MB ({peak})", "time / Euler", "memory / Euler"],
                 _scaling_rows(sc["length"], "length")),
         "",
         f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
         "",
-        *_table("rlrrrrr", ["layers", "method", "s/step", "peak MB (RSS)", "time / Euler", "memory / Euler",
+        *_table("rlrrrrr", ["layers", "method", "s/step", f"peak MB ({peak})", "time / Euler", "memory / Euler",
                             "time / shallowest"], _scaling_rows(sc["depth"], "layers")),
     ]  # fmt: skip
     lines += [

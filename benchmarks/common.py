@@ -320,6 +320,12 @@ def is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def process_peak_name(device: str) -> str:
+    """What `peak_mem_mb` is on the device: the process's resident-set peak, or the CUDA allocator's reserved
+    peak (the live-tensor peak, `tensor_peak_mb`, is measured on both)."""
+    return "reserved" if is_cuda(device) else "RSS"
+
+
 def synchronize(device: str | torch.device) -> None:
     """Wait for the device's queued work, so that a clock read after it times the work (CUDA runs async)."""
     if is_cuda(device):
@@ -426,5 +432,5 @@ def encoder_worker(spec: dict) -> dict:
         if step >= spec["warmup"]:
             times.append(time.perf_counter() - begin)
     if is_cuda(device):
-        return {"step_s_all": times, "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+        return {"step_s_all": times, "peak_mem_mb": torch.cuda.max_memory_reserved(device) / 2**20}
     return {"step_s_all": times, "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024}

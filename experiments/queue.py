@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -65,14 +66,27 @@ def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
         subprocess.run(
             ["git", "-C", str(repo), "worktree", "add", "-f", "--detach", str(tree), queue.commit], check=True
         )
-    head = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    )
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode or not (tree / ".git").exists():
+        raise SystemExit(f"{tree} exists and is not a git worktree: give another --tree")
     if not head.stdout.startswith(queue.commit):
         raise SystemExit(f"{tree} is at {head.stdout.strip()[:7]}, not {queue.commit}: give another --tree")
     venv = tree / ".venv"
-    if not venv.exists():
+    if not (venv.is_symlink() or venv.exists()):
         venv.symlink_to(repo / ".venv")
+
+
+def gather_results(queue: Queue, tree: Path, repo: Path = REPO) -> list[Path]:
+    """Copy into the checkout's results/ the study's results that runs started by hand in the worktree wrote
+    there (without --results), so that the lanes find them done; returns the copies."""
+    copied = []
+    for source in sorted((tree / "results" / queue.study).glob("*/*-seed*.json")):
+        target = repo / "results" / queue.study / source.parent.name / source.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+            copied.append(target)
+    return copied
 
 
 def running(study: str) -> bool:
@@ -101,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a runner of {queue.study} is already running: not starting another", file=sys.stderr)
         return 1
     prepare_worktree(queue, tree)
+    for copy in gather_results(queue, tree):
+        print(f"copied {copy.relative_to(REPO)} from the worktree: commit it")
     logs = tree / "runs" / "queue"
     logs.mkdir(parents=True, exist_ok=True)
     for index, command in enumerate(commands):
@@ -109,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.Popen(
                 ["bash", "-c", command],
                 cwd=tree,
+                stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

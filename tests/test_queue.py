@@ -85,3 +85,40 @@ def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_pa
     git("checkout", "-q", "--detach", later, cwd=tmp_path / "tree")
     with pytest.raises(SystemExit, match=f"not {pinned}"):  # a worktree at other code is refused
         queue.prepare_worktree(q, tmp_path / "tree", repo)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(SystemExit, match="is not a git worktree"):
+        queue.prepare_worktree(q, plain, repo)
+
+
+def test_results_written_in_the_worktree_are_gathered_without_overwriting(tmp_path):
+    q = queue.QUEUES["ptb_paper"]
+    tree, repo = tmp_path / "tree", tmp_path / "repo"
+    made = tree / "results" / q.study / "cpu"
+    made.mkdir(parents=True)
+    (made / "rk2-1-seed0.json").write_text('{"new": 1}')
+    (made / "residual-1-seed0.json").write_text('{"new": 2}')
+    (made / "summary.json").write_text("[]")  # a report's file, not a run's
+    kept = repo / "results" / q.study / "cpu"
+    kept.mkdir(parents=True)
+    (kept / "residual-1-seed0.json").write_text('{"committed": 1}')
+    assert queue.gather_results(q, tree, repo) == [kept / "rk2-1-seed0.json"]
+    assert (kept / "rk2-1-seed0.json").read_text() == '{"new": 1}'
+    assert (kept / "residual-1-seed0.json").read_text() == '{"committed": 1}'  # never overwritten
+    assert not (kept / "summary.json").exists() and queue.gather_results(q, tree, repo) == []
+
+
+@pytest.mark.parametrize("name", sorted(queue.QUEUES))
+def test_the_pinned_commits_runner_knows_every_flag_the_lanes_pass(name):
+    """The lanes run the pinned commit's experiments.run, not this one: a flag added since would fail there."""
+    q = queue.QUEUES[name]
+    repo = Path(queue.__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{q.commit}:experiments/run.py"], cwd=repo, capture_output=True, text=True
+    )
+    if source.returncode:
+        pytest.skip(f"commit {q.commit} is not in this clone's history (a shallow clone)")
+    flags = {
+        word for lane in q.lanes for word in shlex.split(queue.lane_command(q, lane)) if word.startswith("--")
+    }
+    assert flags and all(f'"{flag}"' in source.stdout for flag in flags), flags
