@@ -35,7 +35,7 @@ class Queue:
 
 QUEUES = {
     # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
-    # about the same time (RK4 is about 4x a residual run).
+    # about the same time (an RK4 epoch takes about 3x a residual one here).
     "ptb_paper": Queue(
         study="ptb_paper",
         commit="077866b",
