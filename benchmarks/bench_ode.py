@@ -129,14 +129,6 @@ def bench_training(ctx, setup: dict, process: dict, device: str) -> dict:
     return out
 
 
-def _time(function, device: str) -> float:
-    common.synchronize(device)
-    start = time.perf_counter()
-    function()
-    common.synchronize(device)
-    return time.perf_counter() - start
-
-
 @torch.no_grad()
 def bench_inference(setup: dict, device: str) -> dict:
     dims, t = setup["dims"], setup["infer"]
@@ -157,7 +149,7 @@ def bench_inference(setup: dict, device: str) -> dict:
     for rep in range(t["warmup"] + t["reps"]):
         for name, model in models.items():
             for task, run in tasks.items():
-                elapsed = _time(lambda run=run, model=model: run(model), device)
+                elapsed = common.timed(lambda run=run, model=model: run(model), device)
                 if rep >= t["warmup"]:
                     times[name][task].append(elapsed)
     out = {}

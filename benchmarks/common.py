@@ -262,13 +262,7 @@ def matmul_gflops(n: int, dtype: torch.dtype, reps: int = 5, device: str = "cpu"
     """Best-of-`reps` throughput of an n x n @ n x n torch.matmul (2 n^3 FLOPs) on `device`."""
     a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
     torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        synchronize(device)
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
+    best = min(timed(lambda: torch.matmul(a, b), device) for _ in range(reps))
     return 2 * n**3 / best / 1e9
 
 
@@ -332,6 +326,23 @@ def synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(function, device: str | torch.device) -> float:
+    """Wall seconds of `function()`, with the device's queued work drained before the clock starts and stops."""
+    synchronize(device)
+    start = time.perf_counter()
+    function()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def process_peak_mb(device: str, start_kb: int) -> float:
+    """The worker's process peak (see :func:`process_peak_name`): VmHWM above `start_kb` (VmRSS before the
+    model), or the CUDA allocator's reserved peak since the worker started."""
+    if is_cuda(device):
+        return torch.cuda.max_memory_reserved(device) / 2**20
+    return (_status_kb("VmHWM") - start_kb) / 1024
+
+
 def _autocast(dtype: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
@@ -339,15 +350,15 @@ def _autocast(dtype: str, device: torch.device):
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict, dtype: str) -> float:
     """One forward + backward + Adam step on the batch's device; returns its wall time in seconds."""
     device = batch["input_ids"].device
-    synchronize(device)
-    begin = time.perf_counter()
-    with _autocast(dtype, device):
-        loss = model(**batch).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    synchronize(device)
-    return time.perf_counter() - begin
+
+    def step() -> None:
+        with _autocast(dtype, device):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return timed(step, device)
 
 
 def train_worker(spec: dict) -> dict:
@@ -366,11 +377,10 @@ def train_worker(spec: dict) -> dict:
         elapsed = train_step(model, optimizer, batch, spec["dtype"])
         if step >= spec["warmup"]:
             times.append(elapsed)
+    peak_mem_mb = process_peak_mb(device, start_kb)  # read before the profiled step below adds its own
     if is_cuda(device):  # the allocator counts from the process start, with the model and Adam state
-        peak_mem_mb = torch.cuda.max_memory_reserved(device) / 2**20
         tensor_peak = torch.cuda.max_memory_allocated(device)
     else:
-        peak_mem_mb = (_status_kb("VmHWM") - start_kb) / 1024  # read before the profiled step adds its own
         tensor_peak = tensor_peak_bytes(model, optimizer, batch, spec["dtype"])
     return {
         "step_s_all": times,
@@ -419,18 +429,13 @@ def encoder_worker(spec: dict) -> dict:
     encoder = ODETransformerEncoder(config).to(device)
     encoder.train()
     batch = make_batch(spec["batch"], spec["length"], 1, dims.vocab_size, device=device)
-    times = []
-    for step in range(spec["warmup"] + spec["reps"]):
-        synchronize(device)
-        begin = time.perf_counter()
+
+    def step() -> None:
         hidden = encoder(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
         ).last_hidden_state
         hidden.float().square().mean().backward()
         encoder.zero_grad(set_to_none=True)
-        synchronize(device)
-        if step >= spec["warmup"]:
-            times.append(time.perf_counter() - begin)
-    if is_cuda(device):
-        return {"step_s_all": times, "peak_mem_mb": torch.cuda.max_memory_reserved(device) / 2**20}
-    return {"step_s_all": times, "peak_mem_mb": (_status_kb("VmHWM") - start_kb) / 1024}
+
+    times = [timed(step, device) for _ in range(spec["warmup"] + spec["reps"])][spec["warmup"] :]
+    return {"step_s_all": times, "peak_mem_mb": process_peak_mb(device, start_kb)}

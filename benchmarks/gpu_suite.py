@@ -100,7 +100,7 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
                 "bench-marian-base",
             ],
             BENCH_LIMIT_S,
-        )  # fmt: skip
+        )
     )
     for study, variant, seed, depth in short_runs():
         overrides = [arg for key, value in TRAINING_OVERRIDES.items() for arg in ("--set", f"{key}={value}")]
