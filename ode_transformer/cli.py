@@ -27,9 +27,18 @@ def program_name(module: str) -> str:
     return _running_command or f"python -m {module}"
 
 
-def traceback_wanted() -> bool:
+def _traceback_wanted() -> bool:
     """``ODE_TRACEBACK=1``: a user's error re-raises with its traceback instead of ending in one line."""
     return os.environ.get("ODE_TRACEBACK", "0") not in ("", "0")
+
+
+def report_user_error(module: str, error: BaseException) -> int:
+    """For a module's ``main`` that catches what its user can fix: ``PROG: error: MESSAGE`` on stderr, and exit
+    code 2 (argparse's for a usage error) to return. ``ODE_TRACEBACK=1`` raises the error instead."""
+    if _traceback_wanted():
+        raise error
+    print(f"{program_name(module)}: error: {error}", file=sys.stderr)
+    return 2
 
 
 def _fail(message: str) -> None:
@@ -61,7 +70,7 @@ def _launch(command: str, module: str, extra: str | None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except (OSError, ValueError) as error:
-        if traceback_wanted():
+        if _traceback_wanted():
             raise
         _fail(
             f"{command}: error: {error} (traceback in {_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)"

@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from ode_transformer.cli import program_name, traceback_wanted
+from ode_transformer.cli import program_name, report_user_error
 
 from .files import read_lines
 from .metrics import (
@@ -145,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         hyps = read_lines(args.hyp)
         metrics = _RUNNERS[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
-        if traceback_wanted():
-            raise
-        print(f"{program_name(__spec__.name)}: error: {error}", file=sys.stderr)
-        return 2
+        return report_user_error(__spec__.name, error)
     text = json.dumps(metrics, indent=2, ensure_ascii=False)
     print(text)
     if args.output:

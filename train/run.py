@@ -62,7 +62,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
     non_finite_tensors,
 )
-from ode_transformer.cli import program_name, traceback_wanted
+from ode_transformer.cli import program_name, report_user_error
 
 from . import metrics
 from .batching import seq2seq_lengths
@@ -1167,10 +1167,7 @@ def main(argv: list[str] | None = None) -> None:
         args = parse_arguments(argv)
         run(args)
     except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting: one line, as argparse's
-        if traceback_wanted():
-            raise
-        print(f"{program_name(__spec__.name)}: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(report_user_error(__spec__.name, error)) from None
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
     # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
     if torch.distributed.is_available() and torch.distributed.is_initialized():
