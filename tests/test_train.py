@@ -22,8 +22,9 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from train import translate
+from train.card import training_card
 from train.data import multi30k, ptb
-from train.run import build_parser, main, parse_arguments, run, training_card
+from train.run import build_parser, main, parse_arguments, run
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"

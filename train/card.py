@@ -1,0 +1,163 @@
+"""What a run of :mod:`train.run` says about itself on its model card: the metrics document
+(``hub_metrics.json``, in the schema of :mod:`hub.model_card`) built from the run's arguments, test results
+and trained model, and the card written from it."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from datasets import Dataset
+
+from modeling_ode import ODETransformerConfig
+
+if TYPE_CHECKING:
+    from .run import DataArguments
+
+logger = logging.getLogger(__name__)
+
+HUB_TASKS = {
+    "translation": "translation",
+    "summarization": "summarization",
+    "gec": "text2text-generation",
+    "lm": "text-generation",
+}
+# Shared corpora as the model card names them: (display name, Hub id of the public original).
+CORPUS_CARDS: dict[str, tuple[str, str]] = {
+    "multi30k": ("Multi30k Task 1", "bentrevett/multi30k"),
+    "libreoffice": ("LibreOffice help (built locally)", "libreoffice-help"),
+    "cnndm": ("CNN/DailyMail (See et al. preprocessing)", "abisee/cnn_dailymail"),
+    "wi_locness": ("BEA-2019 Write & Improve", "wi_locness"),
+    "fce": ("FCE v2.1", "fce"),
+    "ptb": ("Penn Treebank (Mikolov)", "ptb_text_only"),
+    "conll2013": ("CoNLL-2013 test", "conll2013"),
+}
+# The language of the shared corpora that have one language (the card's `language` metadata).
+CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
+
+
+def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> dict:
+    """The ``dataset`` entry of the metrics JSON for the test split."""
+    if task == "gec" and m2_file and not data_args.test_file:
+        name, hub_id = CORPUS_CARDS["conll2013"]
+    elif data_args.dataset:
+        first = data_args.dataset.split("+")[0]
+        name, hub_id = CORPUS_CARDS.get(first, (first, first))
+    else:
+        hub_id = data_args.hub_dataset or data_args.test_file or "local"
+        name = hub_id
+    card = {"name": name, "id": hub_id, "split": "test"}
+    if data_args.hub_config:
+        card["config"] = data_args.hub_config
+    return card
+
+
+SHAPE_FIELDS = (
+    "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+    "encoder_attention_heads", "decoder_attention_heads",
+)  # fmt: skip
+
+
+def model_shape(config: ODETransformerConfig) -> str:
+    """The trained model's dimensions in words, e.g. ``3-3 layers, d_model 256, FFN 1024, 4 heads``."""
+    if not config.is_encoder_decoder:
+        return f"{config.decoder_layers} layers, d_model {config.d_model}, FFN {config.decoder_ffn_dim}, {config.decoder_attention_heads} heads"
+    return (
+        f"{config.encoder_layers}-{config.decoder_layers} layers, d_model {config.d_model}, "
+        f"FFN {config.encoder_ffn_dim}/{config.decoder_ffn_dim}, "
+        f"{config.encoder_attention_heads}/{config.decoder_attention_heads} heads"
+    )
+
+
+def training_datasets(data_args: DataArguments) -> list[str]:
+    """Hub ids of the training data, for the card's ``datasets`` metadata (none for local files)."""
+    if data_args.dataset:
+        return [CORPUS_CARDS[name][1] for name in data_args.dataset.split("+") if name in CORPUS_CARDS]
+    return [data_args.hub_dataset] if data_args.hub_dataset else []
+
+
+def card_language(data_args: DataArguments, task: str) -> list[str] | None:
+    """ISO 639-1 codes for the card (source first): the translation pair, else the shared corpus's language."""
+    if task == "translation":
+        pair = [data_args.source_lang, data_args.target_lang]
+        return pair if all(pair) else None
+    first = (data_args.dataset or "").split("+")[0]
+    return [CORPUS_LANGUAGES[first]] if first in CORPUS_LANGUAGES else None
+
+
+def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
+    """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
+    with the preset named only when nothing overrode its dimensions)."""
+    model_args, data_args, _, training_args = args
+    overrides = model_args.overrides()
+    shape = model_shape(config)
+    if not any(key in overrides for key in SHAPE_FIELDS):
+        shape += f" (preset {model_args.preset})"
+    return {
+        "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+        "datasets": training_datasets(data_args),
+        "recipe": {
+            "model": shape,
+            **{key: value for key, value in overrides.items() if key not in SHAPE_FIELDS},
+            "optimizer": f"Adam ({training_args.adam_beta1}, {training_args.adam_beta2})",
+            "lr": training_args.learning_rate,
+            "lr_scheduler": str(training_args.lr_scheduler_type.value),
+            "warmup_steps": training_args.warmup_steps,
+            "max_tokens": data_args.max_tokens,
+            **({"max_train_tokens": data_args.max_train_tokens} if data_args.max_train_tokens else {}),
+            "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+            "steps": train_metrics.get("global_step"),
+            "bf16": training_args.bf16,
+        },
+        "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
+    }
+
+
+def usage_example(task: str, raw_test: Dataset) -> str:
+    """The model card's usage input: the first test source (lm: its first three words)."""
+    if task == "lm":
+        return " ".join(raw_test[0]["text"].split()[:3])
+    return raw_test[0]["source"].strip()
+
+
+def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
+                     model, raw_test: Dataset) -> dict:  # fmt: skip
+    """The metrics JSON in the schema of :mod:`hub.model_card` (``training`` only when this run trained)."""
+    _, data_args, run_args, _ = args
+    document = {
+        "task": HUB_TASKS[run_args.task],
+        "dataset": dataset_card(data_args, run_args.task, m2_file),
+        "results": results,
+        "example": usage_example(run_args.task, raw_test),
+    }
+    if train_metrics:
+        document["training"] = training_card(args, train_metrics, model.config)
+    if language := card_language(data_args, run_args.task):
+        document["language"] = language
+    base = args[0].model_name_or_path
+    if train_metrics and base and not Path(base).exists():  # fine-tuned from a Hub model
+        document["base_model"] = base
+    if run_args.task != "lm":
+        document["decoding"] = {
+            **{k: decoding[k] for k in ("num_beams", "length_penalty")},
+            "precision": "fp32",
+        }
+    return document
+
+
+def write_card(output_dir: str, document: dict) -> None:
+    """Model card from ``hub.model_card`` (a clear message when that module or its extra is missing)."""
+    name = (
+        __package__.removesuffix("train") + "hub.model_card"
+    )  # hub.model_card, or ode_transformer.hub.model_card
+    try:
+        model_card = importlib.import_module(name)
+    except ImportError as error:
+        logger.warning(
+            "%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error
+        )
+        return
+    path = model_card.write_model_card(output_dir, document)
+    logger.info("model card: %s", path)
