@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 from collections.abc import Iterable
 from functools import cache
@@ -122,6 +123,16 @@ def _check_positive(field: str, value: Any) -> None:
         raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
 
 
+def _check_non_negative(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"`{field}` must be an integer >= 0, got {value!r}.")
+
+
+def _check_positive_number(field: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"`{field}` must be a number > 0, got {value!r}.")
+
+
 def _check_probability(field: str, value: Any) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{field}` must be a number in [0, 1), got {value!r}; e.g. `{field}=0.1`.")
@@ -237,6 +248,9 @@ class ODETransformerConfig(PreTrainedConfig):
             self.encoder_ode_method = self.encoder_ode_method.to_dict()
         if isinstance(self.decoder_ode_method, ButcherTableau):
             self.decoder_ode_method = self.decoder_ode_method.to_dict()
+        if self.share_encoder_decoder_embeddings and self.source_vocab_size == self.vocab_size:
+            # one table, of vocab_size rows, which resize_token_embeddings changes
+            self.source_vocab_size = None
         self._check_fields()
         super().__post_init__(**kwargs)
 
@@ -264,8 +278,8 @@ class ODETransformerConfig(PreTrainedConfig):
         ):
             _check_token_id(field, getattr(self, field), self.vocab_size)
         self._check_positions()
-        if not self.ode_step_size > 0:
-            raise ValueError(f"`ode_step_size` must be > 0, got {self.ode_step_size!r}.")
+        for field in ("ode_step_size", "layer_norm_eps"):
+            _check_positive_number(field, getattr(self, field))
 
     def _check_sizes(self) -> None:
         for field in (
@@ -297,10 +311,8 @@ class ODETransformerConfig(PreTrainedConfig):
                 )
 
     def _check_positions(self) -> None:
-        if self.max_relative_position < 0:
-            raise ValueError(
-                f"`max_relative_position` must be >= 0 (0 disables relative positions), got {self.max_relative_position}."
-            )
+        _check_non_negative("max_relative_position", self.max_relative_position)  # 0: no relative positions
+        _check_non_negative("position_offset", self.position_offset)
         if self.relative_position_values and self.max_relative_position == 0:
             raise ValueError("`relative_position_values=True` needs `max_relative_position` > 0.")
         if self.use_absolute_positions and self.d_model % 2:
@@ -342,6 +354,11 @@ class ODETransformerConfig(PreTrainedConfig):
         NMT setting on the base model: `pcformer_rk2`, `pcformer_rk4`."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}.")
+        # transformers keeps any unknown keyword as a config attribute; a misspelt field would go unused
+        fields = {field.name for field in dataclasses.fields(cls)} | set(cls.attribute_map)
+        for key in sorted(set(overrides) - fields):
+            if close := difflib.get_close_matches(key, fields, n=1, cutoff=0.85):
+                raise ValueError(f"`{key}` is not a configuration field; did you mean `{close[0]}`?")
         return cls(**{**PRESETS[name], **overrides})
 
 

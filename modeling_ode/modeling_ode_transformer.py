@@ -426,8 +426,11 @@ class StageCacheLayout:
     def build(self, encoder_decoder: bool, max_cache_len: int | None = None) -> Cache:
         """An empty cache with every slot: dynamic, or static with room for `max_cache_len` positions."""
         self_attention = self._self_attention_cache(max_cache_len)
-        if not encoder_decoder:
-            return self_attention
+        return self.with_cross_attention(self_attention) if encoder_decoder else self_attention
+
+    def with_cross_attention(self, self_attention: Cache) -> EncoderDecoderCache:
+        """A decoder's self-attention cache with an empty cross-attention cache: an encoder-decoder needs both, and
+        may be given a plain `DynamicCache` (as BART may)."""
         return EncoderDecoderCache(self_attention, DynamicCache(config=_cache_config(self.num_layers)))
 
     def like(self, cache: Cache) -> Cache:
@@ -578,6 +581,8 @@ class ODETransformerAttention(nn.Module):
         if self.relative_keys is not None:
             bias = self._relative_key_bias(query, relative_index)
             attention_mask = bias if attention_mask is None else attention_mask + bias
+            if attention_mask.dtype == torch.float16:  # its min plus a negative bias is -inf: masked rows NaN
+                attention_mask = attention_mask.clamp_min(torch.finfo(torch.float16).min)
         output, weights = self._attention_function(return_weights)(
             self,
             query,
@@ -1049,6 +1054,14 @@ class _ODEStack(ODETransformerPreTrainedModel):
         )
         return self.embed_tokens(input_ids)
 
+    def _recomputes_stages(self) -> bool:
+        """Whether this forward checkpoints RK stages (`ode_checkpoint_stages`): they run again in backward."""
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and any(layer.checkpoint_stages for layer in self.layers)
+        )
+
     def _run_layers(
         self,
         hidden_states: torch.Tensor,
@@ -1091,7 +1104,8 @@ class ODETransformerEncoder(_ODEStack):
 
     side = "encoder"
     _can_record_outputs = {
-        "hidden_states": ODETransformerLayer,
+        # `output_hidden_states=-1` counts back from this stack's own depth (num_hidden_layers is the decoder's)
+        "hidden_states": OutputRecorder(ODETransformerLayer, num_hidden_layers_key="encoder_layers"),
         "attentions": OutputRecorder(ODETransformerAttention, index=1),
         **_ODE_STAGES,
     }
@@ -1131,7 +1145,7 @@ class ODETransformerDecoder(_ODEStack):
 
     side = "decoder"
     _can_record_outputs = {
-        "hidden_states": ODETransformerLayer,
+        "hidden_states": OutputRecorder(ODETransformerLayer, num_hidden_layers_key="decoder_layers"),
         "attentions": OutputRecorder(ODETransformerAttention, index=1, layer_name=SELF_ATTENTION),
         "cross_attentions": OutputRecorder(ODETransformerAttention, index=1, layer_name=CROSS_ATTENTION),
         **_ODE_STAGES,
@@ -1161,10 +1175,18 @@ class ODETransformerDecoder(_ODEStack):
     ) -> ODEDecoderOutput:
         past_key_values = cache_argument(past_key_values, kwargs)
         inputs_embeds = self._embed_tokens(input_ids, inputs_embeds)
+        if use_cache and self._recomputes_stages():
+            logger.warning_once(
+                "`use_cache=True` does not go with `ode_checkpoint_stages` in training: the backward pass recomputes "
+                "the later stages, which would write the KV cache a second time. Setting `use_cache=False`."
+            )
+            use_cache = False
         if not use_cache:
             past_key_values = None
         elif past_key_values is None:
             past_key_values = self.cache_layout.build(self.config.is_encoder_decoder)
+        elif self.config.is_encoder_decoder and not isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values = self.cache_layout.with_cross_attention(past_key_values)
         self.cache_layout.check(past_key_values)
         self_cache = self_attention_cache(past_key_values)
         length = inputs_embeds.shape[1]
@@ -1187,6 +1209,12 @@ class ODETransformerDecoder(_ODEStack):
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Teacher forcing: decoder inputs are the labels shifted right behind the start token (-100 -> pad)."""
+    for name, value in (("decoder_start_token_id", decoder_start_token_id), ("pad_token_id", pad_token_id)):
+        if value is None:
+            raise ValueError(
+                f"`labels` without `decoder_input_ids` need `config.{name}` (the decoder reads the labels shifted "
+                "right behind the start token, -100 as padding); set it, or pass `decoder_input_ids`."
+            )
     shifted = labels.new_zeros(labels.shape)
     shifted[:, 1:] = labels[:, :-1].clone()
     shifted[:, 0] = decoder_start_token_id
@@ -1224,6 +1252,14 @@ class ODETransformerModel(ODETransformerPreTrainedModel):
     """The bare encoder-decoder. `shared` holds the target (and by default the source) embeddings."""
 
     def __init__(self, config: ODETransformerConfig):
+        if not config.is_encoder_decoder:
+            # Its decoder would have no cross-attention and the source would go nowhere (AutoModel maps every
+            # ODETransformerConfig here, a causal LM's too).
+            raise ValueError(
+                "ODETransformerModel is the encoder-decoder but got a decoder-only config (`is_encoder_decoder="
+                "False`); load a causal LM with AutoModelForCausalLM (ODETransformerForCausalLM), or its bare "
+                "decoder with ODETransformerDecoder.from_pretrained."
+            )
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.encoder = ODETransformerEncoder(config)

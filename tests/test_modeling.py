@@ -11,7 +11,7 @@ from decoding import (
     tiny,
 )
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, DynamicCache
 
 from modeling_ode import (
     ODETransformerConfig,
@@ -278,6 +278,33 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("labels_given", [True, False], ids=["labels", "no-labels"])
+def test_stage_checkpointing_gives_the_same_gradients(labels_given, device):
+    """`ode_checkpoint_stages` recomputes stages 2..s in the backward pass, dropout masks included: the same
+    gradients. Without labels (the Trainer pops them under label smoothing) the decoder would build a KV cache by
+    default; the recomputed stages must not write it a second time."""
+    ids, mask = source_batch(device=device)
+    targets = torch.randint(4, 99, (3, 6), device=device)
+    grads = []
+    for checkpointing in (False, True):
+        model = (
+            seq2seq(decoder_ode_method="rk4", dropout=0.3, ode_checkpoint_stages=checkpointing)
+            .train()
+            .to(device)
+        )
+        torch.manual_seed(1)
+        if labels_given:
+            loss = model(input_ids=ids, attention_mask=mask, labels=targets).loss
+        else:
+            logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_trains(dtype, device):
     model = seq2seq(decoder_ode_method="rk2").train().to(device)
@@ -288,6 +315,20 @@ def test_autocast_trains(dtype, device):
     assert out.logits.dtype == dtype and torch.isfinite(out.loss)
     out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_hidden_states_selected_by_a_negative_index_count_from_each_stacks_own_depth():
+    """`output_hidden_states=-1` is each stack's last layer, on an encoder deeper than its decoder (as in the
+    paper's deep 24-6 model): the config's num_hidden_layers is the decoder's depth."""
+    model = seq2seq(encoder_layers=4, decoder_layers=2)
+    ids, mask = source_batch()
+    inputs = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :3]}
+    every, last = model(**inputs, output_hidden_states=True), model(**inputs, output_hidden_states=-1)
+    for side, depth in (("encoder_hidden_states", 4), ("decoder_hidden_states", 2)):
+        selected = getattr(last, side)
+        assert len(getattr(every, side)) == depth + 1
+        assert [i for i, h in enumerate(selected) if h is not None] == [depth]
+        torch.testing.assert_close(selected[depth], getattr(every, side)[depth])
 
 
 def test_output_ode_stages(device):
@@ -408,7 +449,7 @@ def test_static_cache_holds_one_preallocated_slot_per_layer_and_stage(device):
 
 
 def test_a_cache_without_a_slot_per_stage_is_refused(device):
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    from transformers.cache_utils import EncoderDecoderCache
 
     model = seq2seq(decoder_ode_method="rk2").to(device)
     ids, mask = source_batch(device=device)
@@ -417,6 +458,62 @@ def test_a_cache_without_a_slot_per_stage_is_refused(device):
         model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2], past_key_values=one_per_layer)
 
 
+def test_fp16_left_padding_with_a_large_relative_key_logit_stays_finite():
+    """In fp16 the additive mask's minimum plus a negative relative-key logit overflows to -inf; a fully masked
+    row (a left-pad query) would then softmax to NaN, and the NaN reach the real tokens through the masked
+    values (0 x NaN). The padded row equals the row alone."""
+    lm = causal_lm(
+        ODETransformerConfig.from_preset("tiny", is_encoder_decoder=False, attn_implementation="eager")
+    )
+    with torch.no_grad():
+        for layer in lm.model.layers:
+            layer.self_attn.relative_keys.normal_(0, 200)  # logits far below -16 at some distances
+    lm = lm.half()
+    ids = torch.tensor([[5, 6, 7, 8], [1, 1, 9, 10]])
+    with torch.no_grad():
+        padded = lm(ids, attention_mask=(ids != 1).long()).logits[1, 2:]
+        alone = lm(ids[1:, 2:]).logits[0]
+    assert torch.isfinite(padded).all()
+    torch.testing.assert_close(padded, alone, rtol=1e-2, atol=1e-2)
+
+
+def test_encoder_decoder_takes_a_plain_dynamic_cache(device):
+    """A `DynamicCache` given to the encoder-decoder (as BART takes one) gets an empty cross-attention cache beside
+    it: the same logits as without a cache, and the same generation."""
+    model = seq2seq(decoder_ode_method="rk2").to(device)
+    ids, mask = source_batch(device=device)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    cached = model(**inputs, decoder_input_ids=ids[:, :4], past_key_values=DynamicCache(), use_cache=True)
+    uncached = model(**inputs, decoder_input_ids=ids[:, :4], use_cache=False)
+    torch.testing.assert_close(cached.logits, uncached.logits, rtol=1e-5, atol=1e-5)
+    greedy = {"max_new_tokens": 6, "num_beams": 1, "do_sample": False}
+    assert torch.equal(
+        model.generate(**inputs, past_key_values=DynamicCache(), **greedy), model.generate(**inputs, **greedy)
+    )
+
+
 def test_causal_lm_refuses_an_encoder_decoder_config():
     with pytest.raises(ValueError, match="is_encoder_decoder=False"):
         ODETransformerForCausalLM(tiny())
+
+
+def test_resized_shared_vocabulary_saves_and_loads(tmp_path):
+    """A `source_vocab_size` equal to the shared vocabulary names the same table: resizing it resizes both sides,
+    and the saved model loads with the new size on both."""
+    model = seq2seq(source_vocab_size=99)
+    model.resize_token_embeddings(110)
+    model.save_pretrained(tmp_path)
+    loaded = ODETransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.get_encoder().embed_tokens.weight.shape == loaded.lm_head.weight.shape == (110, 16)
+    torch.testing.assert_close(loaded.model.shared.weight, model.model.shared.weight)
+
+
+def test_encoder_decoder_refuses_a_decoder_only_config(tmp_path):
+    """Its decoder would have no cross-attention and ignore the source; AutoModel, which maps every ODE config
+    to the encoder-decoder, says how to load a causal LM's folder instead of building a random model."""
+    for model_class in (ODETransformerModel, ODETransformerForConditionalGeneration):
+        with pytest.raises(ValueError, match="decoder-only config"):
+            model_class(tiny(is_encoder_decoder=False))
+    causal_lm(tiny(is_encoder_decoder=False)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="load a causal LM with AutoModelForCausalLM"):
+        AutoModel.from_pretrained(tmp_path)
