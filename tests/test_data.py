@@ -24,6 +24,7 @@ from train.data import (
     jfleg_dev,
     load_hub_dataset,
     load_jsonl,
+    load_local_file,
     load_parallel_files,
     load_task_data,
     load_tsv,
@@ -39,6 +40,11 @@ def _gz_lines(path: Path) -> list[str]:
     """Independent reader: like ``zcat path``, one string per line."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return f.read().split("\n")[:-1]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
 
 
 def _write_gz(path: Path, data: bytes) -> Path:
@@ -91,8 +97,31 @@ def test_parallel_files_skip_and_report_bad_lines(tmp_path, caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="train.data"):
         kept = load_parallel_files(src, tgt, skip_empty=False)
-    assert kept.num_rows == 5 and kept["target"][1] == ""
-    assert "2 empty line(s) kept (line numbers 2, 5); 5 of 6 rows loaded" in caplog.text
+    # an evaluation set keeps every line, so hypotheses stay aligned with inputs and references
+    assert kept.num_rows == 6 and kept["target"][1] == "" and kept["source"][2] == "\ufffd\ufffd bad"
+    assert (
+        "1 undecodable (non-UTF-8) line(s) kept as U+FFFD (line numbers 3); 6 of 6 rows loaded" in caplog.text
+    )
+    assert "2 empty line(s) kept (line numbers 2, 5); 6 of 6 rows loaded" in caplog.text
+
+
+@pytest.mark.parametrize("suffix", ["pair", ".tsv", ".jsonl"])
+def test_local_evaluation_split_keeps_every_row(tmp_path, suffix):
+    """A --validation_file / --test_file keeps blank rows (a missing value as ""): one hypothesis per input."""
+    rows = [("a b", "x y"), ("", "z"), ("c", ""), ("d", "w")]
+    if suffix == "pair":
+        write_lines(tmp_path / "s", [source for source, _ in rows])
+        write_lines(tmp_path / "t", [target for _, target in rows])
+        spec = f"{tmp_path / 's'},{tmp_path / 't'}"
+    elif suffix == ".tsv":
+        spec = write_lines(tmp_path / "d.tsv", ["source\ttarget", *(f"{s}\t{t}" for s, t in rows)])
+    else:
+        spec = write_lines(
+            tmp_path / "d.jsonl", [json.dumps({"source": s, "target": t or None}) for s, t in rows]
+        )
+    kept = load_local_file(str(spec), "seq2seq", skip_empty=False)
+    assert list(zip(kept["source"], kept["target"])) == rows
+    assert load_local_file(str(spec), "seq2seq").num_rows == 2  # training drops them
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,7 +104,10 @@ def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> dict[str, list
         texts = [_decode(line) for line in row]
         if any(text is None for text in texts):
             stats.undecodable_lines.append(i)
-            continue
+            if skip_empty:
+                continue
+            # an evaluation set keeps every line, aligned with its references and hypotheses
+            texts = [line.decode("utf-8", errors="replace") for line in row]
         if any(not text.strip() for text in texts):
             stats.empty_lines.append(i)
             if skip_empty:
@@ -119,7 +122,7 @@ def _read_aligned(paths: Mapping[str, Path], skip_empty: bool) -> dict[str, list
 def _warn_skipped(stats: _LineReport, skip_empty: bool) -> None:
     """Never a silent loss of data: each kind of bad line, its count, its first line numbers, and what is left."""
     for what, lines, action in (
-        ("undecodable (non-UTF-8)", stats.undecodable_lines, "skipped"),
+        ("undecodable (non-UTF-8)", stats.undecodable_lines, "skipped" if skip_empty else "kept as U+FFFD"),
         ("empty", stats.empty_lines, "skipped" if skip_empty else "kept"),
     ):
         if lines:
@@ -146,14 +149,15 @@ def load_parallel_files(src_path: PathLike, tgt_path: PathLike, skip_empty: bool
     Args:
         src_path: source-side file, one segment per line.
         tgt_path: target-side file, same number of lines.
-        skip_empty: drop pairs where either side is empty/whitespace-only (training); with
-            ``False`` they are kept (evaluation sets that must stay aligned with references).
+        skip_empty: drop pairs where either side is empty/whitespace-only or not UTF-8 (training); with
+            ``False`` every line is kept (evaluation sets that must stay aligned with references and
+            hypotheses), undecodable bytes as U+FFFD.
 
     Raises:
         ValueError: the files have different line counts (both files and counts named).
 
-    Lines that are not valid UTF-8 on either side are always dropped. Every dropped or empty
-    line is logged as a warning (count, first line numbers, and how many rows are left).
+    Every dropped, replaced or empty line is logged as a warning (count, first line numbers, and how
+    many rows are left).
     Text is kept verbatim (only a trailing ``\\r`` is removed).
     """
     return _aligned_dataset({"source": src_path, "target": tgt_path}, skip_empty)
@@ -199,21 +203,23 @@ def _refuse_empty_file(path: PathLike, header: bool) -> None:
         raise ValueError(f"{path} has no {rows}: pass a file with data, or leave that split out.")
 
 
-def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int) -> Dataset:
-    """Drop rows whose source or target is missing or blank, with :func:`load_parallel_files`' warning (line
-    ``first_line`` of the file is row 0)."""
+def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_empty: bool = True) -> Dataset:
+    """Drop rows whose source or target is missing or blank (or, without ``skip_empty``, keep them with ``""`` for
+    a missing value), with :func:`load_parallel_files`' warning (line ``first_line`` of the file is row 0)."""
     empty = [
         i for i, (source, target) in enumerate(zip(dataset["source"], dataset["target"]))
         if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip()
     ]  # fmt: skip
     stats = _LineReport(
-        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - len(empty),
+        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - len(empty) * skip_empty,
         empty_lines=[i + first_line for i in empty],
     )  # fmt: skip
-    _warn_skipped(stats, skip_empty=True)
-    if empty:
+    _warn_skipped(stats, skip_empty)
+    if empty and skip_empty:
         dropped = set(empty)
         dataset = dataset.select([i for i in range(dataset.num_rows) if i not in dropped])
+    elif empty:
+        dataset = dataset.map(lambda row: {key: value or "" for key, value in row.items()})
     return dataset
 
 
@@ -232,12 +238,17 @@ def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
 
 
 def load_tsv(
-    path: PathLike, source_column: str, target_column: str, cache_dir: PathLike | None = None
+    path: PathLike,
+    source_column: str,
+    target_column: str,
+    cache_dir: PathLike | None = None,
+    skip_empty: bool = True,
 ) -> Dataset:
     """Load a tab-separated file with a header row (``.gz`` allowed) as ``source``/``target``.
 
     Quotes are not special (``csv.QUOTE_NONE``). Rows with a missing or blank source or target are
-    skipped with a warning naming their line numbers, as :func:`load_parallel_files` does.
+    skipped (kept with ``skip_empty=False``) with a warning naming their line numbers, as
+    :func:`load_parallel_files` does.
 
     Raises:
         KeyError: a column is missing (message names it, the file and the existing columns).
@@ -254,16 +265,22 @@ def load_tsv(
         cache_dir=None if cache_dir is None else str(cache_dir),
     )
     _check_fields(dataset, [source_column, target_column], str(path))
-    return _skip_empty_rows(_to_source_target(dataset, source_column, target_column), path, first_line=2)
+    pairs = _to_source_target(dataset, source_column, target_column)
+    return _skip_empty_rows(pairs, path, first_line=2, skip_empty=skip_empty)
 
 
 def load_jsonl(
-    path: PathLike, source_field: str, target_field: str, cache_dir: PathLike | None = None
+    path: PathLike,
+    source_field: str,
+    target_field: str,
+    cache_dir: PathLike | None = None,
+    skip_empty: bool = True,
 ) -> Dataset:
     """Load a JSON-lines file (``.gz`` allowed) as ``source``/``target``.
 
     A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``). Records with
-    a missing, null or blank source or target are skipped with a warning naming their line numbers.
+    a missing, null or blank source or target are skipped (kept with ``skip_empty=False``) with a warning naming
+    their line numbers.
 
     Raises:
         KeyError: a field is missing from every record (message names it, the file and the existing fields).
@@ -285,7 +302,8 @@ def load_jsonl(
             f"{path}, line {bad[0]}: not a JSON object ({bad[1]}); fix or remove that line."
         ) from error
     _check_fields(dataset, [source_field, target_field], str(path))
-    return _skip_empty_rows(_to_source_target(dataset, source_field, target_field), path, first_line=1)
+    pairs = _to_source_target(dataset, source_field, target_field)
+    return _skip_empty_rows(pairs, path, first_line=1, skip_empty=skip_empty)
 
 
 _KNOWN_COLUMN_PAIRS: tuple[tuple[str, str], ...] = (("article", "highlights"), ("document", "summary"))
@@ -579,19 +597,20 @@ def load_local_file(
     task: Literal["seq2seq", "lm"],
     source_column: str = "source",
     target_column: str = "target",
+    skip_empty: bool = True,
 ) -> Dataset:
     """One split from local files: ``(SRC, TGT)`` or ``"SRC,TGT"`` aligned text files, a TSV/JSONL file
     (``.gz`` allowed; columns ``source_column``/``target_column``) or, for ``lm``, one text file (a ``text``
-    row per line, stripped)."""
+    row per line, stripped). ``skip_empty=False`` keeps every row (an evaluation split)."""
     if task == "lm":
         return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
     if isinstance(spec, tuple) or "," in spec:
-        return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)))
+        return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)), skip_empty)
     name = spec.removesuffix(".gz")
     if name.endswith(".tsv"):
-        return load_tsv(spec, source_column, target_column)
+        return load_tsv(spec, source_column, target_column, skip_empty=skip_empty)
     if name.endswith((".jsonl", ".json")):
-        return load_jsonl(spec, source_column, target_column)
+        return load_jsonl(spec, source_column, target_column, skip_empty=skip_empty)
     raise ValueError(f"cannot read {spec!r}: give 'SRC,TGT' text files or a .tsv/.jsonl file")
 
 

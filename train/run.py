@@ -430,15 +430,29 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         ("validation", data_args.validation_file),
         ("test", data_args.test_file),
     ):
-        if spec:
-            raw[split] = load_local_file(spec, kind, data_args.source_column, data_args.target_column)
+        if spec:  # evaluation splits keep every line: the hypotheses stay aligned with the inputs
+            raw[split] = load_local_file(
+                spec, kind, data_args.source_column, data_args.target_column, skip_empty=split == "train"
+            )
     m2_file = data_args.m2_file
     if task == "gec" and "test" not in raw:
         raw["test"], conll_m2 = conll2013_test(data_args.data_dir)
         m2_file = m2_file or str(conll_m2)
+    if task == "gec" and m2_file and "test" in raw:
+        check_m2_aligned(m2_file, raw["test"].num_rows)
     if "test" not in raw and "validation" in raw:
         raw["test"] = raw["validation"]
     return raw, m2_file
+
+
+def check_m2_aligned(m2_file: str, test_rows: int) -> None:
+    """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence: the test split must have one row each."""
+    sentences = len(metrics.parse_m2(read_lines(m2_file)))
+    if sentences != test_rows:
+        raise ValueError(
+            f"{m2_file} has {sentences} sentences but the test split has {test_rows} rows; give the M2 file of "
+            "this test set (one sentence per source line, in order)."
+        )
 
 
 def _slice(dataset: Dataset, limit: int | None) -> Dataset:
@@ -670,7 +684,7 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
         scores = metrics.rouge_scores(hyps, refs)
         return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
     if task == "gec" and m2_file:
-        sentences = metrics.parse_m2(read_lines(m2_file))[: len(hyps)]
+        sentences = metrics.parse_m2(read_lines(m2_file))[: len(hyps)]  # --max_test_samples: the first ones
         m2 = metrics.m2_score(hyps, sentences)
         return [
             {"metric": "precision", "name": "M2 precision", "value": m2["precision"]},
