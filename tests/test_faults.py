@@ -351,6 +351,20 @@ def test_test_file_keeps_blank_and_undecodable_lines_aligned_with_their_hypothes
     assert len(read_lines(out / "test_hypotheses.txt")) == 4
 
 
+def test_a_model_folder_without_its_tokenizer_is_refused_and_left_untouched(tmp_path):
+    """Fine-tuning reads the model's own vocabulary; a new tokenizer trained into the model's folder would pair
+    other ids with its trained embeddings, and change the user's folder."""
+    src, tgt = corpus(tmp_path / "data")
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    before = snapshot(folder)
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
+        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{tgt}")
+    assert snapshot(folder) == before
+
+
 def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
     """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence; another count would shift them all."""
     src, tgt = corpus(tmp_path / "data", lines=4)

@@ -44,6 +44,7 @@ import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from safetensors.torch import load_file
 from transformers import (
+    AutoTokenizer,
     EarlyStoppingCallback,
     HfArgumentParser,
     PreTrainedTokenizerFast,
@@ -93,7 +94,7 @@ from .trainer import (
     fp32_forward,
     lm_negative_log_likelihood,
 )
-from .translate import decode, generate_ids
+from .translate import check_model_folder, decode, generate_ids
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ class ModelArguments:
     preset: str = field(
         default="base", metadata={"help": "tiny, base, deep, big, big_deep, pcformer_rk2, pcformer_rk4"}
     )
-    model_name_or_path: str | None = field(default=None, metadata={"help": "start from a saved model folder"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "start from a saved model folder or Hub id, with its own tokenizer"}
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={
@@ -703,8 +706,14 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
 
 
 def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
-    """The tokenizer asked for by name, else the output folder's own: reused if its record matches, else trained."""
-    named = model_args.tokenizer_name or model_args.model_name_or_path
+    """The tokenizer asked for by name, else the model's own, else the output folder's: reused if its record
+    matches, else trained. A model's own is never trained: its embeddings are rows of that vocabulary."""
+    if model_args.model_name_or_path and not model_args.tokenizer_name:
+        check_model_folder(model_args.model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+        logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
+        return tokenizer
+    named = model_args.tokenizer_name
     folder = named or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None

@@ -50,7 +50,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 DEFAULT_NEW_TOKENS = 20
 
 
-def _check_model_folder(model_name_or_path: str) -> None:
+def check_model_folder(model_name_or_path: str) -> None:
     """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
     folder = Path(model_name_or_path)
@@ -83,7 +83,7 @@ def load_for_generation(
     Raises:
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
     """
-    _check_model_folder(model_name_or_path)
+    check_model_folder(model_name_or_path)
     config = AutoConfig.from_pretrained(model_name_or_path)
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(model_name_or_path).to(device).eval()
