@@ -7,6 +7,7 @@ a few lines of data, and training runs refused before training starts.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,40 @@ def test_overwrite_output_dir_clears_the_old_run(tmp_path):
     (out / "checkpoint-100").mkdir(parents=True)
     train(out, "--train_file", ",".join(corpus(tmp_path / "data")), "--overwrite_output_dir", "true")
     assert not (out / "checkpoint-100").exists() and (out / "model.safetensors").is_file()
+
+
+def test_overwrite_output_dir_never_deletes_the_runs_inputs(tmp_path, monkeypatch):
+    """The data, model or tokenizer of the run inside --output_dir, or the folder the command runs in: refused
+    before anything is deleted (transformers' example scripts use the flag only to allow writing)."""
+    out = tmp_path / "out"
+    src, tgt = corpus(out / "data")
+    before = sorted(p.name for p in (out / "data").iterdir())
+    with pytest.raises(ValueError, match=f"would delete {src}, an input of this run, inside --output_dir"):
+        train(out, "--train_file", f"{src},{tgt}", "--overwrite_output_dir", "true")
+    assert sorted(p.name for p in (out / "data").iterdir()) == before
+    monkeypatch.chdir(out / "data")
+    with pytest.raises(ValueError, match="would delete the current folder's contents"):
+        train(out, "--train_file", ",".join(corpus(tmp_path / "elsewhere")), "--overwrite_output_dir", "true")
+    assert sorted(p.name for p in (out / "data").iterdir()) == before
+
+
+RUN_ARGUMENT_CASES = [
+    ("zero token budget", ["--max_tokens", "0"], "--max_tokens must be a positive token budget per batch, got 0"),
+    ("early stopping without a metric", ["--early_stopping_patience", "2"],
+     "--early_stopping_patience needs --metric_for_best_model"),
+    ("averaging without checkpoints", ["--average_last_checkpoints", "5"],
+     "--average_last_checkpoints 5 averages saved checkpoints, but --save_strategy no saves none"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"), [c[1:] for c in RUN_ARGUMENT_CASES], ids=[c[0] for c in RUN_ARGUMENT_CASES]
+)
+def test_run_arguments_that_would_fail_after_training_are_refused_first(tmp_path, flags, fragment):
+    """Each would otherwise train first, then fail (averaging: with the trained model unsaved) or train silently
+    with another setting (--max_tokens 0: eight-sentence batches)."""
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b", *flags])
 
 
 def test_resume_with_another_model_config_names_the_fields(tmp_path):

@@ -359,8 +359,50 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
         )
+    if data_args.max_tokens is not None and data_args.max_tokens <= 0:
+        raise ValueError(
+            f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
+        )
+    if run_args.early_stopping_patience and not training_args.metric_for_best_model:
+        raise ValueError(
+            "--early_stopping_patience needs --metric_for_best_model (e.g. loss) and --load_best_model_at_end true, "
+            "with an --eval_strategy to compare the evaluations"
+        )
+    if (
+        run_args.average_last_checkpoints > 1
+        and training_args.do_train
+        and training_args.save_strategy == "no"
+    ):
+        raise ValueError(
+            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
+            "--save_strategy no saves none; give --save_strategy steps --save_steps N, or leave averaging out"
+        )
+    if run_args.overwrite_output_dir:
+        _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _one_label_smoothing(model_args, training_args)
     return model_args, data_args, run_args, training_args
+
+
+def _refuse_to_delete_inputs(args: tuple) -> None:
+    """``--overwrite_output_dir`` deletes what the output folder holds: never the run's own inputs (data, model,
+    tokenizer, M2 file) or the folder the command runs in."""
+    model_args, data_args, _, training_args = args
+    out = Path(training_args.output_dir).resolve()
+    named = [model_args.model_name_or_path, model_args.tokenizer_name, data_args.m2_file, data_args.data_dir]
+    for spec in (data_args.train_file, data_args.validation_file, data_args.test_file):
+        named += [spec, *spec.split(",")] if spec else []
+    for name in filter(None, named):
+        path = Path(name).resolve()
+        if path.exists() and (path == out or out in path.parents):
+            raise ValueError(
+                f"--overwrite_output_dir would delete {name}, an input of this run, inside --output_dir "
+                f"{training_args.output_dir}; write the run to another folder"
+            )
+    if out == Path.cwd().resolve() or out in Path.cwd().resolve().parents:
+        raise ValueError(
+            f"--overwrite_output_dir would delete the current folder's contents (--output_dir "
+            f"{training_args.output_dir}); write the run to a folder of its own"
+        )
 
 
 def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> None:
