@@ -46,6 +46,7 @@ from safetensors.torch import load_file
 from transformers import (
     AutoTokenizer,
     EarlyStoppingCallback,
+    GenerationConfig,
     HfArgumentParser,
     PreTrainedTokenizerFast,
     Seq2SeqTrainingArguments,
@@ -99,6 +100,7 @@ from .translate import check_model_folder, decode, generate_ids
 logger = logging.getLogger(__name__)
 
 TASKS = ("translation", "summarization", "gec", "lm")
+DEFAULT_LENGTH = 256  # --max_source_length / --max_target_length of a new model
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
 RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
 
@@ -210,8 +212,16 @@ class DataArguments:
         metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"},
     )
     streaming: bool = field(default=False, metadata={"help": "stream the training split (needs max_steps)"})
-    max_source_length: int = 256
-    max_target_length: int = 256
+    max_source_length: int | None = field(
+        default=None,
+        metadata={"help": "tokens per source (default 256; a saved model's: its tokenizer's limit)"},
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens per target and per hypothesis (default 256; a saved model's: its max_new_tokens)"
+        },
+    )
     max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
     max_train_tokens: int | None = field(
         default=None,
@@ -347,12 +357,10 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
     if run_args.task not in TASKS:
         raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
-    longest = min(data_args.max_source_length, data_args.max_target_length)
-    if data_args.max_train_tokens is not None and not 0 < data_args.max_train_tokens < longest:
-        raise ValueError(
-            f"--max_train_tokens {data_args.max_train_tokens} must be positive and below --max_source_length/"
-            f"--max_target_length ({longest}): longer sides are truncated to those before the filter counts them"
-        )
+    if not model_args.model_name_or_path:  # a saved model's are read with it (resolve_lengths)
+        data_args.max_source_length = data_args.max_source_length or DEFAULT_LENGTH
+        data_args.max_target_length = data_args.max_target_length or DEFAULT_LENGTH
+        _check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
     if not training_args.do_train and not model_args.model_name_or_path:
@@ -381,6 +389,31 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _one_label_smoothing(model_args, training_args)
     return model_args, data_args, run_args, training_args
+
+
+def _check_max_train_tokens(data_args: DataArguments) -> None:
+    longest = min(data_args.max_source_length, data_args.max_target_length)
+    if data_args.max_train_tokens is not None and not 0 < data_args.max_train_tokens < longest:
+        raise ValueError(
+            f"--max_train_tokens {data_args.max_train_tokens} must be positive and below --max_source_length/"
+            f"--max_target_length ({longest}): longer sides are truncated to those before the filter counts them"
+        )
+
+
+def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast, saved_model: str) -> None:
+    """The lengths a saved model was trained and decodes with, where the flags leave them unset: its tokenizer's
+    ``model_max_length`` (the source limit its run saved) and its generation config's ``max_new_tokens``, so that
+    ``--do_train false`` scores the hypotheses ``train.translate`` writes."""
+    if data_args.max_source_length is None:
+        limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
+        data_args.max_source_length = limit if limit < 1_000_000 else DEFAULT_LENGTH
+    if data_args.max_target_length is None:
+        try:
+            new_tokens = GenerationConfig.from_pretrained(saved_model).max_new_tokens
+        except OSError:  # a folder without generation_config.json
+            new_tokens = None
+        data_args.max_target_length = new_tokens or DEFAULT_LENGTH
+    _check_max_train_tokens(data_args)
 
 
 def _refuse_to_delete_inputs(args: tuple) -> None:
@@ -1009,6 +1042,8 @@ def _run(args: tuple) -> dict:
     raw_splits = _splits_to_use(raw, args)
     check_splits_not_empty(raw_splits, data_args)
     tokenizer = _prepare_tokenizer(model_args, training_args, raw_splits.get("train"), run_args.task)
+    if model_args.model_name_or_path:
+        resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
