@@ -11,6 +11,7 @@ modules keep Python's traceback: that is the developer's path.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -39,6 +40,18 @@ def report_user_error(module: str, error: BaseException) -> int:
         raise error
     print(f"{program_name(module)}: error: {error}", file=sys.stderr)
     return 2
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a count (batch size, beams, checkpoints): 0 or less is refused by name, where it
+    would otherwise mean "everything" or nothing at all."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def _fail(message: str) -> None:

@@ -379,6 +379,30 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
 # 6. train.translate
 
 
+def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
+    """A byte-level vocabulary can write a line break; written as is, it would shift every later hypothesis."""
+    _, tokenizer = save_tiny_folder(tmp_path / "model")
+    ids = tokenizer(["the dog\nruns\u2028far\r.", "a cat"])["input_ids"]
+    assert translate.decode(tokenizer, ids) == ["the dog runs far .", "a cat"]
+
+
+@pytest.mark.parametrize(
+    ("main", "flags", "fragment"),
+    [
+        (translate.main, ["--batch_size", "0"], "--batch_size: expected a positive integer, got 0"),
+        (translate.main, ["--output", "no/such/folder/hyp.txt"], "its folder no/such/folder does not exist"),
+        (averaging.main, ["--last", "-1", "--out", "avg"], "--last: expected a positive integer, got -1"),
+    ],
+    ids=["batch size 0", "output folder missing", "average the last -1"],
+)
+def test_counts_and_output_folders_are_checked_before_any_work(tmp_path, capsys, main, flags, fragment):
+    """--batch_size 0 put everything in one batch and --last 0 averaged every checkpoint; a missing output
+    folder failed only after all the decoding."""
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "model"), *flags])
+    assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+
+
 def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):
     folder = tmp_path / "model"
     save_tiny_folder(folder, weight_scale=3)

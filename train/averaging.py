@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ode_transformer.cli import positive_int
+
 from .checkpoints import check_one_run, complete_checkpoints
 from .files import clear_folder, refuse_occupied, saving
 
@@ -103,7 +105,7 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.averaging", description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", help="training output folder with checkpoint-<step> subfolders")
-    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    parser.add_argument("--last", type=positive_int, default=5, help="how many of the newest checkpoints")
     parser.add_argument("--out", required=True, help="folder for the averaged model (empty or new)")
     parser.add_argument("--overwrite", action="store_true", help="delete what --out holds first")
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ from transformers import (
 )
 
 import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
-from ode_transformer.cli import program_name
+from ode_transformer.cli import positive_int, program_name
 
 from .files import read_lines
 from .tokenizer import tokenizer_sides, truncated_rows
@@ -149,8 +149,11 @@ def generate_ids(
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[Sequence[int]]) -> list[str]:
-    """Generated ids -> stripped strings without special tokens."""
-    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    """Generated ids -> stripped strings without special tokens, each on one line: a byte-level vocabulary can
+    write a line break, which would shift every later hypothesis against its input."""
+    return [
+        " ".join(text.splitlines()).strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)
+    ]
 
 
 def generate_texts(
@@ -213,13 +216,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="model folder (train.run output, save_pretrained) or Hub id")
     parser.add_argument("--input", default="-", help="text file, one input per line (.gz ok); '-' = stdin")
     parser.add_argument("--output", default="-", help="file for the outputs, one per line; '-' = stdout")
-    parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch (batched by length)")
-    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
+    parser.add_argument(
+        "--batch_size", type=positive_int, default=32, help="sentences per batch (batched by length)"
+    )
+    parser.add_argument(
+        "--num_beams", type=positive_int, default=None, help="default: the model's generation config"
+    )
     parser.add_argument("--length_penalty", type=float, default=None, help="default: the generation config")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: the generation config")
+    parser.add_argument(
+        "--max_new_tokens", type=positive_int, default=None, help="default: the generation config"
+    )
     parser.add_argument(
         "--max_source_length",
-        type=int,
+        type=positive_int,
         default=None,
         help="truncate inputs to N tokens (default: the tokenizer's limit)",
     )
@@ -230,7 +239,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (
+        args.output != "-" and not Path(args.output).resolve().parent.is_dir()
+    ):  # found before decoding, not after
+        parser.error(f"--output {args.output}: its folder {Path(args.output).parent} does not exist")
     texts = [line.rstrip("\r\n") for line in sys.stdin] if args.input == "-" else read_lines(args.input)
     model, tokenizer = load_for_generation(args.model, args.device)
     overrides = {
