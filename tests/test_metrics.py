@@ -551,6 +551,14 @@ def test_cli_gleu_summarization_and_usage_errors(tmp_path, capsys):
     assert "has 2 lines but" in capsys.readouterr().err
     assert main(["--task", "summarization", "--hyp", str(tmp_path / "missing.txt"), "--ref", ref]) == 2
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_bytes(b"")
+    empty = str(tmp_path / "empty.txt")
+    for task in ("summarization", "translation"):  # ROUGE scored it 0 and exited 0; sacrebleu: an IndexError
+        assert main(["--task", task, "--hyp", empty, "--ref", empty]) == 2
+        assert f"{empty} has no lines: nothing to score" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a KeyError from sacrebleu before
+        main(["--task", "translation", "--hyp", hyp, "--ref", ref, "--tokenize", "foo"])
+    assert "argument --tokenize: invalid choice: 'foo'" in capsys.readouterr().err
 
 
 def test_evaluate_load_local_m2_metric_offline(tmp_path):

@@ -27,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 
+from sacrebleu.metrics.bleu import BLEU
+
 from ode_transformer.cli import program_name, report_user_error
 
 from .files import read_lines
@@ -129,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ref", action="append", help="reference file (repeat for several references)")
     parser.add_argument("--src", help="source sentences (gleu; for gec, checked against the M2 file)")
     parser.add_argument("--m2", help="gold M2 file (gec)")
-    parser.add_argument("--tokenize", default="13a", help="sacrebleu tokenizer (translation)")
+    parser.add_argument(
+        "--tokenize", default="13a", choices=list(BLEU.TOKENIZERS), help="sacrebleu tokenizer (translation)"
+    )
     parser.add_argument("--tokenized-bleu", action="store_true", help="add tokenized BLEU, compound-split")
     parser.add_argument("--lang", default="de", help="Moses tokenizer language for --tokenized-bleu")
     parser.add_argument("--beta", type=float, default=0.5, help="F-beta of the M2 scorer")
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         hyps = read_lines(args.hyp)
+        if not hyps:  # sacrebleu fails on it, ROUGE would score it 0
+            raise UsageError(f"{args.hyp} has no lines: nothing to score")
         metrics = _RUNNERS[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
         return report_user_error(__spec__.name, error)
