@@ -499,6 +499,12 @@ def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp
         os.close(reader)
     with pytest.raises(IsADirectoryError, match=f"^{re.escape(str(tmp_path))} is a folder: give a text file"):
         read_lines(tmp_path)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("ein Hund\nzwei Katzen für\n".encode("latin-1"))
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(latin1))}, line 2: not UTF-8 text; convert the file"
+    ):
+        read_lines(latin1)
 
 
 # --------------------------------------------------------------------------------------------

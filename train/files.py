@@ -58,9 +58,24 @@ def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``), see :func:`read_byte_lines`.
 
     Raises:
-        UnicodeDecodeError: a line is not valid UTF-8.
+        ValueError: a line is not valid UTF-8 (the file and line named).
     """
-    return [line.decode("utf-8") for line in read_byte_lines(path)]
+    lines = read_byte_lines(path)
+    try:
+        return [line.decode("utf-8") for line in lines]
+    except UnicodeDecodeError:
+        number = next(i for i, line in enumerate(lines, start=1) if not _is_utf8(line))
+        raise ValueError(
+            f"{path}, line {number}: not UTF-8 text; convert the file (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _contents(folder: Path, ignore: Iterable[str]) -> list[Path]:
