@@ -363,6 +363,15 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         _check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    for flag in (
+        "max_tokens",
+        "max_train_samples",
+    ):  # both need the whole split: lengths to bucket, rows to count
+        if data_args.streaming and getattr(data_args, flag) is not None:
+            raise ValueError(
+                f"--{flag} does not apply to a stream, which is batched by --per_device_train_batch_size sentences "
+                f"and read to --max_steps; leave out --{flag}, or --streaming"
+            )
     if not training_args.do_train and not model_args.model_name_or_path:
         raise ValueError(
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
