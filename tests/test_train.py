@@ -22,7 +22,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from train import translate
-from train.card import training_card
+from train.card import dataset_card, training_card
 from train.data import multi30k, ptb
 from train.run import build_parser, main, parse_arguments, run
 from train.trainer import PadCollator, lm_negative_log_likelihood
@@ -545,6 +545,19 @@ def test_recipe_card_shows_the_actual_shape():
     assert recipe["model"] == "3-3 layers, d_model 256, FFN 1024/1024, 4/4 heads"  # not "preset: base"
     assert "preset" not in recipe and "d_model" not in recipe
     assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)
+
+
+def test_card_names_the_test_file_it_was_scored_on():
+    """A --test_file wins over the training corpus (--dataset) in the card's `dataset`, as it does in the run."""
+    common = ["--dataset", "multi30k", "--use_cpu", "true"]
+    _, data_args, _, _ = parse_arguments([*common, "--test_file", "my.en,my.de"])
+    assert dataset_card(data_args, "translation", None) == {
+        "name": "my.en,my.de",
+        "id": "my.en,my.de",
+        "split": "test",
+    }
+    _, data_args, _, _ = parse_arguments(common)
+    assert dataset_card(data_args, "translation", None)["id"] == "bentrevett/multi30k"
 
 
 def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():

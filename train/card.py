@@ -40,16 +40,17 @@ CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
 
 def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> dict:
     """The ``dataset`` entry of the metrics JSON for the test split."""
-    if task == "gec" and m2_file and not data_args.test_file:
+    if data_args.test_file:  # scored on the user's own file, whatever corpus trained the model
+        name = hub_id = data_args.test_file
+    elif task == "gec" and m2_file:
         name, hub_id = CORPUS_CARDS["conll2013"]
     elif data_args.dataset:
         first = data_args.dataset.split("+")[0]
         name, hub_id = CORPUS_CARDS.get(first, (first, first))
     else:
-        hub_id = data_args.hub_dataset or data_args.test_file or "local"
-        name = hub_id
+        name = hub_id = data_args.hub_dataset or "local"
     card = {"name": name, "id": hub_id, "split": "test"}
-    if data_args.hub_config:
+    if data_args.hub_config and not data_args.test_file:
         card["config"] = data_args.hub_config
     return card
 
