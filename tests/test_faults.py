@@ -8,6 +8,7 @@ the problem and the fix. Tiny models on a few lines of data keep every case at a
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import multiprocessing
 import os
@@ -392,8 +393,9 @@ def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
         (translate.main, ["--batch_size", "0"], "--batch_size: expected a positive integer, got 0"),
         (translate.main, ["--output", "no/such/folder/hyp.txt"], "its folder no/such/folder does not exist"),
         (averaging.main, ["--last", "-1", "--out", "avg"], "--last: expected a positive integer, got -1"),
+        (translate.main, ["--device", "gpu"], "--device gpu: not a torch device; e.g. cpu, cuda or cuda:1"),
     ],
-    ids=["batch size 0", "output folder missing", "average the last -1"],
+    ids=["batch size 0", "output folder missing", "average the last -1", "unknown device"],
 )
 def test_counts_and_output_folders_are_checked_before_any_work(tmp_path, capsys, main, flags, fragment):
     """--batch_size 0 put everything in one batch and --last 0 averaged every checkpoint; a missing output
@@ -401,6 +403,17 @@ def test_counts_and_output_folders_are_checked_before_any_work(tmp_path, capsys,
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "model"), *flags])
     assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):
+    save_tiny_folder(tmp_path / "model")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a dog\n\xff cat\n")))
+    with pytest.raises(ValueError, match="^standard input, line 2: not UTF-8 text"):
+        translate.main([str(tmp_path / "model"), "--no_progress"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            translate.main([str(tmp_path / "model"), "--device", "cuda"])
+        assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
 
 
 def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):

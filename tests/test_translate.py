@@ -28,7 +28,8 @@ def test_length_batches_longest_first():
 
 def test_stdin_to_stdout_in_input_order(tmp_path, monkeypatch, capsys):
     model, tokenizer = save_tiny_folder(tmp_path, weight_scale=3)
-    monkeypatch.setattr("sys.stdin", io.StringIO("".join(s + "\n" for s in SOURCES)))
+    stdin = "".join(s + "\n" for s in SOURCES).encode("utf-8")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
     translate.main(
         [str(tmp_path), "--batch_size", "2", "--num_beams", "3", "--max_new_tokens", "5", "--no_progress"]
     )

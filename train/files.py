@@ -7,6 +7,7 @@ import errno
 import gzip
 import logging
 import shutil
+import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -28,13 +29,15 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
 
     The final newline ends the last line, it does not start a new one.
 
-    A pipe or device (``/dev/stdin``, ``<(zcat x.gz)``) reads like a file.
+    A pipe or device (``/dev/stdin``, ``<(zcat x.gz)``) reads like a file; ``-`` is standard input.
 
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: a folder.
         ValueError: a ``.gz`` file is truncated or damaged (the file named).
     """
+    if str(path) == "-":
+        return _split_lines(sys.stdin.buffer.read())
     file = Path(path)
     if not file.exists():
         raise FileNotFoundError(f"no such file: {path}")
@@ -48,6 +51,10 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
             raise ValueError(
                 f"{path} is a truncated or damaged gzip file ({error}); copy or compress it again"
             ) from None
+    return _split_lines(data)
+
+
+def _split_lines(data: bytes) -> list[bytes]:
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
@@ -66,7 +73,8 @@ def read_lines(path: str | Path) -> list[str]:
     except UnicodeDecodeError:
         number = next(i for i, line in enumerate(lines, start=1) if not _is_utf8(line))
         raise ValueError(
-            f"{path}, line {number}: not UTF-8 text; convert the file (e.g. iconv -f latin1 -t utf-8)"
+            f"{'standard input' if str(path) == '-' else path}, line {number}: not UTF-8 text; convert the file "
+            "(e.g. iconv -f latin1 -t utf-8)"
         ) from None
 
 

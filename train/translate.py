@@ -208,6 +208,17 @@ def generate_texts(
     return decode(tokenizer, generate_ids(model, encoded["input_ids"], **kwargs))
 
 
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot run the model here (an unknown name, or no CUDA), else None."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        return "not a torch device; e.g. cpu, cuda or cuda:1"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "this torch has no CUDA device (torch.cuda.is_available() is False); use --device cpu"
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
@@ -241,11 +252,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
-    if (
-        args.output != "-" and not Path(args.output).resolve().parent.is_dir()
-    ):  # found before decoding, not after
+    # found before decoding, not after it
+    if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
         parser.error(f"--output {args.output}: its folder {Path(args.output).parent} does not exist")
-    texts = [line.rstrip("\r\n") for line in sys.stdin] if args.input == "-" else read_lines(args.input)
+    if (problem := device_problem(args.device)) is not None:
+        parser.error(f"--device {args.device}: {problem}")
+    texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
     model, tokenizer = load_for_generation(args.model, args.device)
     overrides = {
         key: value
