@@ -199,6 +199,16 @@ def test_hub_translation_column(wmt_like, tmp_path):
     assert reverse[0] == {"source": "sentence 0", "target": "Satz 0"}
 
 
+def test_hub_evaluation_splits_without_the_training_split(wmt_like):
+    """With --streaming the training split streams; the others are read on their own (the helper's case: the
+    run said it had no test split although --hub_dataset had one)."""
+    spec = DataSpec("hub", str(wmt_like), None, "de", "en")
+    assert sorted(load_task_data("seq2seq", spec)) == ["train", "validation"]
+    splits = load_task_data("seq2seq", spec, without_train=True)
+    assert sorted(splits) == ["validation"]
+    assert splits["validation"][1] == {"source": "Satz 9", "target": "sentence 9"}
+
+
 def test_hub_summarization_columns_detected(tmp_path):
     folder = _hub_folder(
         tmp_path / "cnn", {"train": {"article": ["A long text."], "highlights": ["Short."], "id": ["x1"]}}

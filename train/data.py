@@ -631,11 +631,14 @@ def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
     return corpora[spec.name]
 
 
-def load_task_data(task: Literal["seq2seq", "lm"], spec: DataSpec) -> DatasetDict:
+def load_task_data(
+    task: Literal["seq2seq", "lm"], spec: DataSpec, without_train: bool = False
+) -> DatasetDict:
     """Build the ``train``/``validation``/``test`` :class:`DatasetDict` described by ``spec``.
 
     Splits the source does not have are absent (e.g. ``cnndm`` has no test split here). Hub
-    splits named ``valid``/``dev`` are renamed ``validation``.
+    splits named ``valid``/``dev`` are renamed ``validation``. ``without_train``: a Hub dataset's other
+    splits only (its training split streams, and is not downloaded).
 
     Raises:
         ValueError: unknown kind/corpus, or columns that do not fit ``task`` (``lm`` needs
@@ -647,9 +650,22 @@ def load_task_data(task: Literal["seq2seq", "lm"], spec: DataSpec) -> DatasetDic
         if not spec.files:
             raise ValueError("DataSpec(kind='files') needs files={split: (source, target)}")
         columns = (spec.source_lang or "source", spec.target_lang or "target")
-        result = DatasetDict({split: load_local_file(f, task, *columns) for split, f in spec.files.items()})
+        result = DatasetDict(
+            {
+                split: load_local_file(f, task, *columns, skip_empty=split == "train")
+                for split, f in spec.files.items()
+            }
+        )
     elif spec.kind == "hub":
-        loaded = load_hub_dataset(spec.name, spec.config, spec.source_lang, spec.target_lang)
+        hub = (spec.name, spec.config, spec.source_lang, spec.target_lang)
+        # without_train: the other splits are small; streamed in, the training split is never downloaded
+        if without_train:
+            names = [name for name in datasets.get_dataset_split_names(*hub[:2]) if name != "train"]
+            loaded = {
+                name: Dataset.from_list(list(load_hub_dataset(*hub, name, streaming=True))) for name in names
+            }
+        else:
+            loaded = load_hub_dataset(*hub)
         renames = {"valid": "validation", "dev": "validation"}
         result = DatasetDict({renames.get(split, split): ds for split, ds in loaded.items()})
     else:

@@ -495,21 +495,11 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
     kind = "lm" if task == "lm" else "seq2seq"
     if data_args.dataset:
         raw = _shared_corpus(data_args.dataset, kind, data_args)
-    elif data_args.hub_dataset:
-        raw = (
-            load_task_data(
-                kind,
-                DataSpec(
-                    "hub",
-                    data_args.hub_dataset,
-                    data_args.hub_config,
-                    data_args.source_lang,
-                    data_args.target_lang,
-                ),
-            )
-            if not data_args.streaming
-            else DatasetDict()
+    elif data_args.hub_dataset:  # streamed, the training split is read by streaming_train_split
+        spec = DataSpec(
+            "hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang
         )
+        raw = load_task_data(kind, spec, without_train=data_args.streaming)
     else:
         raw = DatasetDict()
     for split, spec in (
