@@ -225,13 +225,15 @@ def test_output_dir_of_another_run_is_refused(tmp_path):
         FileExistsError,  # checkpoint-100 is incomplete: nothing to resume, so resuming is not offered
         match=r"already holds a run \(checkpoint-100, ...\); pass --overwrite_output_dir to delete it first",
     ):
-        train(out, "--train_file", ",".join(corpus(tmp_path / "data")))
+        train(out, "--train_file", data := ",".join(corpus(tmp_path / "data")))
     with pytest.raises(
         ValueError, match="--overwrite_output_dir would delete what --resume_from_checkpoint continues from"
     ):
-        train(out, "--overwrite_output_dir", "true", "--resume_from_checkpoint", "last")
+        train(out, "--train_file", data, "--overwrite_output_dir", "true", "--resume_from_checkpoint", "last")
     with pytest.raises(ValueError, match=f"--resume_from_checkpoint last: no complete checkpoint in {out}"):
-        train(out, "--resume_from_checkpoint", "last")  # checkpoint-100 is empty: skipped, nothing left
+        train(
+            out, "--train_file", data, "--resume_from_checkpoint", "last"
+        )  # checkpoint-100 is empty: skipped
 
 
 def test_overwrite_output_dir_clears_the_old_run(tmp_path):
@@ -260,6 +262,9 @@ RUN_ARGUMENT_CASES = [
     ("zero token budget", ["--max_tokens", "0"], "--max_tokens must be a positive token budget per batch, got 0"),
     ("early stopping without a metric", ["--early_stopping_patience", "2"],
      "--early_stopping_patience needs --metric_for_best_model"),
+    ("early stopping without evaluations", ["--early_stopping_patience", "2", "--metric_for_best_model", "loss"],
+     "--early_stopping_patience needs --metric_for_best_model"),
+    ("zero source length", ["--max_source_length", "0"], "--max_source_length must be a positive number of tokens, got 0"),
     ("averaging without checkpoints", ["--average_last_checkpoints", "5"],
      "--average_last_checkpoints 5 averages saved checkpoints, but --save_strategy no saves none"),
 ]  # fmt: skip

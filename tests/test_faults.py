@@ -370,10 +370,12 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
     """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence; another count would shift them all."""
     src, tgt = corpus(tmp_path / "data", lines=4)
     m2 = write(tmp_path / "one.m2", "S the dog\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n")
+    out = tmp_path / "out"
+    (out / "checkpoint-100").mkdir(parents=True)  # an earlier run, which --overwrite_output_dir would delete
     with pytest.raises(ValueError, match="has 1 sentences but the test split has 4 rows"):
-        train_run(tmp_path / "out", "--task", "gec", "--train_file", f"{src},{tgt}",
-                  "--test_file", f"{src},{tgt}", "--m2_file", str(m2))  # fmt: skip
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+        train_run(out, "--task", "gec", "--train_file", f"{src},{tgt}", "--test_file", f"{src},{tgt}",
+                  "--m2_file", str(m2), "--overwrite_output_dir", "true")  # fmt: skip
+    assert [p.name for p in out.iterdir()] == ["checkpoint-100"]  # refused before anything was deleted
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
         ValueError: a ``.gz`` file is truncated or damaged (the file named).
     """
     if str(path) == "-":
-        return _split_lines(sys.stdin.buffer.read())
+        stdin = getattr(sys.stdin, "buffer", None)  # a replaced sys.stdin (io.StringIO) has none
+        return _split_lines(stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8"))
     file = Path(path)
     if not file.exists():
         raise FileNotFoundError(f"no such file: {path}")

@@ -211,7 +211,12 @@ class DataArguments:
         default=None,
         metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"},
     )
-    streaming: bool = field(default=False, metadata={"help": "stream the training split (needs max_steps)"})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "stream the training split (needs max_steps; batched by sentences, not max_tokens)"
+        },
+    )
     max_source_length: int | None = field(
         default=None,
         metadata={"help": "tokens per source (default 256; a saved model's: its tokenizer's limit)"},
@@ -256,7 +261,7 @@ class RunArguments:
         default=None,
         metadata={
             "help": "stop once --metric_for_best_model has not improved for this many evaluations "
-            "(needs --load_best_model_at_end, which then keeps the best)"
+            "(needs an --eval_strategy, and --load_best_model_at_end to keep the best)"
         },
     )
     overwrite_output_dir: bool = field(
@@ -357,9 +362,12 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
     if run_args.task not in TASKS:
         raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
-    if not model_args.model_name_or_path:  # a saved model's are read with it (resolve_lengths)
-        data_args.max_source_length = data_args.max_source_length or DEFAULT_LENGTH
-        data_args.max_target_length = data_args.max_target_length or DEFAULT_LENGTH
+    for flag in ("max_source_length", "max_target_length"):
+        if getattr(data_args, flag) is not None and getattr(data_args, flag) <= 0:
+            raise ValueError(f"--{flag} must be a positive number of tokens, got {getattr(data_args, flag)}")
+        if getattr(data_args, flag) is None and not model_args.model_name_or_path:  # else: resolve_lengths
+            setattr(data_args, flag, DEFAULT_LENGTH)
+    if not model_args.model_name_or_path:
         _check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
@@ -368,10 +376,12 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         "max_train_samples",
     ):  # both need the whole split: lengths to bucket, rows to count
         if data_args.streaming and getattr(data_args, flag) is not None:
-            raise ValueError(
-                f"--{flag} does not apply to a stream, which is batched by --per_device_train_batch_size sentences "
-                f"and read to --max_steps; leave out --{flag}, or --streaming"
-            )
+            # a warning, not an error: every recipe sets max_tokens, and a flag cannot unset it
+            logger.warning(
+                "--%s %s does not apply to a stream, which is batched by --per_device_train_batch_size sentences "
+                "and read to --max_steps: ignored", flag, getattr(data_args, flag),
+            )  # fmt: skip
+            setattr(data_args, flag, None)
     if not training_args.do_train and not model_args.model_name_or_path:
         raise ValueError(
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
@@ -380,7 +390,9 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(
             f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
         )
-    if run_args.early_stopping_patience and not training_args.metric_for_best_model:
+    if run_args.early_stopping_patience and (
+        not training_args.metric_for_best_model or training_args.eval_strategy == "no"
+    ):
         raise ValueError(
             "--early_stopping_patience needs --metric_for_best_model (e.g. loss) and --load_best_model_at_end true, "
             "with an --eval_strategy to compare the evaluations"
@@ -394,7 +406,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
             f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
             "--save_strategy no saves none; give --save_strategy steps --save_steps N, or leave averaging out"
         )
-    if run_args.overwrite_output_dir:
+    if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _one_label_smoothing(model_args, training_args)
     return model_args, data_args, run_args, training_args
@@ -527,8 +539,8 @@ def check_m2_aligned(m2_file: str, test_rows: int) -> None:
     sentences = len(metrics.parse_m2(read_lines(m2_file)))
     if sentences != test_rows:
         raise ValueError(
-            f"{m2_file} has {sentences} sentences but the test split has {test_rows} rows; give the M2 file of "
-            "this test set (one sentence per source line, in order)."
+            f"{m2_file} has {sentences} sentences but the test split has {test_rows} rows (blank lines count: "
+            "remove a trailing empty line); give the M2 file of this test set, one sentence per source line."
         )
 
 
@@ -779,14 +791,20 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
 # Main
 
 
+def _saved_model_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerFast | None:
+    """A saved model's own tokenizer (unless --tokenizer_name names another): never trained, since the model's
+    embeddings are rows of that vocabulary; a folder without one is refused."""
+    if not model_args.model_name_or_path or model_args.tokenizer_name:
+        return None
+    check_model_folder(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
+    return tokenizer
+
+
 def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
-    """The tokenizer asked for by name, else the model's own, else the output folder's: reused if its record
-    matches, else trained. A model's own is never trained: its embeddings are rows of that vocabulary."""
-    if model_args.model_name_or_path and not model_args.tokenizer_name:
-        check_model_folder(model_args.model_name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-        logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
-        return tokenizer
+    """The tokenizer asked for by name, else the output folder's own: reused if its record matches, else
+    trained."""
     named = model_args.tokenizer_name
     folder = named or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
@@ -1025,6 +1043,15 @@ def run(args: tuple) -> dict:
 
 def _run(args: tuple) -> dict:
     model_args, data_args, run_args, training_args = args
+    set_seed(training_args.seed)
+    # What can be refused is checked before --overwrite_output_dir deletes anything: the data, the M2 file, a
+    # saved model's tokenizer and lengths.
+    raw, m2_file = load_raw_data(data_args, run_args.task)
+    raw_splits = _splits_to_use(raw, args)
+    check_splits_not_empty(raw_splits, data_args)
+    own_tokenizer = _saved_model_tokenizer(model_args)
+    if own_tokenizer is not None:
+        resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
     resume = (
         prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
@@ -1036,12 +1063,10 @@ def _run(args: tuple) -> dict:
             training_args.output_dir, resume,
         )  # fmt: skip
         return {}
-    set_seed(training_args.seed)
-    raw, m2_file = load_raw_data(data_args, run_args.task)
-    raw_splits = _splits_to_use(raw, args)
-    check_splits_not_empty(raw_splits, data_args)
-    tokenizer = _prepare_tokenizer(model_args, training_args, raw_splits.get("train"), run_args.task)
-    if model_args.model_name_or_path:
+    tokenizer = own_tokenizer or _prepare_tokenizer(
+        model_args, training_args, raw_splits.get("train"), run_args.task
+    )
+    if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
         resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
