@@ -211,7 +211,7 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_emp
         if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip()
     ]  # fmt: skip
     stats = _LineReport(
-        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - len(empty) * skip_empty,
+        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - (len(empty) if skip_empty else 0),
         empty_lines=[i + first_line for i in empty],
     )  # fmt: skip
     _warn_skipped(stats, skip_empty)

@@ -68,23 +68,16 @@ def read_lines(path: str | Path) -> list[str]:
     Raises:
         ValueError: a line is not valid UTF-8 (the file and line named).
     """
-    lines = read_byte_lines(path)
-    try:
-        return [line.decode("utf-8") for line in lines]
-    except UnicodeDecodeError:
-        number = next(i for i, line in enumerate(lines, start=1) if not _is_utf8(line))
-        raise ValueError(
-            f"{'standard input' if str(path) == '-' else path}, line {number}: not UTF-8 text; convert the file "
-            "(e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-
-
-def _is_utf8(line: bytes) -> bool:
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    texts = []
+    for number, line in enumerate(read_byte_lines(path), start=1):
+        try:
+            texts.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"{'standard input' if str(path) == '-' else path}, line {number}: not UTF-8 text; convert the "
+                "file (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
+    return texts
 
 
 def _contents(folder: Path, ignore: Iterable[str]) -> list[Path]:

@@ -44,7 +44,6 @@ import yaml
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from safetensors.torch import load_file
 from transformers import (
-    AutoTokenizer,
     EarlyStoppingCallback,
     GenerationConfig,
     HfArgumentParser,
@@ -95,7 +94,7 @@ from .trainer import (
     fp32_forward,
     lm_negative_log_likelihood,
 )
-from .translate import check_model_folder, decode, generate_ids
+from .translate import decode, generate_ids, load_model_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -363,18 +362,17 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.task not in TASKS:
         raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
     for flag in ("max_source_length", "max_target_length"):
-        if getattr(data_args, flag) is not None and getattr(data_args, flag) <= 0:
-            raise ValueError(f"--{flag} must be a positive number of tokens, got {getattr(data_args, flag)}")
-        if getattr(data_args, flag) is None and not model_args.model_name_or_path:  # else: resolve_lengths
+        length = getattr(data_args, flag)
+        if length is not None and length <= 0:
+            raise ValueError(f"--{flag} must be a positive number of tokens, got {length}")
+        if length is None and not model_args.model_name_or_path:  # else: resolve_lengths
             setattr(data_args, flag, DEFAULT_LENGTH)
     if not model_args.model_name_or_path:
         _check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
-    for flag in (
-        "max_tokens",
-        "max_train_samples",
-    ):  # both need the whole split: lengths to bucket, rows to count
+    # both need the whole split: lengths to bucket, rows to count
+    for flag in ("max_tokens", "max_train_samples"):
         if data_args.streaming and getattr(data_args, flag) is not None:
             # a warning, not an error: every recipe sets max_tokens, and a flag cannot unset it
             logger.warning(
@@ -796,8 +794,7 @@ def _saved_model_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerFas
     embeddings are rows of that vocabulary; a folder without one is refused."""
     if not model_args.model_name_or_path or model_args.tokenizer_name:
         return None
-    check_model_folder(model_args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    tokenizer = load_model_tokenizer(model_args.model_name_or_path)
     logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
     return tokenizer
 

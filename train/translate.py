@@ -83,11 +83,17 @@ def load_for_generation(
     Raises:
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
     """
-    check_model_folder(model_name_or_path)
+    tokenizer = load_model_tokenizer(model_name_or_path)
     config = AutoConfig.from_pretrained(model_name_or_path)
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(model_name_or_path).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(model_name_or_path)
+    return model, tokenizer
+
+
+def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer saved with a model (folder or Hub id); a local folder without one is refused by name."""
+    check_model_folder(model_name_or_path)
+    return AutoTokenizer.from_pretrained(model_name_or_path)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
