@@ -24,6 +24,7 @@ Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the we
         "id": "wmt/wmt14",                #   required: Hub dataset id (model-index dataset.type)
         "config": "de-en",                #   optional
         "split": "test",                  #   required
+        "rows": 3003,                     #   optional: how many examples were scored
         "revision": null                  #   optional
       },
       "results": [                        # required, at least one
@@ -322,6 +323,10 @@ def _results_table(metrics: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {dataset['split']} | {result.get('name', result['metric'])} | "
             f"{float(result['value']):.2f} | {signature} |"
+        )
+    if scored := metrics["dataset"].get("rows"):
+        rows.append(
+            f"\n{metrics['dataset']['name']} {metrics['dataset']['split']}: {scored:,} examples scored."
         )
     decoding = metrics.get("decoding")
     if decoding:

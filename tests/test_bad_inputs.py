@@ -171,6 +171,12 @@ def test_empty_and_malformed_files(tmp_path):
         (lambda: load_jsonl(write(tmp_path / "bad.jsonl", '{"source": "a", "target": "b"}\n{"source": "c", "target": \n'),
                             "source", "target", cache_dir=tmp_path / "cache"),
          "bad.jsonl, line 2: not a JSON object (Expecting value at column 27); fix or remove that line"),
+        (lambda: load_jsonl(write(tmp_path / "number.jsonl", '{"source": "a", "target": "b"}\n{"source": 5, "target": "c"}\n'),
+                            "source", "target", cache_dir=tmp_path / "cache", skip_empty=False),
+         "number.jsonl, line 2: the source is a int ('5'), not text"),
+        (lambda: load_jsonl(write(tmp_path / "list.jsonl", '{"source": "a", "target": ["b", "c"]}\n'), "source", "target",
+                            cache_dir=tmp_path / "cache"),
+         "list.jsonl, line 1: the target is a list ("),
     ]  # fmt: skip
     for action, fragment in cases:
         with pytest.raises(ValueError) as raised:
@@ -199,10 +205,12 @@ def train(output_dir: Path, *flags: str) -> dict:
     return run(parse_arguments([*TINY_RUN, "--output_dir", str(output_dir), *flags]))
 
 
+@pytest.mark.parametrize("content", ["", "\n \n\t\n"], ids=["no-lines", "blank-lines"])
 @pytest.mark.parametrize("split", ["train", "validation", "test"])
-def test_empty_split_is_refused_before_training(tmp_path, split):
+def test_empty_split_is_refused_before_training(tmp_path, split, content):
+    # evaluation splits keep blank lines (aligned with hypotheses), so an all-blank one has rows but no example
     src, tgt = corpus(tmp_path / "data")
-    empty = ",".join(str(write(tmp_path / f"empty.{side}", "")) for side in ("src", "tgt"))
+    empty = ",".join(str(write(tmp_path / f"empty.{side}", content)) for side in ("src", "tgt"))
     files = {"train": f"{src},{tgt}", "validation": f"{src},{tgt}", "test": f"{src},{tgt}", split: empty}
     predict = (
         ["--do_predict", "true"] if split == "test" else []

@@ -395,7 +395,11 @@ def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
         (translate.main, ["--batch_size", "0"], "--batch_size: expected a positive integer, got 0"),
         (translate.main, ["--output", "no/such/folder/hyp.txt"], "its folder no/such/folder does not exist"),
         (averaging.main, ["--last", "-1", "--out", "avg"], "--last: expected a positive integer, got -1"),
-        (translate.main, ["--device", "gpu"], "--device gpu: not a torch device; e.g. cpu, cuda or cuda:1"),
+        (
+            translate.main,
+            ["--device", "gpu"],
+            "--device gpu: not a torch device; e.g. cpu, cuda, cuda:1 or mps",
+        ),
     ],
     ids=["batch size 0", "output folder missing", "average the last -1", "unknown device"],
 )
@@ -405,6 +409,26 @@ def test_counts_and_output_folders_are_checked_before_any_work(tmp_path, capsys,
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "model"), *flags])
     assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "mps", "fragment"),
+    [
+        ("cuda:2", 2, False, "there are 2 CUDA device(s), numbered from 0; use cuda:0 or cpu"),
+        ("cuda:1", 2, False, None),
+        ("cuda", 0, False, "this torch has no CUDA device"),
+        ("mps", 0, False, "this machine has no Apple MPS device"),
+        ("mps", 0, True, None),
+        ("cpu", 0, False, None),
+    ],
+)
+def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, fragment):
+    """A GPU index past the count, or mps on a machine without it, failed only when the model was moved."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    problem = translate.device_problem(device)
+    assert problem is None if fragment is None else fragment in problem
 
 
 def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):

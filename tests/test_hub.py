@@ -362,7 +362,7 @@ def _task_card(folder: Path, task: str) -> ModelCard:
     metrics = {
         "task": card_task,
         "language": language,
-        "dataset": {"name": "Toy corpus", "id": "toy/corpus", "split": "test"},
+        "dataset": {"name": "Toy corpus", "id": "toy/corpus", "split": "test[:1500]", "rows": 1500},
         "results": [{"metric": "chrf", "name": "chrF", "value": 12.5}],
         "example": example,
         "base_model": "someone/ode-base",
@@ -386,6 +386,8 @@ def test_every_card_snippet_runs_as_written(tmp_path):
         plain.append(snippets[0])
         helpers.append(snippets[1])
     assert "Decoding: num beams 2, length penalty 0.6, precision fp32." in card.text or task == "lm"
+    assert "Toy corpus test[:1500]: 1,500 examples scored." in card.text
+    assert card.data.eval_results[0].dataset_split == "test[:1500]"
     separator = "\nprint('=====')\n"
     result = run_package_free(separator.join(plain), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -210,6 +210,10 @@ def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_fil
     assert "training" not in document and document["dataset"]["id"] == f"{src},{ref}"
     hyps = (tmp_path / "test_hypotheses.txt").read_text(encoding="utf-8")
     assert hyps == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8")
+    # the training run scored the first 16 rows of Multi30k's test split (--max_test_samples 16); this one, all of
+    # its test file
+    assert (trained["dataset"]["split"], trained["dataset"]["rows"]) == ("test[:16]", 16)
+    assert (document["dataset"]["split"], document["dataset"]["rows"]) == ("test", hyps.count("\n"))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "all_results.json",
         "hub_metrics.json",
@@ -556,13 +560,24 @@ def test_card_names_the_test_file_it_was_scored_on():
     """A --test_file wins over the training corpus (--dataset) in the card's `dataset`, as it does in the run."""
     common = ["--dataset", "multi30k", "--use_cpu", "true"]
     _, data_args, _, _ = parse_arguments([*common, "--test_file", "my.en,my.de"])
-    assert dataset_card(data_args, "translation", None) == {
+    assert dataset_card(data_args, "translation", None, rows=1000) == {
         "name": "my.en,my.de",
         "id": "my.en,my.de",
         "split": "test",
+        "rows": 1000,
     }
     _, data_args, _, _ = parse_arguments(common)
-    assert dataset_card(data_args, "translation", None)["id"] == "bentrevett/multi30k"
+    assert dataset_card(data_args, "translation", None, rows=1000)["id"] == "bentrevett/multi30k"
+
+
+def test_card_names_a_test_slice_as_one():
+    """--max_test_samples 100 scored the first 100 rows, and the card had claimed the whole test set."""
+    _, data_args, _, _ = parse_arguments(
+        ["--dataset", "multi30k", "--use_cpu", "true", "--max_test_samples", "100"]
+    )
+    assert dataset_card(data_args, "translation", None, rows=100)["split"] == "test[:100]"
+    # a limit above the split's size scores all of it
+    assert dataset_card(data_args, "translation", None, rows=40)["split"] == "test"
 
 
 def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():

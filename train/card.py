@@ -38,8 +38,9 @@ CORPUS_CARDS: dict[str, tuple[str, str]] = {
 CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
 
 
-def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> dict:
-    """The ``dataset`` entry of the metrics JSON for the test split."""
+def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows: int) -> dict:
+    """The ``dataset`` entry of the metrics JSON for the test split, of which ``rows`` were scored (the first
+    ``--max_test_samples``, named ``test[:N]`` as a datasets slice, or all of it)."""
     if data_args.test_file:  # scored on the user's own file, whatever corpus trained the model
         name = hub_id = data_args.test_file
     elif task == "gec" and m2_file:
@@ -49,7 +50,8 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None) -> di
         name, hub_id = CORPUS_CARDS.get(first, (first, first))
     else:
         name = hub_id = data_args.hub_dataset or "local"
-    card = {"name": name, "id": hub_id, "split": "test"}
+    sliced = data_args.max_test_samples is not None and rows == data_args.max_test_samples
+    card = {"name": name, "id": hub_id, "split": f"test[:{rows}]" if sliced else "test", "rows": rows}
     if data_args.hub_config and not data_args.test_file:
         card["config"] = data_args.hub_config
     return card
@@ -129,7 +131,7 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
     _, data_args, run_args, _ = args
     document = {
         "task": HUB_TASKS[run_args.task],
-        "dataset": dataset_card(data_args, run_args.task, m2_file),
+        "dataset": dataset_card(data_args, run_args.task, m2_file, raw_test.num_rows),
         "results": results,
         "example": usage_example(run_args.task, raw_test),
     }

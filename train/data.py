@@ -205,10 +205,21 @@ def _refuse_empty_file(path: PathLike, header: bool) -> None:
 
 def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_empty: bool = True) -> Dataset:
     """Drop rows whose source or target is missing or blank (or, without ``skip_empty``, keep them with ``""`` for
-    a missing value), with :func:`load_parallel_files`' warning (line ``first_line`` of the file is row 0)."""
+    a missing value), with :func:`load_parallel_files`' warning (line ``first_line`` of the file is row 0).
+
+    Raises:
+        ValueError: a value is neither text nor missing (a number, list or object; file, line and field named).
+    """
+    for side in ("source", "target"):
+        for i, value in enumerate(dataset[side]):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(
+                    f"{path}, line {i + first_line}: the {side} is a {type(value).__name__} ({str(value)[:40]!r}), "
+                    "not text; give every source and target as a string (or convert the file first)."
+                )
     empty = [
         i for i, (source, target) in enumerate(zip(dataset["source"], dataset["target"]))
-        if not isinstance(source, str) or not isinstance(target, str) or not source.strip() or not target.strip()
+        if source is None or target is None or not source.strip() or not target.strip()
     ]  # fmt: skip
     stats = _LineReport(
         files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - (len(empty) if skip_empty else 0),

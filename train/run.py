@@ -546,19 +546,32 @@ def _slice(dataset: Dataset, limit: int | None) -> Dataset:
     return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
 
 
+def _has_example(dataset: Dataset) -> bool:
+    """Whether one row has text to learn or score: a non-blank ``text``, or a non-blank source and target.
+    Evaluation splits keep their blank rows (to stay aligned), so an all-blank split has rows but no example."""
+
+    def is_text(value: object) -> bool:
+        return isinstance(value, str) and bool(value.strip())
+
+    columns = ["text"] if "text" in dataset.column_names else ["source", "target"]
+    # row by row: stops at the first example instead of reading a large training split into memory
+    return any(all(is_text(row[column]) for column in columns) for row in dataset.select_columns(columns))
+
+
 def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
-    """Refuse an empty split before training (an empty validation or test split would only fail after it)."""
+    """Refuse a split without examples before training (an empty validation or test split would only fail, or be
+    scored as nothing, after it)."""
     files = {
         "train": data_args.train_file,
         "validation": data_args.validation_file,
         "test": data_args.test_file,
     }
     for name, dataset in splits.items():
-        if isinstance(dataset, Dataset) and dataset.num_rows == 0:
+        if isinstance(dataset, Dataset) and not _has_example(dataset):
             source = files[name] or data_args.dataset or data_args.hub_dataset
             raise ValueError(
-                f"the {name} split ({source}) has no examples (after skipping empty ones and --max_*_samples); "
-                "give it data, or leave that split out."
+                f"the {name} split ({source}) has no examples ({dataset.num_rows} rows, none with text to learn "
+                "or score, after skipping empty ones and --max_*_samples); give it data, or leave that split out."
             )
 
 

@@ -215,13 +215,18 @@ def generate_texts(
 
 
 def device_problem(device: str) -> str | None:
-    """Why ``device`` cannot run the model here (an unknown name, or no CUDA), else None."""
+    """Why ``device`` cannot run the model here (an unknown name, no CUDA or MPS, or a GPU index past the count),
+    else None."""
     try:
-        kind = torch.device(device).type
+        parsed = torch.device(device)
     except RuntimeError:
-        return "not a torch device; e.g. cpu, cuda or cuda:1"
-    if kind == "cuda" and not torch.cuda.is_available():
+        return "not a torch device; e.g. cpu, cuda, cuda:1 or mps"
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         return "this torch has no CUDA device (torch.cuda.is_available() is False); use --device cpu"
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        return f"there are {torch.cuda.device_count()} CUDA device(s), numbered from 0; use cuda:0 or cpu"
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        return "this machine has no Apple MPS device (torch.backends.mps.is_available() is False); use --device cpu"
     return None
 
 
