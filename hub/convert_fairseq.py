@@ -1,6 +1,6 @@
 """Convert the authors' fairseq checkpoints (libeineu/ODE-Transformer, fairseq 0.6.2 fork) to an HF folder.
 
-    python -m hub.convert_fairseq CHECKPOINT OUT_DIR [--trust-pickle] [--padding-idx 1]
+    python -m hub.convert_fairseq CHECKPOINT OUT_DIR [--trust-pickle] [--padding-idx 1] [--overwrite]
 
 The result uses the code-compatible mode of `ODETransformerConfig`: F is the whole pre-norm layer with its
 residuals (`ode_function_includes_residual=True`), one gate / coefficient pair for the whole encoder
@@ -25,12 +25,18 @@ Token ids follow fairseq's Dictionary: bos 0, pad 1, eos 2 (decoding starts with
 from __future__ import annotations
 
 import argparse
+import pickle
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+try:  # installed: ode_transformer.hub beside ode_transformer.train
+    from ..train.files import clear_folder, refuse_occupied, saving
+except ImportError:  # a checkout: hub/ and train/ are top-level packages
+    from train.files import clear_folder, refuse_occupied, saving
 
 __all__ = [
     "FairseqCheckpointError",
@@ -96,20 +102,70 @@ class FairseqCheckpointError(ValueError):
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _file_head(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(8)
+
+
+def _looks_like_torch_file(head: bytes) -> bool:
+    """Whether a file starting with ``head`` can be a torch.save file: a zip archive (torch >= 1.6) or a pickle
+    of protocol 2 or later (the legacy format, e.g. of fairseq 0.6.2's torch)."""
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _not_a_checkpoint(path: Path, problem: str, error: BaseException | None = None) -> FairseqCheckpointError:
+    """The error for a file torch.load cannot read at all (text, empty, truncated): --trust-pickle cannot help,
+    so it is not advised."""
+    detail = (
+        f" (torch.load: {next(iter(str(error).splitlines()), '') or type(error).__name__})" if error else ""
+    )
+    return FairseqCheckpointError(
+        f"{path} is not a fairseq/torch checkpoint: {problem}{detail}. Pass the checkpoint*.pt file fairseq "
+        "saved (e.g. checkpoint_best.pt)."
+    )
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """Refuse by name what is no checkpoint file (missing, a folder, empty, text) before torch.load unpickles
+    it: its own errors there are a raw UnpicklingError, or advice to trust the file."""
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))[:3]
+        hint = f" (it holds {', '.join(found)})" if found else ""
+        example = path / (found[0] if found else "checkpoint_best.pt")
+        raise FairseqCheckpointError(
+            f"checkpoint {path} is a folder{hint}; pass a fairseq checkpoint file (.pt), e.g. {example}."
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist; pass a fairseq checkpoint file (.pt).")
+    head = _file_head(path)
+    if not head:
+        raise _not_a_checkpoint(path, "the file is empty")
+    if not _looks_like_torch_file(head):
+        raise _not_a_checkpoint(
+            path, f"it starts with {head!r}, not as torch.save writes (a zip or a pickle)"
+        )
+
+
 def load_fairseq_checkpoint(path: str | Path, trust_pickle: bool = False) -> dict[str, Any]:
     """torch.load the checkpoint: safely (weights_only=True, with argparse.Namespace allow-listed) unless
-    `trust_pickle`; a checkpoint that needs full unpickling raises an error naming `--trust-pickle`."""
+    `trust_pickle`; a checkpoint that needs full unpickling raises an error naming `--trust-pickle`, a file that
+    is no torch checkpoint (a folder, text, truncated) one saying so, as the flag would not help."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist.")
+    _check_checkpoint_file(path)
     if trust_pickle:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as error:
+            raise _not_a_checkpoint(path, "it is truncated or damaged", error) from error
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises UnpicklingError (or RuntimeError on older versions)
+        detail = next(iter(str(error).splitlines()), "")
+        if "weights only load failed" not in detail.lower():  # EOFError, a damaged zip, ...
+            raise _not_a_checkpoint(path, "it is truncated or damaged", error) from error
         raise FairseqCheckpointError(
-            f"{path} cannot be loaded safely (torch.load weights_only=True): {str(error).splitlines()[0]}\n"
+            f"{path} cannot be loaded safely (torch.load weights_only=True): {detail}\n"
             "It holds pickled Python objects beyond tensors and the fairseq args Namespace. If you trust the file, "
             "re-run with --trust-pickle (convert_fairseq_checkpoint(..., trust_pickle=True)); unpickling can "
             "execute arbitrary code."
@@ -375,16 +431,29 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], config) -> dict[str, t
     return {k: v.detach().clone().float() for k, v in out.items()}
 
 
+def _refuse_output(out_dir: Path, overwrite: bool) -> None:
+    """Refuse a file, or a non-empty folder unless ``overwrite`` (as hub.export does): files left from an earlier
+    model (a tokenizer.json, a card) would sit next to the new weights and describe another model."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} is a file; OUT_DIR must be a folder (new or empty).")
+    refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
+
+
 def convert_fairseq_checkpoint(
     checkpoint: str | Path | Mapping[str, Any],
     out_dir: str | Path | None = None,
     trust_pickle: bool = False,
     padding_idx: int = 1,
+    overwrite: bool = False,
 ):
     """Convert a fairseq checkpoint (path or loaded dict) to an `ODETransformerForConditionalGeneration`;
-    saved with `save_pretrained` to `out_dir` when given. Returns the model (eval mode)."""
+    saved with `save_pretrained` to `out_dir` when given: a non-empty `out_dir` is refused (before the checkpoint
+    is read) unless `overwrite`, which deletes what it holds once the conversion succeeded. Returns the model
+    (eval mode)."""
     from modeling_ode import ODETransformerForConditionalGeneration
 
+    if out_dir is not None:
+        _refuse_output(Path(out_dir), overwrite)
     if isinstance(checkpoint, (str, Path)):
         checkpoint = load_fairseq_checkpoint(checkpoint, trust_pickle=trust_pickle)
     args, state = _split_checkpoint(checkpoint)
@@ -396,7 +465,9 @@ def convert_fairseq_checkpoint(
         raise FairseqCheckpointError(f"loading failed: {result}")
     model.eval()
     if out_dir is not None:
-        model.save_pretrained(out_dir, safe_serialization=True)
+        clear_folder(out_dir)
+        with saving(out_dir):
+            model.save_pretrained(out_dir, safe_serialization=True)
     return model
 
 
@@ -409,10 +480,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="folder to write (save_pretrained layout)")
     parser.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
     parser.add_argument("--padding-idx", type=int, default=1, help="the dictionary's pad index (fairseq: 1)")
+    parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
     args = parser.parse_args(argv)
     try:
-        convert_fairseq_checkpoint(args.checkpoint, args.out_dir, args.trust_pickle, args.padding_idx)
-    except FairseqCheckpointError as error:
+        convert_fairseq_checkpoint(
+            args.checkpoint, args.out_dir, args.trust_pickle, args.padding_idx, args.overwrite
+        )
+    except (FairseqCheckpointError, FileNotFoundError, FileExistsError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")  # one line, as argparse's usage errors
     print(args.out_dir)
 

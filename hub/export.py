@@ -36,12 +36,14 @@ from modeling_ode import (
 )
 from ode_transformer.cli import program_name
 
-from .model_card import METRICS_FILENAME, write_model_card
+from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import clear_folder, refuse_occupied, saving
+    from ..train.translate import load_saved_model, ode_model_config
 except ImportError:  # a checkout: hub/ and train/ are top-level packages
     from train.files import clear_folder, refuse_occupied, saving
+    from train.translate import load_saved_model, ode_model_config
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
@@ -63,28 +65,43 @@ TOKENIZER_FILES = (
 
 
 def _load_model(model_dir: Path) -> ODETransformerPreTrainedModel:
-    config = ODETransformerConfig.from_pretrained(model_dir)
-    cls = ODETransformerForConditionalGeneration if config.is_encoder_decoder else ODETransformerForCausalLM
-    return cls.from_pretrained(model_dir)
+    """The folder's model, refused unless config.json is an ODE Transformer's and the weights fill the model."""
+    seq2seq = ode_model_config(model_dir).get("is_encoder_decoder", True)
+    return load_saved_model(
+        ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM, model_dir
+    )
 
 
-def _copy_tokenizer(tokenizer: Any, source_dir: Path | None, out_dir: Path) -> list[str]:
+def _tokenizer_files(tokenizer: Any, source_dir: Path | None) -> tuple[Path | None, list[str]]:
+    """The folder and names of the tokenizer files to copy (none for a tokenizer object), checked before the
+    export writes anything: a bad ``--tokenizer`` must not leave a half-written folder behind."""
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(str(out_dir))
-        return [name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
+        return None, []
     folder = Path(tokenizer) if tokenizer is not None else source_dir
     if folder is None:
-        return []
-    if tokenizer is not None and not folder.is_dir():
+        return None, []
+    names = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if tokenizer is None:
+        return folder, names
+    if folder.is_file():
+        raise FileNotFoundError(
+            f"tokenizer {folder} is a file; pass the folder that holds the tokenizer files."
+        )
+    if not folder.is_dir():
         raise FileNotFoundError(f"tokenizer folder {folder} does not exist.")
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            shutil.copy2(folder / name, out_dir / name)
-            copied.append(name)
-    if tokenizer is not None and not copied:
+    if not names:
         raise FileNotFoundError(f"{folder} holds none of the tokenizer files {list(TOKENIZER_FILES)}.")
-    return copied
+    return folder, names
+
+
+def _copy_tokenizer(tokenizer: Any, folder: Path | None, names: list[str], out_dir: Path) -> bool:
+    """Save the tokenizer object, or copy ``names`` from ``folder``; whether a tokenizer was written."""
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(out_dir))
+        return any((out_dir / name).is_file() for name in TOKENIZER_FILES)
+    for name in names:
+        shutil.copy2(folder / name, out_dir / name)
+    return bool(names)
 
 
 def _fit_tokenizer(out_dir: Path, config: ODETransformerConfig) -> None:
@@ -137,28 +154,30 @@ def export_for_hub(
             describe another model).
     Returns: out_dir.
     """
-    source_dir = None
-    if isinstance(model_dir_or_model, ODETransformerPreTrainedModel):
-        model = model_dir_or_model
-    else:
-        source_dir = Path(model_dir_or_model)
-        model = _load_model(source_dir)
+    # Every input is checked before anything is written: a failure halfway would leave a folder that a re-run
+    # refuses as occupied.
+    source_dir = (
+        None if isinstance(model_dir_or_model, ODETransformerPreTrainedModel) else Path(model_dir_or_model)
+    )
     out_dir = Path(out_dir)
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
+    if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
+        metrics = source_dir / METRICS_FILENAME
+    copy_card = metrics is None and source_dir is not None and (source_dir / "README.md").is_file()
+    metrics = load_metrics(metrics)
+    tokenizer_folder, tokenizer_names = _tokenizer_files(tokenizer, source_dir)
+    model = model_dir_or_model if source_dir is None else _load_model(source_dir)
+
     clear_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-
     with saving(out_dir):
         model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
     _write_generation_config(model, out_dir, source_dir)
-    if _copy_tokenizer(tokenizer, source_dir, out_dir):
+    if _copy_tokenizer(tokenizer, tokenizer_folder, tokenizer_names, out_dir):
         _fit_tokenizer(out_dir, model.config)
-
-    if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
-        metrics = source_dir / METRICS_FILENAME
-    if metrics is None and source_dir is not None and (source_dir / "README.md").is_file():
+    if copy_card:
         shutil.copy2(source_dir / "README.md", out_dir / "README.md")
     else:
         write_model_card(out_dir, metrics, repo_id)

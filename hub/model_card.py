@@ -124,42 +124,100 @@ _PIPELINE_TAGS = {
 # ----------------------------------------------------------------------------------------------------------
 
 
+SCHEMA_ERROR = "metrics JSON{source} does not follow the schema in hub/model_card.py; missing or malformed: "
+
+
+def _read_metrics_file(path: Path) -> Any:
+    """The parsed JSON of ``path``; a missing file or invalid JSON is an error naming the file (json's own
+    message names only a line and column)."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"metrics JSON {path} does not exist{' (it is a folder)' if path.is_dir() else ''}; pass the "
+            f"metrics file ({METRICS_FILENAME}, schema in hub/model_card.py)."
+        )
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"metrics JSON {path} is not valid JSON ({error}); fix the file: it must hold one object following "
+            "the schema in hub/model_card.py."
+        ) from None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _dataset_problems(dataset: Mapping[str, Any], field: str) -> list[str]:
+    """Malformed optional keys of a dataset object (the card formats them: a string ``rows`` would crash it)."""
+    rows = dataset.get("rows")
+    if rows is not None and not _is_count(rows):
+        return [f"'{field}.rows' (a whole number of examples scored, got {rows!r})"]
+    return []
+
+
+def _result_problems(i: int, result: Any, dataset: Any) -> list[str]:
+    """What is missing or malformed in ``results[i]`` (``dataset``: the top-level default, if an object)."""
+    if not isinstance(result, Mapping):
+        return [f"'results[{i}]' (an object)"]
+    problems = []
+    if not isinstance(result.get("metric"), str):
+        problems.append(f"'results[{i}].metric'")
+    value = result.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        problems.append(f"'results[{i}].value' (a number)")
+    if "signature" in result and not isinstance(result["signature"], (str, type(None))):
+        problems.append(f"'results[{i}].signature' (a string)")
+    override = result.get("dataset", {})
+    if not isinstance(override, Mapping):
+        return [
+            *problems,
+            f"'results[{i}].dataset' (an object overriding keys of 'dataset', got {override!r})",
+        ]
+    problems += _dataset_problems(override, f"results[{i}].dataset")
+    merged = {**(dataset if isinstance(dataset, Mapping) else {}), **override}
+    missing = [key for key in ("name", "id", "split") if not merged.get(key)]
+    if missing:
+        problems.append(f"'results[{i}]' dataset fields {missing}")
+    return problems
+
+
 def load_metrics(metrics: str | Path | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Read (if a path) and check a metrics JSON; a ValueError names every missing or malformed field."""
+    """Read (if a path) and check a metrics JSON; a ValueError names the file and every missing or malformed
+    field, so a bad file fails here rather than as a TypeError deep inside the card's formatting."""
     if metrics is None:
         return None
+    source = ""
     if isinstance(metrics, (str, Path)):
-        data = json.loads(Path(metrics).read_text(encoding="utf-8"))
+        source = f" {metrics}"
+        data = _read_metrics_file(Path(metrics))
     else:
-        data = copy.deepcopy(dict(metrics))
+        data = copy.deepcopy(metrics)
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            SCHEMA_ERROR.format(source=source)
+            + f"the top level (an object with 'task', 'dataset', 'results'; got a {type(data).__name__})"
+        )
+    data = dict(data)
     problems = []
     if not isinstance(data.get("task"), str):
         problems.append("'task' (a string such as 'translation')")
     dataset = data.get("dataset")
     if not isinstance(dataset, Mapping):
         problems.append("'dataset' (an object with 'name', 'id', 'split')")
+    else:
+        problems += _dataset_problems(dataset, "dataset")
     results = data.get("results")
     if not isinstance(results, list) or not results:
         problems.append("'results' (a non-empty list)")
     else:
         for i, result in enumerate(results):
-            if not isinstance(result, Mapping):
-                problems.append(f"'results[{i}]' (an object)")
-                continue
-            if not isinstance(result.get("metric"), str):
-                problems.append(f"'results[{i}].metric'")
-            value = result.get("value")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                problems.append(f"'results[{i}].value' (a number)")
-            merged = {**(dataset if isinstance(dataset, Mapping) else {}), **result.get("dataset", {})}
-            missing = [key for key in ("name", "id", "split") if not merged.get(key)]
-            if missing:
-                problems.append(f"'results[{i}]' dataset fields {missing}")
+            problems += _result_problems(i, result, dataset)
+    for key in ("training", "decoding"):
+        if data.get(key) is not None and not isinstance(data[key], Mapping):
+            problems.append(f"'{key}' (an object)")
     if problems:
-        raise ValueError(
-            "metrics JSON does not follow the schema in hub/model_card.py; missing or malformed: "
-            + "; ".join(problems)
-        )
+        raise ValueError(SCHEMA_ERROR.format(source=source) + "; ".join(problems))
     return data
 
 
@@ -473,11 +531,18 @@ def card_title(config, metrics: dict[str, Any] | None) -> str:
 
 
 def _load_config(model_dir: Path):
+    """The folder's config, refused unless it is an ODE Transformer's: the card would otherwise describe another
+    model (a BART folder, say) as one."""
     from modeling_ode import ODETransformerConfig
+
+    try:  # installed: ode_transformer.hub beside ode_transformer.train
+        from ..train.translate import ode_model_config
+    except ImportError:  # a checkout: hub/ and train/ are top-level packages
+        from train.translate import ode_model_config
 
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; pass a folder written by save_pretrained.")
-    data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    data = ode_model_config(model_dir)
     for key in ("auto_map", "architectures", "transformers_version", "model_type", "dtype", "torch_dtype"):
         data.pop(key, None)
     return ODETransformerConfig(**data)

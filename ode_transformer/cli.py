@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 _running_command: str | None = None  # the console command being run, set by _launch
@@ -52,6 +53,21 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def output_problem(output: str | None, inputs: dict[str, str | list[str] | None]) -> str | None:
+    """Why ``--output`` cannot be written (a folder, or one of the command's own input files, which it would
+    replace), else None. ``inputs``: flag -> path(s); ``-`` (standard input/output) is never a file."""
+    if output in (None, "-"):
+        return None
+    target = Path(output).resolve()
+    if target.is_dir():
+        return f"--output {output} is a folder: give a file name in it"
+    for flag, paths in inputs.items():
+        for path in [paths] if isinstance(paths, str) else paths or []:
+            if path != "-" and Path(path).resolve() == target:
+                return f"--output {output} is the {flag} file: writing it would replace that input; give another name"
+    return None
 
 
 def _fail(message: str) -> None:

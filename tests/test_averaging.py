@@ -54,6 +54,14 @@ def test_last_checkpoints_sorted_by_step(tmp_path):
     assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint-20", "checkpoint-100"]
 
 
+def test_fewer_checkpoints_than_asked_are_named(tmp_path, caplog):
+    """`--last 5` over a folder with 3 checkpoints averaged 3 without a word."""
+    write_run(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="train.averaging"):
+        assert len(last_checkpoints(tmp_path, 5)) == 3
+    assert "holds 3 complete checkpoint(s), fewer than the 5 asked for: averaging 3" in caplog.text
+
+
 def test_cli_writes_loadable_folder(tmp_path):
     write_run(tmp_path / "run")
     main([str(tmp_path / "run"), "--last", "3", "--out", str(tmp_path / "avg")])

@@ -20,7 +20,7 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from train.data import load_jsonl, load_tsv
+from train.data import load_jsonl, load_local_file, load_tsv
 from train.run import parse_arguments, run
 
 IDS = torch.tensor([[5, 6, 7, 2]])
@@ -182,6 +182,10 @@ def test_empty_and_malformed_files(tmp_path):
         with pytest.raises(ValueError) as raised:
             action()
         assert fragment in str(raised.value)
+    # a language model read a JSON-lines file as text, and learned its braces and keys
+    lines = write(tmp_path / "lm.jsonl", '{"text": "a dog runs"}\n')
+    with pytest.raises(ValueError, match="lm.jsonl: a language model trains on a plain text file"):
+        load_local_file(str(lines), "lm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,6 +279,12 @@ RUN_ARGUMENT_CASES = [
     ("zero source length", ["--max_source_length", "0"], "--max_source_length must be a positive number of tokens, got 0"),
     ("averaging without checkpoints", ["--average_last_checkpoints", "5"],
      "--average_last_checkpoints 5 averages saved checkpoints, but --save_strategy no saves none"),
+    ("zero beams", ["--num_beams", "0"], "--num_beams must be a positive number of beams, got 0"),
+    ("a generation metric without generating", ["--metric_for_best_model", "bleu", "--eval_strategy", "steps"],
+     "--metric_for_best_model bleu is computed only when each evaluation generates: add --predict_with_generate true"),
+    ("averaging more checkpoints than are kept",
+     ["--average_last_checkpoints", "5", "--save_strategy", "steps", "--save_steps", "1", "--save_total_limit", "2"],
+     "--save_total_limit 2 keeps fewer; raise --save_total_limit to at least 5"),
 ]  # fmt: skip
 
 

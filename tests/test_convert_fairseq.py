@@ -364,3 +364,59 @@ def test_pickle_flag(tmp_path, capsys):
     assert error.startswith("python -m hub.convert_fairseq: error: ") and "--trust-pickle" in error
     main([str(unsafe), str(tmp_path / "out"), "--trust-pickle"])
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
+    """A stale tokenizer.json or card left in OUT_DIR would sit beside the new weights and describe another
+    model: refused (before the checkpoint is read), as hub.export does, and --overwrite clears it."""
+    checkpoint = tmp_path / "checkpoint_best.pt"
+    torch.save(make_checkpoint(2, "standard"), checkpoint)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"hf already holds files \(tokenizer\.json.*--overwrite"):
+        convert_fairseq_checkpoint(checkpoint, out)
+    with pytest.raises(FileExistsError, match="--overwrite"):  # refused before the checkpoint is looked at
+        convert_fairseq_checkpoint(tmp_path / "missing.pt", out)
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(checkpoint), str(out)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m hub.convert_fairseq: error: ") and "--overwrite" in error
+    main([str(checkpoint), str(out), "--overwrite"])
+    assert not (out / "tokenizer.json").exists() and (out / "model.safetensors").is_file()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="is a file; OUT_DIR must be a folder"):
+        convert_fairseq_checkpoint(checkpoint, tmp_path / "file")
+
+
+def test_what_is_no_checkpoint_file_is_named(tmp_path, capsys):
+    """A folder, a text file, an empty or truncated file: each refused as what it is, without advising
+    --trust-pickle (with it, a text file used to end in a raw UnpicklingError)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save(make_checkpoint(2, "standard"), run / "checkpoint_best.pt")
+    with pytest.raises(FairseqCheckpointError, match=r"run is a folder.*checkpoint file \(\.pt\).*best\.pt"):
+        load_fairseq_checkpoint(run)
+    with pytest.raises(FileNotFoundError, match="missing.pt does not exist"):
+        load_fairseq_checkpoint(tmp_path / "missing.pt")
+    text = tmp_path / "train.log"
+    text.write_text("hello, this is a training log\n")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((run / "checkpoint_best.pt").read_bytes()[:300])
+    for path, problem in ((text, "starts with b'hello, t'"), (empty, "empty"), (truncated, "truncated")):
+        for trust_pickle in (False, True):
+            with pytest.raises(FairseqCheckpointError) as info:
+                load_fairseq_checkpoint(path, trust_pickle=trust_pickle)
+            message = str(info.value)
+            assert f"{path} is not a fairseq/torch checkpoint" in message and problem in message
+            assert "checkpoint*.pt" in message and "--trust-pickle" not in message
+    for argv in ([str(text)], [str(text), "--trust-pickle"], [str(run)], [str(tmp_path / "missing.pt")]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([argv[0], str(tmp_path / f"out{len(argv)}"), *argv[1:]])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err
+        assert error.startswith("python -m hub.convert_fairseq: error: ") and "Traceback" not in error

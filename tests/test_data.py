@@ -133,7 +133,7 @@ def test_load_tsv(tmp_path):
     ds = load_tsv(path, "en", "de", cache_dir=tmp_path / "cache")
     assert ds.column_names == ["source", "target"]
     assert ds["source"] == ['Hello "you"', "null"] and ds["target"] == ['Hallo "du"', "NA"]
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(ValueError) as err:
         load_tsv(path, "fr", "de", cache_dir=tmp_path / "cache")
     assert (
         "'fr'" in str(err.value) and str(path) in str(err.value) and "['de', 'en', 'note']" in str(err.value)
@@ -165,7 +165,7 @@ def test_load_jsonl_with_nested_field(tmp_path):
     path = _write_gz(tmp_path / "d.jsonl.gz", "".join(json.dumps(r) + "\n" for r in rows).encode())
     ds = load_jsonl(path, "translation.de", "translation.en", cache_dir=tmp_path / "cache")
     assert ds["source"] == ["Ja", "Nein"] and ds["target"] == ["Yes", "No"]
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(ValueError) as err:
         load_jsonl(path, "src", "translation.en", cache_dir=tmp_path / "cache")
     assert (
         "'src'" in str(err.value)
@@ -215,7 +215,7 @@ def test_hub_summarization_columns_detected(tmp_path):
     )
     ds = load_hub_dataset(str(folder), split="train", cache_dir=tmp_path / "cache")
     assert ds.column_names == ["source", "target"] and ds[0] == {"source": "A long text.", "target": "Short."}
-    with pytest.raises(KeyError, match="'body'"):
+    with pytest.raises(ValueError, match="'body'"):
         load_hub_dataset(str(folder), None, "body", "highlights", split="train", cache_dir=tmp_path / "cache")
 
 

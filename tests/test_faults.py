@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -29,7 +30,7 @@ import train.trainer
 from hub.export import export_for_hub
 from modeling_ode import ODETransformerForConditionalGeneration
 from ode_transformer import cli
-from train import averaging, translate
+from train import averaging, evaluate_predictions, translate
 from train.data import load_local_file
 from train.files import read_lines
 from train.run import parse_arguments, run, save_final_model
@@ -431,6 +432,26 @@ def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, frag
     assert problem is None if fragment is None else fragment in problem
 
 
+def test_an_output_over_an_input_or_a_folder_is_refused_before_any_work(tmp_path, capsys):
+    """`--output` equal to `--input` replaced the source with hypotheses, ode-evaluate's `--output` equal to
+    `--ref` replaced the reference with JSON, and an existing folder failed only after all the decoding."""
+    source = write(tmp_path / "in.txt", "a dog\n")
+    reference = write(tmp_path / "ref.txt", "ein Hund\n")
+    cases = [
+        (translate.main, [str(tmp_path / "model"), "--input", str(source), "--output", str(source)],
+         f"--output {source} is the --input file: writing it would replace that input"),
+        (translate.main, [str(tmp_path / "model"), "--input", str(source), "--output", str(tmp_path)],
+         f"--output {tmp_path} is a folder: give a file name in it"),
+        (evaluate_predictions.main, ["--task", "translation", "--hyp", str(source), "--ref", str(reference),
+                                     "--output", str(reference)], f"--output {reference} is the --ref file"),
+    ]  # fmt: skip
+    for main, argv, fragment in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+    assert (source.read_text(), reference.read_text()) == ("a dog\n", "ein Hund\n")
+
+
 def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):
     save_tiny_folder(tmp_path / "model")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a dog\n\xff cat\n")))
@@ -442,7 +463,7 @@ def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypa
         assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
 
 
-def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):
+def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, monkeypatch):
     folder = tmp_path / "model"
     save_tiny_folder(folder, weight_scale=3)
     empty, output = write(tmp_path / "empty.txt", ""), tmp_path / "out.txt"
@@ -469,6 +490,48 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog):
         (folder / name).unlink()
     with pytest.raises(FileNotFoundError, match=f"^{folder} holds no tokenizer .*: copy tokenizer.json"):
         translate.main([str(folder), "--input", str(empty)])
+
+    # a run that has not finished: checkpoints, no final model (it had been called a folder without a tokenizer)
+    run_folder = tmp_path / "run"
+    save_tiny_folder(run_folder / "checkpoint-4")
+    (run_folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    with pytest.raises(
+        FileNotFoundError, match=f"^{run_folder} holds checkpoints \\(checkpoint-4\\) but no final model"
+    ):
+        translate.main([str(run_folder), "--input", str(empty)])
+    # a mistyped folder beside existing ones is a path, not a Hub id to try for a minute
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="^no model folder run/modle"):
+        translate.main(["run/modle", "--input", str(empty)])
+
+
+def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path):
+    """A BART folder, or an ODE folder whose config.json was edited, loaded with only a warning from transformers:
+    ode-translate wrote a random model's output and train.run fine-tuned from random weights."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    src = write(tmp_path / "in.txt", "the dog runs\n")
+    bart = tmp_path / "bart"
+    save_tiny_folder(bart)  # its tokenizer, then a BART model over the ODE one
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (bart / name).unlink(missing_ok=True)
+    BartForConditionalGeneration(BartConfig(vocab_size=320, d_model=16, encoder_layers=1, decoder_layers=1,
+                                            encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(bart)  # fmt: skip
+    message = f"{bart} is not an ODE Transformer folder: its config.json has model_type 'bart'"
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(bart), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        run(parse_arguments([*TINY_RUN, "--model_name_or_path", str(bart), "--train_file", f"{src},{src}",
+                             "--output_dir", str(tmp_path / "out")]))  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+    edited = tmp_path / "edited"
+    save_tiny_folder(edited)
+    config = json.loads((edited / "config.json").read_text())
+    config["relative_position_values"] = not config["relative_position_values"]
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"the weights in {edited} do not match its config.json: .* missing"):
+        translate.main([str(edited), "--input", str(src), "--no_progress"])
 
 
 def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):

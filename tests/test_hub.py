@@ -144,6 +144,99 @@ def test_metrics_schema_errors_name_the_fields():
         )
 
 
+def test_metrics_of_the_wrong_shape_are_schema_errors_naming_the_field(tmp_path):
+    """Each used to end deep inside the card's code (AttributeError, TypeError, a formatting crash) or, for
+    invalid JSON, in json's message that names no file."""
+    good = {
+        "task": "translation",
+        "dataset": {"name": "WMT14", "id": "wmt/wmt14", "split": "test", "rows": 3003},
+        "results": [{"metric": "sacrebleu", "value": 27.1}],
+    }
+    assert load_metrics(good)["dataset"]["rows"] == 3003
+    as_list = tmp_path / "list.json"
+    as_list.write_text(json.dumps([good]))
+    with pytest.raises(
+        ValueError, match=r"list\.json does not follow the schema.*top level \(an object.*a list"
+    ):
+        load_metrics(as_list)
+    string_dataset = {**good, "results": [{**good["results"][0], "dataset": "newstest2013"}]}
+    with pytest.raises(ValueError, match=r"does not follow the schema.*'results\[0\]\.dataset' \(an object"):
+        load_metrics(string_dataset)
+    string_rows = {**good, "dataset": {**good["dataset"], "rows": "3003"}}
+    with pytest.raises(ValueError, match=r"does not follow the schema.*'dataset\.rows' \(a whole number"):
+        load_metrics(string_rows)
+    folder = tmp_path / "model"
+    tiny_seq2seq().save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"'dataset\.rows'"):  # the card is not written half-way
+        write_model_card(folder, string_rows)
+    assert not (folder / "README.md").exists()
+    broken = tmp_path / "hub_metrics.json"
+    broken.write_text('{"task": "translation",}')
+    with pytest.raises(ValueError, match=r"metrics JSON .*hub_metrics\.json is not valid JSON.*fix the file"):
+        load_metrics(broken)
+    with pytest.raises(FileNotFoundError, match=r"absent\.json does not exist"):
+        load_metrics(tmp_path / "absent.json")
+
+
+def _bart_folder(folder: Path) -> Path:
+    from transformers import BartConfig
+
+    BartConfig(d_model=16, encoder_layers=1, decoder_layers=1, vocab_size=50).save_pretrained(folder)
+    return folder
+
+
+def test_a_folder_of_another_model_type_is_refused(tmp_path):
+    """transformers only warns when a BART config.json is read as an ODE Transformer's: the export would be a
+    randomly initialised ODE model and the card would describe BART as one."""
+    bart = _bart_folder(tmp_path / "bart")
+    expected = r"bart is not an ODE Transformer folder: its config.json has model_type 'bart', expected "
+    expected += r"'ode_transformer'.*save_pretrained"
+    with pytest.raises(ValueError, match=expected):
+        export_for_hub(bart, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    metrics = {
+        "task": "translation",
+        "dataset": {"name": "x", "id": "x/y", "split": "test"},
+        "results": [{"metric": "bleu", "value": 1.0}],
+    }
+    with pytest.raises(ValueError, match=expected):
+        write_model_card(bart, metrics)
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    with pytest.raises(ValueError, match=expected):  # `python -m hub.model_card DIR METRICS`
+        model_card.main([str(bart), str(tmp_path / "metrics.json")])
+    assert not (bart / "README.md").exists()
+
+
+def test_export_refuses_weights_that_do_not_fill_the_model(tmp_path):
+    """Missing, unexpected or reshaped weights are refused by name (transformers initialises the missing ones at
+    random and only warns); the tied output projection, stored once, is not missing."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "trained"
+    model = tiny_seq2seq()
+    assert model.config.tie_word_embeddings
+    model.save_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    assert "lm_head.weight" not in weights  # tied: stored once, and exported without complaint
+    export_for_hub(folder, tmp_path / "tied")
+
+    norm = "model.encoder.layer_norm.weight"
+    for name, edit, problem in (
+        ("missing", {norm: None}, f"1 missing (they would be random): ['{norm}']"),
+        ("unexpected", {"model.extra.weight": torch.zeros(2)}, "1 unexpected: ['model.extra.weight']"),
+        ("reshaped", {norm: torch.zeros(3)}, f"of another shape (file vs config): ['{norm} (3,) vs (16,)']"),
+    ):
+        changed = {**weights, **edit}
+        changed = {key: tensor for key, tensor in changed.items() if tensor is not None}
+        save_file(changed, folder / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ValueError) as info:
+            export_for_hub(folder, tmp_path / name)
+        message = str(info.value)
+        assert f"the weights in {folder} do not match its config.json" in message, message
+        assert problem in message and "save_pretrained" in message, message
+        assert not (tmp_path / name).exists()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Export with remote code
 # ----------------------------------------------------------------------------------------------------------
@@ -273,6 +366,33 @@ def test_export_keeps_own_generation_config_and_tokenizer(tmp_path):
     assert (generation["num_beams"], generation["length_penalty"]) == (5, 1.3)
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     assert ModelCard.load(out / "README.md").data.eval_results is None
+
+
+def test_export_checks_every_input_before_writing(tmp_path):
+    """A bad --metrics or --tokenizer used to fail after the weights were written, leaving a folder that the
+    re-run refused as occupied."""
+    folder = tmp_path / "trained"
+    tiny_seq2seq().save_pretrained(folder)
+    out = tmp_path / "out"
+    bad_metrics = tmp_path / "metrics.json"
+    bad_metrics.write_text(json.dumps({"task": "translation", "results": []}))
+    with pytest.raises(
+        ValueError, match=r"metrics\.json does not follow the schema.*'results' \(a non-empty"
+    ):
+        export_for_hub(folder, out, metrics=bad_metrics)
+    assert not out.exists()
+    with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*no-tokenizer does not exist"):
+        export_for_hub(folder, out, tokenizer=tmp_path / "no-tokenizer")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty holds none of the tokenizer files"):
+        export_for_hub(folder, out, tokenizer=tmp_path / "empty")
+    assert not out.exists()
+    (folder / "hub_metrics.json").write_text("[]")  # the folder's own metrics are an input as well
+    with pytest.raises(ValueError, match=r"hub_metrics\.json does not follow the schema"):
+        export_for_hub(folder, out)
+    assert not out.exists()
+    (folder / "hub_metrics.json").unlink()
+    assert (export_for_hub(folder, out) / "model.safetensors").is_file()  # the re-run is not refused
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -122,3 +122,21 @@ def test_every_figure_of_the_readme_summary_is_in_a_study_table():
     assert len(figures) >= 20
     missing = [figure for figure in figures if not re.search(rf"(?<![\d.]){re.escape(figure)}(?!\d)", tables)]
     assert not missing, f"README summary figures in no study table: {missing}"
+
+
+def test_the_documented_fsdp_flags_parse(tmp_path):
+    """docs/distributed.md's Trainer route (`--fsdp --fsdp_config fsdp.json`, the JSON as printed there) parses
+    into an FSDP1 config that wraps the model's layers (`--fsdp true` had been documented, which transformers
+    refuses)."""
+    from train.run import parse_arguments
+
+    text = (REPO / "docs" / "distributed.md").read_text(encoding="utf-8")
+    flags = re.search(r"`(--fsdp[^`]*)`", text).group(1).split()
+    config = json.loads(re.search(r"```json\n(.*?)```", text, re.DOTALL).group(1))
+    (tmp_path / "fsdp.json").write_text(json.dumps(config))
+    flags = [str(tmp_path / "fsdp.json") if flag == "fsdp.json" else flag for flag in flags]
+    args = parse_arguments(
+        ["--dataset", "multi30k", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", *flags]
+    )
+    assert args[3].fsdp_config["transformer_layer_cls_to_wrap"] == ["ODETransformerLayer"]
+    assert args[3].fsdp_config["version"] == 1

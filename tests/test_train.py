@@ -367,6 +367,35 @@ def test_resume_gives_the_same_weights(tmp_path):
         torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
+def early_stopping_count(checkpoint: Path) -> int:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+    return state["EarlyStoppingCallback"]["attributes"]["early_stopping_patience_counter"]
+
+
+def test_resume_keeps_the_early_stopping_count(tmp_path):
+    """A resumed run counts evaluations without improvement from where the checkpoint left off (transformers
+    restarted the count at 0 on every resume, so a run resumed often never stopped early). Evaluation every step;
+    `greater_is_better` on a falling loss makes the count grow."""
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("".join(f"the dog number {i} runs home\n" for i in range(24)), encoding="utf-8")
+    tgt.write_text("".join(f"der Hund Nummer {i} läuft heim\n" for i in range(24)), encoding="utf-8")
+    flags = [
+        "--train_file", f"{src},{tgt}", "--validation_file", f"{src},{tgt}", "--preset", "tiny",
+        "--vocab_size", "300", "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true",
+        "--max_steps", "6", "--per_device_train_batch_size", "8", "--eval_strategy", "steps", "--eval_steps", "1",
+        "--save_strategy", "steps", "--save_steps", "3", "--do_predict", "false", "--learning_rate", "0.004",
+        "--metric_for_best_model", "loss", "--greater_is_better", "true", "--load_best_model_at_end", "true",
+        "--early_stopping_patience", "100",
+    ]  # fmt: skip
+    full = tmp_path / "full"
+    run(parse_arguments([*flags, "--output_dir", str(full)]))
+    assert early_stopping_count(full / "checkpoint-3") > 0, "the test needs a count to carry over"
+    resumed = tmp_path / "resumed"
+    resume = ["--tokenizer_name", str(full / "tokenizer"), "--resume_from_checkpoint", str(full / "checkpoint-3")]  # fmt: skip
+    run(parse_arguments([*flags, "--output_dir", str(resumed), *resume]))
+    assert early_stopping_count(resumed / "checkpoint-6") == early_stopping_count(full / "checkpoint-6")
+
+
 CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")
 
 

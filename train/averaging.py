@@ -10,6 +10,7 @@ unless ``--overwrite`` (which deletes its contents first): files left there woul
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from ode_transformer.cli import positive_int
 
 from .checkpoints import check_one_run, complete_checkpoints
 from .files import clear_folder, refuse_occupied, saving
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["average_checkpoints", "last_checkpoints", "main", "write_average"]
 
@@ -38,6 +41,11 @@ def last_checkpoints(output_dir: str | Path, last: int) -> list[Path]:
     if not found:
         raise FileNotFoundError(f"no complete checkpoint-<step> folders in {output_dir}")
     chosen = found[-last:]
+    if len(chosen) < last:
+        logger.warning(
+            "%s holds %d complete checkpoint(s), fewer than the %d asked for: averaging %d",
+            output_dir, len(chosen), last, len(chosen),
+        )  # fmt: skip
     check_one_run(chosen)
     return chosen
 

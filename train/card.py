@@ -93,7 +93,7 @@ def card_language(data_args: DataArguments, task: str) -> list[str] | None:
 def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
     """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
     with the preset named only when nothing overrode its dimensions)."""
-    model_args, data_args, _, training_args = args
+    model_args, data_args, run_args, training_args = args
     overrides = model_args.overrides()
     shape = model_shape(config)
     if not any(key in overrides for key in SHAPE_FIELDS):
@@ -112,6 +112,11 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
             **({"max_train_tokens": data_args.max_train_tokens} if data_args.max_train_tokens else {}),
             "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
             "steps": train_metrics.get("global_step"),
+            **(
+                {"average_last_checkpoints": averaged}
+                if (averaged := run_args.average_last_checkpoints) > 1
+                else {}
+            ),
             "bf16": training_args.bf16,
         },
         "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",

@@ -181,7 +181,7 @@ def _check_fields(dataset: Dataset | IterableDataset, fields: Sequence[str], whe
         columns = list(next(iter(dataset)).keys())
     for name in fields:
         if name.split(".")[0] not in columns:
-            raise KeyError(f"column {name!r} not found in {where}; available columns: {columns}")
+            raise ValueError(f"column {name!r} not found in {where}; available columns: {columns}")
 
 
 def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDataset:
@@ -262,8 +262,8 @@ def load_tsv(
     :func:`load_parallel_files` does.
 
     Raises:
-        KeyError: a column is missing (message names it, the file and the existing columns).
-        ValueError: the file has no rows below its header.
+        ValueError: a column is missing (message names it, the file and the existing columns), or the file has
+            no rows below its header.
     """
     _refuse_empty_file(path, header=True)
     dataset = datasets.load_dataset(
@@ -294,8 +294,8 @@ def load_jsonl(
     their line numbers.
 
     Raises:
-        KeyError: a field is missing from every record (message names it, the file and the existing fields).
-        ValueError: the file is empty, or a line is not a JSON object (file and line named).
+        ValueError: a field is missing from every record (message names it, the file and the existing fields),
+            the file is empty, or a line is not a JSON object (file and line named).
     """
     _refuse_empty_file(path, header=False)
     try:
@@ -613,11 +613,16 @@ def load_local_file(
     """One split from local files: ``(SRC, TGT)`` or ``"SRC,TGT"`` aligned text files, a TSV/JSONL file
     (``.gz`` allowed; columns ``source_column``/``target_column``) or, for ``lm``, one text file (a ``text``
     row per line, stripped). ``skip_empty=False`` keeps every row (an evaluation split)."""
+    name = spec.removesuffix(".gz") if isinstance(spec, str) else ""
     if task == "lm":
+        if name.endswith((".tsv", ".jsonl", ".json")):  # read as text, its JSON or header would be learned
+            raise ValueError(
+                f"{spec}: a language model trains on a plain text file, one sequence per line; write the file's text "
+                "column to a .txt file first (e.g. jq -r .text FILE.jsonl > FILE.txt)"
+            )
         return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
     if isinstance(spec, tuple) or "," in spec:
         return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)), skip_empty)
-    name = spec.removesuffix(".gz")
     if name.endswith(".tsv"):
         return load_tsv(spec, source_column, target_column, skip_empty=skip_empty)
     if name.endswith((".jsonl", ".json")):

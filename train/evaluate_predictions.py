@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sacrebleu.metrics.bleu import BLEU
 
-from ode_transformer.cli import program_name, report_user_error
+from ode_transformer.cli import output_problem, program_name, report_user_error
 
 from .files import read_lines
 from .metrics import (
@@ -144,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    inputs = {"--hyp": args.hyp, "--ref": args.ref, "--src": args.src, "--m2": args.m2}
+    if (problem := output_problem(args.output, inputs)) is not None:
+        parser.error(problem)
     try:
         hyps = read_lines(args.hyp)
         if not hyps:  # sacrebleu fails on it, ROUGE would score it 0

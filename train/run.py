@@ -94,7 +94,7 @@ from .trainer import (
     fp32_forward,
     lm_negative_log_likelihood,
 )
-from .translate import decode, generate_ids, load_model_tokenizer
+from .translate import decode, generate_ids, load_model_tokenizer, load_saved_model, ode_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,24 @@ class ModelArguments:
             "config_overrides",
         }
         chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
-        return {**chosen, **json.loads(self.config_overrides or "{}")}
+        try:
+            extra = json.loads(self.config_overrides or "{}")
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"--config_overrides {self.config_overrides!r} is not JSON ({error.msg} at column {error.colno}); "
+                "quote names and strings: '{\"d_model\": 32}'"
+            ) from None
+        if not isinstance(extra, dict):
+            raise ValueError(
+                f"--config_overrides must be a JSON object of config fields, got {self.config_overrides!r}"
+            )
+        return {**chosen, **extra}
+
+    def task_overrides(self, task: str) -> dict:
+        """:meth:`overrides` with what a task fixes (``lm``: a decoder-only model without label smoothing)."""
+        if task == "lm":
+            return {"is_encoder_decoder": False, "label_smoothing": 0.0, **self.overrides()}
+        return self.overrides()
 
 
 @dataclass
@@ -310,7 +327,9 @@ def build_parser() -> HfArgumentParser:
     for group in parser._action_groups:
         if group.title == "options":
             group.title = "transformers Seq2SeqTrainingArguments"
-    parser.set_defaults(do_train=True, do_predict=True)
+    # A resumed run keeps its callbacks' state, above all early stopping's count of evaluations without
+    # improvement (transformers' default, False, restarts it at 0 on every resume).
+    parser.set_defaults(do_train=True, do_predict=True, restore_callback_states_from_checkpoint=True)
     return parser
 
 
@@ -388,6 +407,14 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(
             f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
         )
+    if run_args.num_beams is not None and run_args.num_beams <= 0:
+        raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
+    metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
+    if metric not in ("loss", "perplexity") and not training_args.predict_with_generate:
+        raise ValueError(
+            f"--metric_for_best_model {metric} is computed only when each evaluation generates: add "
+            "--predict_with_generate true, or choose loss"
+        )
     if run_args.early_stopping_patience and (
         not training_args.metric_for_best_model or training_args.eval_strategy == "no"
     ):
@@ -404,9 +431,21 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
             f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
             "--save_strategy no saves none; give --save_strategy steps --save_steps N, or leave averaging out"
         )
+    if (
+        run_args.average_last_checkpoints > 1
+        and training_args.save_total_limit is not None
+        and training_args.save_total_limit < run_args.average_last_checkpoints
+    ):
+        raise ValueError(
+            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
+            f"--save_total_limit {training_args.save_total_limit} keeps fewer; raise --save_total_limit to at least "
+            f"{run_args.average_last_checkpoints}, or average fewer"
+        )
     if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _one_label_smoothing(model_args, training_args)
+    if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
+        ODETransformerConfig.from_preset(model_args.preset, **model_args.task_overrides(run_args.task))
     return model_args, data_args, run_args, training_args
 
 
@@ -694,10 +733,8 @@ def build_model(
     """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
     if model_args.model_name_or_path:
-        return model_class.from_pretrained(model_args.model_name_or_path)
-    overrides = model_args.overrides()
-    if task == "lm":
-        overrides = {"is_encoder_decoder": False, "label_smoothing": 0.0, **overrides}
+        return load_saved_model(model_class, model_args.model_name_or_path)
+    overrides = model_args.task_overrides(task)
     preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
     needed = max(data_args.max_source_length, data_args.max_target_length) + 2
     config = ODETransformerConfig.from_preset(
@@ -1060,6 +1097,8 @@ def _run(args: tuple) -> dict:
     raw_splits = _splits_to_use(raw, args)
     check_splits_not_empty(raw_splits, data_args)
     own_tokenizer = _saved_model_tokenizer(model_args)
+    if model_args.model_name_or_path:
+        ode_model_config(model_args.model_name_or_path)
     if own_tokenizer is not None:
         resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.

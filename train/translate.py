@@ -29,13 +29,15 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
-import modeling_ode  # noqa: F401  (registers the ODE Transformer with the auto classes)
-from ode_transformer.cli import positive_int, program_name
+from modeling_ode import ODETransformerConfig  # importing modeling_ode registers it with the auto classes
+from ode_transformer.cli import output_problem, positive_int, program_name
 
+from .checkpoints import complete_checkpoints
 from .files import read_lines
 from .tokenizer import tokenizer_sides, truncated_rows
 
@@ -55,7 +57,10 @@ def check_model_folder(model_name_or_path: str) -> None:
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
     folder = Path(model_name_or_path)
     looks_local = (
-        folder.is_absolute() or model_name_or_path.startswith(".") or model_name_or_path.count("/") > 1
+        folder.is_absolute()
+        or model_name_or_path.startswith(".")
+        or model_name_or_path.count("/") > 1
+        or (folder.parent != Path(".") and folder.parent.is_dir())  # runs/model beside an existing runs/
     )
     if not folder.exists():
         if looks_local:
@@ -67,6 +72,13 @@ def check_model_folder(model_name_or_path: str) -> None:
     if not folder.is_dir():
         raise NotADirectoryError(
             f"{model_name_or_path} is a file: give the model's folder (its --output_dir)"
+        )
+    checkpoints = complete_checkpoints(folder)
+    if not (folder / "config.json").is_file() and checkpoints:
+        raise FileNotFoundError(
+            f"{folder} holds checkpoints ({', '.join(path.name for path in checkpoints[-3:])}) but no final model: "
+            f"the run has not finished. Give a checkpoint folder ({checkpoints[-1]}), or finish the run with "
+            "--resume_from_checkpoint last"
         )
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise FileNotFoundError(
@@ -86,8 +98,57 @@ def load_for_generation(
     tokenizer = load_model_tokenizer(model_name_or_path)
     config = AutoConfig.from_pretrained(model_name_or_path)
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = auto_class.from_pretrained(model_name_or_path).to(device).eval()
+    model = load_saved_model(auto_class, model_name_or_path).to(device).eval()
     return model, tokenizer
+
+
+def ode_model_config(model_name_or_path: str | Path) -> dict:
+    """A saved model's config.json as a dict, refused unless it is an ODE Transformer's: given another model's
+    (a BART folder, say) transformers only warns, and loads a randomly initialised ODE Transformer."""
+    config, _ = PretrainedConfig.get_config_dict(str(model_name_or_path))
+    model_type = config.get("model_type")
+    if model_type != ODETransformerConfig.model_type:
+        found = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise ValueError(
+            f"{model_name_or_path} is not an ODE Transformer folder: its config.json has {found}, expected "
+            f"{ODETransformerConfig.model_type!r}. Pass a folder written by an ODE Transformer's save_pretrained "
+            "(train.run's output; hub.convert_fairseq converts the authors' fairseq checkpoints)."
+        )
+    return config
+
+
+def _weight_problems(info: dict) -> list[str]:
+    """What ``from_pretrained(..., output_loading_info=True)`` could not load, in words (first five of each)."""
+    problems = []
+    if missing := sorted(info.get("missing_keys") or ()):
+        problems.append(f"{len(missing)} missing (they would be random): {missing[:5]}")
+    if unexpected := sorted(info.get("unexpected_keys") or ()):
+        problems.append(f"{len(unexpected)} unexpected: {unexpected[:5]}")
+    if mismatched := sorted(info.get("mismatched_keys") or ()):
+        shapes = [f"{key} {tuple(saved)} vs {tuple(expected)}" for key, saved, expected in mismatched[:5]]
+        problems.append(f"{len(mismatched)} of another shape (file vs config): {shapes}")
+    return problems
+
+
+def load_saved_model(model_class: type, model_name_or_path: str | Path) -> PreTrainedModel:
+    """A saved ODE Transformer with every weight loaded. transformers only warns when a folder holds another
+    model type or weights that do not fit its config, and returns a model that is partly random initialisation.
+    (Tied weights, stored once, are not missing.)
+
+    Raises:
+        ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
+            of another shape (the first five of each named).
+    """
+    ode_model_config(model_name_or_path)
+    model, info = model_class.from_pretrained(
+        model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True
+    )  # mismatched sizes reported below, by name, instead of a size-mismatch trace from torch
+    if problems := _weight_problems(info):
+        raise ValueError(
+            f"the weights in {model_name_or_path} do not match its config.json: {'; '.join(problems)}. Give a "
+            "folder written by the trained model's save_pretrained (its config.json and weights together)."
+        )
+    return model
 
 
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
@@ -266,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     # found before decoding, not after it
     if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
         parser.error(f"--output {args.output}: its folder {Path(args.output).parent} does not exist")
+    if (problem := output_problem(args.output, {"--input": args.input})) is not None:
+        parser.error(problem)
     if (problem := device_problem(args.device)) is not None:
         parser.error(f"--device {args.device}: {problem}")
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
