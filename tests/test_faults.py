@@ -525,6 +525,14 @@ def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path
                              "--output_dir", str(tmp_path / "out")]))  # fmt: skip
     assert not (tmp_path / "out").exists()
 
+    causal = tmp_path / "causal"
+    save_tiny_folder(causal, causal=True)
+    with pytest.raises(
+        ValueError, match=f"{causal} is a decoder-only language model: give --task lm with it"
+    ):
+        run(parse_arguments([*TINY_RUN, "--model_name_or_path", str(causal), "--train_file", f"{src},{src}",
+                             "--output_dir", str(tmp_path / "out")]))  # fmt: skip
+
     edited = tmp_path / "edited"
     save_tiny_folder(edited)
     config = json.loads((edited / "config.json").read_text())

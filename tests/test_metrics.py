@@ -174,6 +174,21 @@ S Fine .
     assert sentences[1].annotators == {0: []}  # no A line at all
 
 
+def test_a_file_that_is_not_m2_is_named(tmp_path, capsys):
+    """A plain text file given as --m2 was read as 0 sentences ("has 0 lines"), and an edit before any sentence
+    was an error without a line number."""
+    with pytest.raises(
+        ValueError, match=r"^gold.m2, line 2: 'A 1 2\|\|\|SVA.*' is not M2 \(an 'S sentence' line"
+    ):
+        parse_m2(["", "A 1 2|||SVA|||sees|||REQUIRED|||-NONE-|||0"], "gold.m2")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("She sees the cat .\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("She sees the cat .\n", encoding="utf-8")
+    assert main(["--task", "gec", "--hyp", str(hyp), "--m2", str(plain)]) == 2
+    assert f"{plain}, line 1: 'She sees the cat .' is not M2" in capsys.readouterr().err
+
+
 def test_m2_insertion_and_extra_edit():
     text = "S I went to store .\nA 3 3|||ArtOrDet|||the|||REQUIRED|||-NONE-|||0"
     # hypothesis inserts "the" before "store": 1 correct / 1 proposed / 1 gold

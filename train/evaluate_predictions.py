@@ -93,7 +93,7 @@ def _summarization(args: argparse.Namespace, hyps: list[str]) -> dict:
 
 def _gec(args: argparse.Namespace, hyps: list[str]) -> dict:
     _require(args, "m2")
-    sentences = parse_m2(read_lines(args.m2))
+    sentences = parse_m2(read_lines(args.m2), args.m2)
     _check_counts(args.hyp, hyps, {args.m2: sentences})
     if args.src:
         sources = read_lines(args.src)

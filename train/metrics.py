@@ -255,20 +255,28 @@ def _parse_edit(line: str) -> tuple[int, GoldEdit | None]:
     return annotator, GoldEdit(start, end, corrections)
 
 
-def parse_m2(lines: Iterable[str]) -> list[M2Sentence]:
-    """Parse M2 text (``S`` line followed by ``A`` lines, blocks separated by blank lines)."""
+def parse_m2(lines: Iterable[str], source: str = "M2 text") -> list[M2Sentence]:
+    """Parse M2 text (``S`` line followed by ``A`` lines, blocks separated by blank lines).
+
+    Raises:
+        ValueError: a line that is neither blank nor an ``S``/``A`` line, or an edit before any sentence
+            (``source`` and the line number named): a plain text file had been read as 0 sentences.
+    """
     sentences: list[M2Sentence] = []
-    for raw in lines:
+    for number, raw in enumerate(lines, start=1):
         line = raw.rstrip("\n")
         if line == "S" or line.startswith("S "):
             sentences.append(M2Sentence(line[2:].split()))
-        elif line.startswith("A "):
-            if not sentences:
-                raise ValueError(f"M2 edit before any 'S' line: {line!r}")
+        elif line.startswith("A ") and sentences:
             annotator, edit = _parse_edit(line)
             edits = sentences[-1].annotators.setdefault(annotator, [])
             if edit is not None:
                 edits.append(edit)
+        elif line.strip():
+            raise ValueError(
+                f"{source}, line {number}: {line[:40]!r} is not M2 (an 'S sentence' line, then its 'A ...' edit "
+                "lines); give the gold M2 file of the test set"
+            )
     for sentence in sentences:
         sentence.annotators = dict(sorted(sentence.annotators.items())) or {0: []}
     return sentences

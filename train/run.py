@@ -573,7 +573,7 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
 
 def check_m2_aligned(m2_file: str, test_rows: int) -> None:
     """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence: the test split must have one row each."""
-    sentences = len(metrics.parse_m2(read_lines(m2_file)))
+    sentences = len(metrics.parse_m2(read_lines(m2_file), m2_file))
     if sentences != test_rows:
         raise ValueError(
             f"{m2_file} has {sentences} sentences but the test split has {test_rows} rows (blank lines count: "
@@ -727,6 +727,19 @@ def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict
 # Model
 
 
+def check_saved_model_task(model_name_or_path: str, task: str) -> None:
+    """A saved ODE Transformer whose kind fits ``--task`` (an encoder-decoder for the seq2seq tasks, a
+    decoder-only model for ``lm``): otherwise the model class refuses it in words about classes, not the flag."""
+    seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
+    if seq2seq and task == "lm":
+        raise ValueError(
+            f"{model_name_or_path} is an encoder-decoder model, and --task lm trains a decoder-only one: give "
+            "--task translation, summarization or gec, or a language model's folder"
+        )
+    if not seq2seq and task != "lm":
+        raise ValueError(f"{model_name_or_path} is a decoder-only language model: give --task lm with it")
+
+
 def build_model(
     model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast
 ):
@@ -821,7 +834,9 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
         scores = metrics.rouge_scores(hyps, refs)
         return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
     if task == "gec" and m2_file:
-        sentences = metrics.parse_m2(read_lines(m2_file))[: len(hyps)]  # --max_test_samples: the first ones
+        sentences = metrics.parse_m2(read_lines(m2_file), m2_file)[
+            : len(hyps)
+        ]  # --max_test_samples: the first ones
         m2 = metrics.m2_score(hyps, sentences)
         return [
             {"metric": "precision", "name": "M2 precision", "value": m2["precision"]},
@@ -1098,7 +1113,7 @@ def _run(args: tuple) -> dict:
     check_splits_not_empty(raw_splits, data_args)
     own_tokenizer = _saved_model_tokenizer(model_args)
     if model_args.model_name_or_path:
-        ode_model_config(model_args.model_name_or_path)
+        check_saved_model_task(model_args.model_name_or_path, run_args.task)
     if own_tokenizer is not None:
         resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
