@@ -29,8 +29,6 @@ from transformers import AutoTokenizer, GenerationConfig
 from modeling_ode import (
     PAPER_DECODING,
     ODETransformerConfig,
-    ODETransformerForCausalLM,
-    ODETransformerForConditionalGeneration,
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
@@ -40,10 +38,10 @@ from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import clear_folder, refuse_occupied, saving
-    from ..train.translate import load_saved_model, ode_model_config
+    from ..train.translate import load_saved_model
 except ImportError:  # a checkout: hub/ and train/ are top-level packages
     from train.files import clear_folder, refuse_occupied, saving
-    from train.translate import load_saved_model, ode_model_config
+    from train.translate import load_saved_model
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
@@ -62,14 +60,6 @@ TOKENIZER_FILES = (
     "target.spm",
     "chat_template.jinja",
 )
-
-
-def _load_model(model_dir: Path) -> ODETransformerPreTrainedModel:
-    """The folder's model, refused unless config.json is an ODE Transformer's and the weights fill the model."""
-    seq2seq = ode_model_config(model_dir).get("is_encoder_decoder", True)
-    return load_saved_model(
-        ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM, model_dir
-    )
 
 
 def _tokenizer_files(tokenizer: Any, source_dir: Path | None) -> tuple[Path | None, list[str]]:
@@ -168,7 +158,7 @@ def export_for_hub(
     copy_card = metrics is None and source_dir is not None and (source_dir / "README.md").is_file()
     metrics = load_metrics(metrics)
     tokenizer_folder, tokenizer_names = _tokenizer_files(tokenizer, source_dir)
-    model = model_dir_or_model if source_dir is None else _load_model(source_dir)
+    model = model_dir_or_model if source_dir is None else load_saved_model(source_dir)
 
     clear_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

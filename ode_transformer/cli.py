@@ -56,11 +56,14 @@ def positive_int(text: str) -> int:
 
 
 def output_problem(output: str | None, inputs: dict[str, str | list[str] | None]) -> str | None:
-    """Why ``--output`` cannot be written (a folder, or one of the command's own input files, which it would
-    replace), else None. ``inputs``: flag -> path(s); ``-`` (standard input/output) is never a file."""
+    """Why ``--output`` cannot be written (its folder is missing, it is a folder, or it is one of the command's
+    own input files, which it would replace), else None: checked before the work, not after it. ``inputs``:
+    flag -> path(s); ``-`` (standard input/output) is never a file."""
     if output in (None, "-"):
         return None
     target = Path(output).resolve()
+    if not target.parent.is_dir():
+        return f"--output {output}: its folder {Path(output).parent} does not exist"
     if target.is_dir():
         return f"--output {output} is a folder: give a file name in it"
     for flag, paths in inputs.items():

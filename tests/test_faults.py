@@ -503,6 +503,9 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="^no model folder run/modle"):
         translate.main(["run/modle", "--input", str(empty)])
+    # ... but a Hub id whose owner happens to name a local folder without models stays a Hub id
+    (tmp_path / "someuser").mkdir()
+    translate.check_model_folder("someuser/ode-base")
 
 
 def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path):

@@ -373,9 +373,11 @@ def early_stopping_count(checkpoint: Path) -> int:
 
 
 def test_resume_keeps_the_early_stopping_count(tmp_path):
-    """A resumed run counts evaluations without improvement from where the checkpoint left off (transformers
-    restarted the count at 0 on every resume, so a run resumed often never stopped early). Evaluation every step;
-    `greater_is_better` on a falling loss makes the count grow."""
+    """A resumed run counts evaluations without improvement from where the checkpoint left off, with the patience it
+    is given now (transformers restarted the count at 0 on every resume, so a run resumed often never stopped
+    early; its restore option would bring back the checkpoint's patience). A run resumed with early stopping
+    added does not fail at its first save. Evaluation every step; `greater_is_better` on a falling loss makes the
+    count grow."""
     src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
     src.write_text("".join(f"the dog number {i} runs home\n" for i in range(24)), encoding="utf-8")
     tgt.write_text("".join(f"der Hund Nummer {i} läuft heim\n" for i in range(24)), encoding="utf-8")
@@ -385,15 +387,30 @@ def test_resume_keeps_the_early_stopping_count(tmp_path):
         "--max_steps", "6", "--per_device_train_batch_size", "8", "--eval_strategy", "steps", "--eval_steps", "1",
         "--save_strategy", "steps", "--save_steps", "3", "--do_predict", "false", "--learning_rate", "0.004",
         "--metric_for_best_model", "loss", "--greater_is_better", "true", "--load_best_model_at_end", "true",
-        "--early_stopping_patience", "100",
     ]  # fmt: skip
+    patience = ["--early_stopping_patience", "100"]
     full = tmp_path / "full"
-    run(parse_arguments([*flags, "--output_dir", str(full)]))
-    assert early_stopping_count(full / "checkpoint-3") > 0, "the test needs a count to carry over"
-    resumed = tmp_path / "resumed"
-    resume = ["--tokenizer_name", str(full / "tokenizer"), "--resume_from_checkpoint", str(full / "checkpoint-3")]  # fmt: skip
-    run(parse_arguments([*flags, "--output_dir", str(resumed), *resume]))
+    run(parse_arguments([*flags, *patience, "--output_dir", str(full)]))
+    count = early_stopping_count(full / "checkpoint-3")
+    assert count > 0, "the test needs a count to carry over"
+
+    def resume(name: str, checkpoint: Path, *more: str) -> Path:
+        out = tmp_path / name
+        run(parse_arguments([*flags, *more, "--output_dir", str(out), "--tokenizer_name", str(full / "tokenizer"),
+                             "--resume_from_checkpoint", str(checkpoint)]))  # fmt: skip
+        return out
+
+    resumed = resume("resumed", full / "checkpoint-3", *patience)
     assert early_stopping_count(resumed / "checkpoint-6") == early_stopping_count(full / "checkpoint-6")
+    # this run's patience, one more than the count: it stops at the next evaluation
+    stopped = resume("stopped", full / "checkpoint-3", "--early_stopping_patience", str(count + 1))
+    assert json.loads((stopped / "trainer_state.json").read_text())["global_step"] == 4
+
+    plain = tmp_path / "plain"
+    run(parse_arguments([*flags, "--output_dir", str(plain)]))
+    added = resume("added", plain / "checkpoint-3", *patience)
+    # counted from 0: one for each of steps 4-6
+    assert early_stopping_count(added / "checkpoint-6") == 3
 
 
 CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")

@@ -210,15 +210,16 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_emp
     Raises:
         ValueError: a value is neither text nor missing (a number, list or object; file, line and field named).
     """
-    for side in ("source", "target"):
-        for i, value in enumerate(dataset[side]):
+    sources, targets = dataset["source"], dataset["target"]
+    for side, values in (("source", sources), ("target", targets)):
+        for i, value in enumerate(values):
             if value is not None and not isinstance(value, str):
                 raise ValueError(
                     f"{path}, line {i + first_line}: the {side} is a {type(value).__name__} ({str(value)[:40]!r}), "
                     "not text; give every source and target as a string (or convert the file first)."
                 )
     empty = [
-        i for i, (source, target) in enumerate(zip(dataset["source"], dataset["target"]))
+        i for i, (source, target) in enumerate(zip(sources, targets))
         if source is None or target is None or not source.strip() or not target.strip()
     ]  # fmt: skip
     stats = _LineReport(

@@ -327,9 +327,7 @@ def build_parser() -> HfArgumentParser:
     for group in parser._action_groups:
         if group.title == "options":
             group.title = "transformers Seq2SeqTrainingArguments"
-    # A resumed run keeps its callbacks' state, above all early stopping's count of evaluations without
-    # improvement (transformers' default, False, restarts it at 0 on every resume).
-    parser.set_defaults(do_train=True, do_predict=True, restore_callback_states_from_checkpoint=True)
+    parser.set_defaults(do_train=True, do_predict=True)
     return parser
 
 
@@ -410,10 +408,18 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.num_beams is not None and run_args.num_beams <= 0:
         raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
     metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
-    if metric not in ("loss", "perplexity") and not training_args.predict_with_generate:
+    if run_args.task == "lm" and metric not in ("loss", "perplexity"):
         raise ValueError(
-            f"--metric_for_best_model {metric} is computed only when each evaluation generates: add "
-            "--predict_with_generate true, or choose loss"
+            f"--metric_for_best_model {metric}: a language model's evaluation gives loss and perplexity; choose one"
+        )
+    if (
+        run_args.task != "lm"
+        and metric != "loss"
+        and (metric == "perplexity" or not training_args.predict_with_generate)
+    ):
+        raise ValueError(
+            f"--metric_for_best_model {metric}: a {run_args.task} model's evaluation gives loss, and the task's "
+            "metrics (bleu, rouge1, ...) only when each evaluation generates (--predict_with_generate true)"
         )
     if run_args.early_stopping_patience and (
         not training_args.metric_for_best_model or training_args.eval_strategy == "no"
@@ -593,8 +599,11 @@ def _has_example(dataset: Dataset) -> bool:
         return isinstance(value, str) and bool(value.strip())
 
     columns = ["text"] if "text" in dataset.column_names else ["source", "target"]
-    # row by row: stops at the first example instead of reading a large training split into memory
-    return any(all(is_text(row[column]) for column in columns) for row in dataset.select_columns(columns))
+    # in batches: stops at the first example instead of reading a large training split into memory
+    for batch in dataset.select_columns(columns).iter(batch_size=10_000):
+        if any(all(map(is_text, row)) for row in zip(*(batch[column] for column in columns))):
+            return True
+    return False
 
 
 def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
@@ -744,9 +753,9 @@ def build_model(
     model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast
 ):
     """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
+    if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
+        return load_saved_model(model_args.model_name_or_path)
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
-    if model_args.model_name_or_path:
-        return load_saved_model(model_class, model_args.model_name_or_path)
     overrides = model_args.task_overrides(task)
     preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
     needed = max(data_args.max_source_length, data_args.max_target_length) + 2
@@ -834,9 +843,8 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
         scores = metrics.rouge_scores(hyps, refs)
         return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
     if task == "gec" and m2_file:
-        sentences = metrics.parse_m2(read_lines(m2_file), m2_file)[
-            : len(hyps)
-        ]  # --max_test_samples: the first ones
+        # --max_test_samples: the first ones
+        sentences = metrics.parse_m2(read_lines(m2_file), m2_file)[: len(hyps)]
         m2 = metrics.m2_score(hyps, sentences)
         return [
             {"metric": "precision", "name": "M2 precision", "value": m2["precision"]},

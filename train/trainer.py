@@ -37,7 +37,14 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers import (
+    DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
+    Seq2SeqTrainer,
+    Trainer,
+    TrainerCallback,
+)
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from . import metrics
@@ -113,8 +120,28 @@ class _TokenBudgetMixin:
     def _get_output_dir(self, trial) -> str:
         return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
 
+    def _load_callback_state(self) -> None:
+        """On resume, early stopping counts on from the checkpoint's count of evaluations without improvement, with
+        this run's patience and threshold. transformers restarts the count at 0 by default (so a run resumed
+        after its best epoch trains past its stop), and `restore_callback_states_from_checkpoint` would bring back
+        the checkpoint's patience as well."""
+        super()._load_callback_state()
+        saved = self.state.stateful_callbacks.get(EarlyStoppingCallback.__name__)
+        if not isinstance(saved, dict):
+            return
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, EarlyStoppingCallback):
+                callback.early_stopping_patience_counter = saved["attributes"][
+                    "early_stopping_patience_counter"
+                ]
+
     def _save_checkpoint(self, model, trial) -> None:
         """The trainer's save, pointed at ``OUTPUT_DIR/.staging``; the folder is renamed into place once complete."""
+        for callback in [*self.callback_handler.callbacks, self.control]:
+            # a run resumed with a callback its checkpoint did not have (early stopping added): transformers
+            # updates the saved state of each stateful callback by name, and fails on a missing one
+            if isinstance(callback, ExportableState):
+                self.state.stateful_callbacks.setdefault(type(callback).__name__, {})
         run_dir = Path(super()._get_output_dir(trial))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staged, final = run_dir / STAGING / name, run_dir / name

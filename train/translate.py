@@ -25,16 +25,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
-from modeling_ode import ODETransformerConfig  # importing modeling_ode registers it with the auto classes
+from modeling_ode import (  # importing modeling_ode registers the model with the auto classes
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+)
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .checkpoints import complete_checkpoints
@@ -52,6 +53,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 DEFAULT_NEW_TOKENS = 20
 
 
+def _holds_models(folder: Path) -> bool:
+    """Whether ``folder`` (not the current one) holds a saved model or a run's checkpoints in a subfolder."""
+    if folder == Path(".") or not folder.is_dir():
+        return False
+    return any(
+        (child / "config.json").is_file() or any(child.glob("checkpoint-*"))
+        for child in folder.iterdir()
+        if child.is_dir()
+    )
+
+
 def check_model_folder(model_name_or_path: str) -> None:
     """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
@@ -60,7 +72,7 @@ def check_model_folder(model_name_or_path: str) -> None:
         folder.is_absolute()
         or model_name_or_path.startswith(".")
         or model_name_or_path.count("/") > 1
-        or (folder.parent != Path(".") and folder.parent.is_dir())  # runs/model beside an existing runs/
+        or _holds_models(folder.parent)  # runs/modle beside runs/model: a mistyped path, not a Hub id
     )
     if not folder.exists():
         if looks_local:
@@ -96,10 +108,7 @@ def load_for_generation(
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
     """
     tokenizer = load_model_tokenizer(model_name_or_path)
-    config = AutoConfig.from_pretrained(model_name_or_path)
-    auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = load_saved_model(auto_class, model_name_or_path).to(device).eval()
-    return model, tokenizer
+    return load_saved_model(model_name_or_path).to(device).eval(), tokenizer
 
 
 def ode_model_config(model_name_or_path: str | Path) -> dict:
@@ -130,16 +139,17 @@ def _weight_problems(info: dict) -> list[str]:
     return problems
 
 
-def load_saved_model(model_class: type, model_name_or_path: str | Path) -> PreTrainedModel:
-    """A saved ODE Transformer with every weight loaded. transformers only warns when a folder holds another
-    model type or weights that do not fit its config, and returns a model that is partly random initialisation.
-    (Tied weights, stored once, are not missing.)
+def load_saved_model(model_name_or_path: str | Path) -> PreTrainedModel:
+    """A saved ODE Transformer (seq2seq or causal LM, as its config says) with every weight loaded. transformers
+    only warns when a folder holds another model type or weights that do not fit its config, and returns a model
+    that is partly random initialisation. (Tied weights, stored once, are not missing.)
 
     Raises:
         ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
             of another shape (the first five of each named).
     """
-    ode_model_config(model_name_or_path)
+    seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
+    model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
     model, info = model_class.from_pretrained(
         model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True
     )  # mismatched sizes reported below, by name, instead of a size-mismatch trace from torch
@@ -325,8 +335,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     # found before decoding, not after it
-    if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
-        parser.error(f"--output {args.output}: its folder {Path(args.output).parent} does not exist")
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
         parser.error(problem)
     if (problem := device_problem(args.device)) is not None:
