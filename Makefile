@@ -1,7 +1,8 @@
 # Everything sets up its own environment in .venv on first use.
 # torch: TORCH defaults to the CPU build, never a multi-GB CUDA one by accident: PyTorch's CPU index is added, and
-# its torch==2.13.0+cpu outranks PyPI's CUDA build of 2.13.0 (where that index cannot be reached, pip says so and
-# takes the wheel from its own find-links). On a GPU machine pass e.g.
+# its torch==2.13.0+cpu outranks PyPI's CUDA build of 2.13.0 (where that index cannot be reached, pip retries each
+# package for a few seconds, about a minute in all, then takes the wheels from its other sources). On a GPU machine
+# pass e.g.
 # TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
 PYTHON ?= python3
 TORCH ?= torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
