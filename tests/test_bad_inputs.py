@@ -302,6 +302,15 @@ def test_run_arguments_that_would_fail_after_training_are_refused_first(tmp_path
         parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b", *flags])
 
 
+def test_the_early_config_check_uses_the_run_vocabulary(tmp_path):
+    """The config is checked in parse_arguments with the tokenizer's vocabulary size, not the preset's: a source
+    vocabulary equal to --vocab_size is valid (shared embeddings) and had been refused there."""
+    overrides = '{"source_vocab_size": 300}'
+    args = parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
+                            "--config_overrides", overrides])  # fmt: skip
+    assert args[0].overrides()["source_vocab_size"] == 300
+
+
 def test_resume_with_another_model_config_names_the_fields(tmp_path):
     out, data = tmp_path / "out", ",".join(corpus(tmp_path / "data"))
     train(out, "--train_file", data, "--save_strategy", "steps", "--save_steps", "2")

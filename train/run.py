@@ -451,7 +451,9 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _one_label_smoothing(model_args, training_args)
     if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
-        ODETransformerConfig.from_preset(model_args.preset, **model_args.task_overrides(run_args.task))
+        # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
+        checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
+        ODETransformerConfig.from_preset(model_args.preset, **checked)
     return model_args, data_args, run_args, training_args
 
 
