@@ -68,13 +68,13 @@ def check_model_folder(model_name_or_path: str) -> None:
     """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
     folder = Path(model_name_or_path)
-    looks_local = (
-        folder.is_absolute()
-        or model_name_or_path.startswith(".")
-        or model_name_or_path.count("/") > 1
-        or _holds_models(folder.parent)  # runs/modle beside runs/model: a mistyped path, not a Hub id
-    )
     if not folder.exists():
+        looks_local = (
+            folder.is_absolute()
+            or model_name_or_path.startswith(".")
+            or model_name_or_path.count("/") > 1
+            or _holds_models(folder.parent)  # runs/modle beside runs/model: a mistyped path, not a Hub id
+        )
         if looks_local:
             raise FileNotFoundError(
                 f"no model folder {model_name_or_path}: give the folder train.run wrote (its --output_dir) or "
@@ -85,8 +85,8 @@ def check_model_folder(model_name_or_path: str) -> None:
         raise NotADirectoryError(
             f"{model_name_or_path} is a file: give the model's folder (its --output_dir)"
         )
-    checkpoints = complete_checkpoints(folder)
-    if not (folder / "config.json").is_file() and checkpoints:
+    # a finished run's folder holds checkpoints too: they are read only when the final model is missing
+    if not (folder / "config.json").is_file() and (checkpoints := complete_checkpoints(folder)):
         raise FileNotFoundError(
             f"{folder} holds checkpoints ({', '.join(path.name for path in checkpoints[-3:])}) but no final model: "
             f"the run has not finished. Give a checkpoint folder ({checkpoints[-1]}), or finish the run with "
