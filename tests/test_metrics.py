@@ -523,6 +523,18 @@ def test_cli_translation_and_mismatch(tmp_path):
     assert f"{short} has 2 lines" in done.stderr and f"{ref} has 3" in done.stderr
 
 
+def test_cli_output_dash_is_standard_output(tmp_path, monkeypatch, capsys):
+    """``--output -`` means standard output, as for ode-translate: the JSON is printed once, and no file named
+    ``-`` appears in the working folder."""
+    from train.evaluate_predictions import main
+
+    hyp = write(tmp_path / "hyp.txt", ["Wir fahren morgen nach Berlin ."])
+    monkeypatch.chdir(tmp_path)
+    assert main(["--task", "translation", "--hyp", hyp, "--ref", hyp, "--output", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["bleu"] == pytest.approx(100.0)
+    assert not (tmp_path / "-").exists()
+
+
 def test_cli_gec(tmp_path):
     m2_file = write(
         tmp_path / "gold.m2",

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beta", type=float, default=0.5, help="F-beta of the M2 scorer")
     parser.add_argument("--max-unchanged-words", type=int, default=2, help="M2 edit merging limit")
     parser.add_argument("--ignore-case", action="store_true", help="case-insensitive M2 scoring")
-    parser.add_argument("--output", help="also write the JSON to this file")
+    parser.add_argument("--output", help="also write the JSON to this file ('-': standard output only)")
     return parser
 
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_user_error(__spec__.name, error)
     text = json.dumps(metrics, indent=2, ensure_ascii=False)
     print(text)
-    if args.output:
+    if args.output not in (None, "-"):  # '-' is standard output, where the JSON already went
         Path(args.output).write_text(text + "\n", encoding="utf-8")
     return 0
 
