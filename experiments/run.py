@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.studies import STUDIES, ExtraTest, Study, describe_changes, run_id
+from train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -114,41 +114,6 @@ def train_command(run: Run, work: Path, device: str, overrides: dict[str, str]) 
 
 # --------------------------------------------------------------------------------------------
 # What a result records
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-    }
-
-
-def device_info(device: str, threads: int) -> dict[str, Any]:
-    import torch
-
-    info = {
-        "device": device,
-        "threads": threads,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    if device == "cpu":
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-            platform.processor(),
-        )
-        info.update(name=cpu, cores=os.cpu_count())
-    elif torch.cuda.is_available():
-        info.update(name=torch.cuda.get_device_name(0))
-    return info
-
-
-def _cpuinfo() -> list[str]:
-    path = Path("/proc/cpuinfo")
-    return path.read_text().splitlines() if path.is_file() else []
 
 
 def data_info(flags: dict[str, Any], data_root: Path, study: Study) -> dict[str, Any]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 import yaml
 from datasets import Dataset
 
 from train.demo import RECIPE, main, parse_demo_arguments
+from train.provenance import REPO, git_commit
 from train.run import drop_long_training_pairs, parse_arguments
 
 TINY_MODEL = [
@@ -57,6 +59,8 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
                 "7",
                 "--max_test_samples",
                 "24",
+                "--results",
+                str(tmp_path / "results" / f"{name}.json"),
                 *TINY_MODEL,
             ]
         )
@@ -68,14 +72,42 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
     assert summary["copy_baseline_bleu"] > 0 and summary["steps"] == summary["max_steps"] == 7
     assert summary["decoding"]["precision"] == "fp32" and summary["train_seconds"] > 0
     assert summary["bleu_signature"].startswith("nrefs:1|") and len(summary["examples"]) == 4
-    assert json.loads((tmp_path / "a" / "demo_summary.json").read_text())["bleu"] == summary["bleu"]
+    assert json.loads((tmp_path / "a" / "demo_summary.json").read_text()) == summary
+    assert json.loads((tmp_path / "results" / "a.json").read_text()) == summary  # --results: the same record
+    provenance = summary["provenance"]
+    assert provenance["seed"] == yaml.safe_load(RECIPE.read_text()).get(
+        "seed", 42
+    )  # TrainingArguments default
+    assert provenance["recipe"] == "train/recipes/libreoffice_demo.yaml"
+    assert provenance["command"].startswith("python -m train.demo --output_dir ")
+    assert provenance["device"]["device"] == "cpu" and provenance["device"]["threads"] >= 1
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    assert provenance["git"]["commit"] == (head or None)
     assert (tmp_path / "a" / "README.md").is_file() and (tmp_path / "a" / "loss_curves.png").is_file()
     # Same seed, same number of updates: the same model and the same translations, however long it took.
     assert (tmp_path / "a" / "test_hypotheses.txt").read_text() == (
         tmp_path / "b" / "test_hypotheses.txt"
     ).read_text()
-    assert {k: v for k, v in runs[1].items() if k not in ("train_seconds", "wall_seconds")} == {
-        k: v for k, v in summary.items() if k not in ("train_seconds", "wall_seconds")
+    timed = ("train_seconds", "wall_seconds", "provenance")  # provenance: its command and time differ
+    assert {k: v for k, v in runs[1].items() if k not in timed} == {
+        k: v for k, v in summary.items() if k not in timed
     }
     out = capsys.readouterr().out
     assert "copy-the-source baseline" in out and "7 of 7 updates" in out
+
+
+def test_demo_results_file_is_checked_before_training(tmp_path, capsys):
+    """``--results`` naming a folder is refused at once (the run would otherwise fail after training); its
+    missing folder is made."""
+    with pytest.raises(SystemExit):
+        parse_demo_arguments(["--results", str(tmp_path)])
+    assert "is a folder" in capsys.readouterr().err
+    demo_args, _ = parse_demo_arguments(["--results", str(tmp_path / "demo" / "cpu.json")])
+    assert (tmp_path / "demo").is_dir() and demo_args.results.endswith("cpu.json")
+
+
+def test_git_commit_outside_a_checkout_is_none(tmp_path):
+    """An installed package has no git checkout: its commit is recorded as unknown, not as another folder's."""
+    assert git_commit(tmp_path) == {"commit": None, "dirty": None}
