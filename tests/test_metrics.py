@@ -24,6 +24,7 @@ from train.data import data_root
 from train.evaluate_predictions import main
 from train.files import read_lines
 from train.metrics import (
+    TASK_METRIC_NAMES,
     GoldEdit,
     M2Sentence,
     build_seq2seq_compute_metrics,
@@ -476,6 +477,11 @@ def test_compute_metrics_decodes_and_scores(word_tokenizer):
     summary = build_seq2seq_compute_metrics(word_tokenizer, "summarization")(tupled)
     assert summary == pytest.approx(rouge_scores(hyps, refs))
     assert all(isinstance(v, float) for v in summary.values())
+    # --metric_for_best_model is checked against these names before training: they must be what is returned
+    returned = {"translation": translation, "gec": gec, "summarization": summary}
+    assert {task: sorted(scores) for task, scores in returned.items()} == {
+        task: sorted(names) for task, names in TASK_METRIC_NAMES.items()
+    }
     with pytest.raises(ValueError, match="task must be one of"):
         build_seq2seq_compute_metrics(word_tokenizer, "parsing")
 
@@ -526,8 +532,6 @@ def test_cli_translation_and_mismatch(tmp_path):
 def test_cli_output_dash_is_standard_output(tmp_path, monkeypatch, capsys):
     """``--output -`` means standard output, as for ode-translate: the JSON is printed once, and no file named
     ``-`` appears in the working folder."""
-    from train.evaluate_predictions import main
-
     hyp = write(tmp_path / "hyp.txt", ["Wir fahren morgen nach Berlin ."])
     monkeypatch.chdir(tmp_path)
     assert main(["--task", "translation", "--hyp", hyp, "--ref", hyp, "--output", "-"]) == 0

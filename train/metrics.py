@@ -652,6 +652,20 @@ _TASK_METRICS: dict[str, Callable[[list[str], list[str]], dict[str, float]]] = {
     "summarization": rouge_scores,
     "gec": _gec_metrics,
 }
+# The names each of them returns (an evaluation reports them as eval_NAME): what --metric_for_best_model can pick.
+TASK_METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "translation": ("bleu", "chrf"),
+    "summarization": _ROUGE_TYPES,
+    "gec": ("bleu", "chrf", "exact_match"),
+}
+
+
+def evaluation_metrics(task: str, generate: bool) -> tuple[str, ...]:
+    """What an evaluation during training reports, without the ``eval_`` prefix: the loss; a language model's
+    perplexity; a seq2seq task's metrics only when each evaluation generates (``--predict_with_generate``)."""
+    if task == "lm":
+        return ("loss", "perplexity")
+    return ("loss", *(TASK_METRIC_NAMES[task] if generate else ()))
 
 
 def _decode(tokenizer, ids) -> list[str]:

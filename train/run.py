@@ -408,18 +408,13 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.num_beams is not None and run_args.num_beams <= 0:
         raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
     metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
-    if run_args.task == "lm" and metric not in ("loss", "perplexity"):
+    evaluated = metrics.evaluation_metrics(run_args.task, training_args.predict_with_generate)
+    if metric not in evaluated:  # transformers would fail at the first evaluation, after training up to it
+        model = "a language model" if run_args.task == "lm" else f"a {run_args.task} model"
+        unlocked = sorted(set(metrics.evaluation_metrics(run_args.task, generate=True)) - set(evaluated))
         raise ValueError(
-            f"--metric_for_best_model {metric}: a language model's evaluation gives loss and perplexity; choose one"
-        )
-    if (
-        run_args.task != "lm"
-        and metric != "loss"
-        and (metric == "perplexity" or not training_args.predict_with_generate)
-    ):
-        raise ValueError(
-            f"--metric_for_best_model {metric}: a {run_args.task} model's evaluation gives loss, and the task's "
-            "metrics (bleu, rouge1, ...) only when each evaluation generates (--predict_with_generate true)"
+            f"--metric_for_best_model {metric}: {model}'s evaluation gives {', '.join(evaluated)}; choose one"
+            + (f" (or {', '.join(unlocked)} with --predict_with_generate true)" if unlocked else "")
         )
     if run_args.early_stopping_patience and (
         not training_args.metric_for_best_model or training_args.eval_strategy == "no"
