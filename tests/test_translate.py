@@ -74,3 +74,44 @@ def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuatio
             ValueError, match=f"^max_new_tokens {new_tokens}: a continuation takes 1 to 126 new"
         ):
             translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=new_tokens)
+
+
+def test_api_input_mistakes_are_named(tmp_path):
+    """generate_texts as a user calls it: a single string (which list() would split into characters), a
+    non-string item, several returns per input (which would be matched to the wrong inputs), a batch size or
+    source length of 0 (silently one batch, or the default), and more new tokens than the decoder has positions
+    (which failed only when an output reached them, advising to truncate the input). An empty generator gives
+    no outputs, like an empty list."""
+    model, tokenizer = save_tiny_folder(tmp_path, weight_scale=3)
+    cases = [
+        (TypeError, "texts is one string", "the dog", {}),
+        (TypeError, r"texts\[1\] is NoneType, not a string", ["the dog", None], {}),
+        (ValueError, "num_return_sequences 2: this returns one output per input", SOURCES,
+         {"num_beams": 2, "num_return_sequences": 2}),
+        (ValueError, "batch_size 0: give a positive number", SOURCES, {"batch_size": 0}),
+        (ValueError, "max_source_length 0: give a positive number", SOURCES, {"max_source_length": 0}),
+        (ValueError, "max_new_tokens 129: an output has at most 128 tokens", SOURCES, {"max_new_tokens": 129}),
+    ]  # fmt: skip
+    for error, message, texts, kwargs in cases:
+        with pytest.raises(error, match=message):
+            translate.generate_texts(model, tokenizer, texts, **kwargs)
+    assert translate.generate_texts(model, tokenizer, (text for text in [])) == []
+    generated = translate.generate_texts(model, tokenizer, (text for text in SOURCES[:2]), max_new_tokens=128)
+    assert generated == translate.generate_texts(model, tokenizer, SOURCES[:2], max_new_tokens=128)
+    if not torch.cuda.is_available():  # named, not torch's "Torch not compiled with CUDA enabled"
+        with pytest.raises(ValueError, match="device cuda: this torch has no CUDA device"):
+            translate.load_for_generation(str(tmp_path), device="cuda")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_input(tmp_path, capsys):
+    """Windows editors start UTF-8 files with a byte-order mark; it had been tokenized into the first line."""
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("the dog runs\nzwei Hunde\n", encoding="utf-8")
+    marked.write_text("the dog runs\nzwei Hunde\n", encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    outputs = []
+    for source in (plain, marked):
+        translate.main([str(tmp_path / "model"), "--input", str(source), "--num_beams", "1", "--no_progress"])
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 2

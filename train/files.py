@@ -3,6 +3,7 @@ naming a full disk, with only the standard library (``hub`` uses these too)."""
 
 from __future__ import annotations
 
+import codecs
 import errno
 import gzip
 import logging
@@ -25,7 +26,8 @@ _NO_SPACE_MESSAGES = ("os error 28", "os error 27", "os error 122", "No space le
 
 
 def read_byte_lines(path: str | Path) -> list[bytes]:
-    """Lines of a file (gzip-compressed if the name ends in ``.gz``) as bytes, without ``\\n`` or a final ``\\r``.
+    """Lines of a file (gzip-compressed if the name ends in ``.gz``) as bytes, without ``\\n``, a final ``\\r`` or
+    a leading UTF-8 byte-order mark.
 
     The final newline ends the last line, it does not start a new one.
 
@@ -56,7 +58,8 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
 
 
 def _split_lines(data: bytes) -> list[bytes]:
-    lines = data.split(b"\n")
+    # A byte-order mark (Windows editors write one) is not text: left in, it becomes tokens of the first line.
+    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
     if lines[-1] == b"":
         lines.pop()
     return [line.removesuffix(b"\r") for line in lines]

@@ -106,7 +106,10 @@ def load_for_generation(
 
     Raises:
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
+        ValueError: ``device`` is not one this machine has.
     """
+    if (problem := device_problem(str(device))) is not None:
+        raise ValueError(f"device {device}: {problem}")
     tokenizer = load_model_tokenizer(model_name_or_path)
     return load_saved_model(model_name_or_path).to(device).eval(), tokenizer
 
@@ -208,6 +211,14 @@ def generate_ids(
     ``generate_kwargs`` (``num_beams``, ``length_penalty``, ``max_new_tokens``, ...) override the model's
     generation config. A causal LM's prompts are padded on the left and its outputs exclude the prompt.
     """
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size}: give a positive number of inputs per batch")
+    returns = generate_kwargs.get("num_return_sequences") or model.generation_config.num_return_sequences or 1
+    if returns != 1:  # the outputs are matched to the inputs one to one
+        raise ValueError(
+            f"num_return_sequences {returns}: this returns one output per input; call model.generate(..., "
+            f"num_return_sequences={returns}) for several"
+        )
     model.eval()
     causal = not model.config.is_encoder_decoder
     pad_id = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else 0
@@ -254,14 +265,27 @@ def generate_texts(
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
     """
+    if isinstance(texts, str):  # list("a b") would decode every character as an input
+        raise TypeError("texts is one string: give a list of strings (for one text, [text])")
+    texts = list(texts)
     if not texts:
         return []
+    if (bad := next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)) is not None:
+        raise TypeError(f"texts[{bad}] is {type(texts[bad]).__name__}, not a string: give a list of strings")
+    if max_source_length is not None and max_source_length < 1:
+        raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
     positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
     limit, model_limit = positions, f"the model's limit, max_position_embeddings {positions}"
+    new_tokens = kwargs.get("max_new_tokens")
+    if new_tokens is None:
+        new_tokens = model.generation_config.max_new_tokens
+    if not causal and new_tokens is not None and new_tokens > positions:  # refused now, not at that position
+        raise ValueError(
+            f"max_new_tokens {new_tokens}: an output has at most {positions} tokens, the model's "
+            f"max_position_embeddings; give --max_new_tokens {positions} or less"
+        )
     if causal:  # a prompt shares the positions with its continuation, counted in new tokens
-        new_tokens = kwargs.get("max_new_tokens")
-        if new_tokens is None:
-            new_tokens = model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
+        new_tokens = DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
         if not 1 <= new_tokens <= positions - 2:
             raise ValueError(
                 f"max_new_tokens {new_tokens}: a continuation takes 1 to {positions - 2} new tokens in the model's "
@@ -269,9 +293,9 @@ def generate_texts(
             )
         kwargs["max_new_tokens"] = new_tokens
         limit, model_limit = positions - new_tokens, f"{model_limit} less max_new_tokens {new_tokens}"
-    length = min(max_source_length or tokenizer.model_max_length, limit)
+    length = min(max_source_length if max_source_length is not None else tokenizer.model_max_length, limit)
     with tokenizer_sides(tokenizer, truncation="left" if causal else "right"):
-        encoded = tokenizer(list(texts), truncation=True, max_length=length)
+        encoded = tokenizer(texts, truncation=True, max_length=length)
     cut = sum(truncated_rows(encoded))
     if cut:
         logger.warning(
