@@ -1117,7 +1117,7 @@ class ODETransformerEncoder(_ODEStack):
         self.post_init()
 
     @records_ode_coefficients
-    @capture_outputs(tie_last_hidden_states=False)
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1160,7 +1160,7 @@ class ODETransformerDecoder(_ODEStack):
 
     @merge_with_config_defaults
     @records_ode_coefficients
-    @capture_outputs(tie_last_hidden_states=False)
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -330,7 +330,8 @@ def _padded_batch() -> tuple:
 
 def test_block_diagnostic_stage_norms_are_the_residual_updates():
     """With Euler blocks and plain stacking, block k maps h_k to h_k + F(h_k): the diagnostic's |F_1| is the mean
-    norm of h_{k+1} - h_k over the real (unpadded) tokens, read from the encoder's hidden states."""
+    norm of h_{k+1} - h_k over the real (unpadded) tokens, read from the encoder's hidden states (the last layer's
+    own output, not the final LayerNorm's that transformers puts last by default: config.tie_last_hidden_states)."""
     import torch
 
     from experiments.block_diagnostic import block_statistics
@@ -339,7 +340,7 @@ def test_block_diagnostic_stage_norms_are_the_residual_updates():
     torch.manual_seed(0)
     config = ODETransformerConfig.from_preset(
         "tiny", vocab_size=50, encoder_layer_connections="residual", encoder_ode_method="euler",
-        encoder_ode_coefficients="tableau",
+        encoder_ode_coefficients="tableau", tie_last_hidden_states=False,
     )  # fmt: skip
     model = ODETransformerForConditionalGeneration(config).eval()
     input_ids, attention_mask = _padded_batch()

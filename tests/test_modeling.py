@@ -331,6 +331,30 @@ def test_hidden_states_selected_by_a_negative_index_count_from_each_stacks_own_d
         torch.testing.assert_close(selected[depth], getattr(every, side)[depth])
 
 
+def test_the_last_hidden_state_is_the_last_of_the_hidden_states():
+    """As in BART and MBart (pre-norm, with a final LayerNorm): hidden_states[-1] is last_hidden_state, the final
+    LayerNorm's output, for the encoder, the decoder and the causal LM; the layers before it are their raw
+    outputs. config.tie_last_hidden_states=False keeps the last layer's raw output instead."""
+    for connections in ("residual", "learnable_dense"):
+        model = seq2seq(encoder_layer_connections=connections, decoder_layer_connections=connections)
+        ids, mask = source_batch()
+        out = model(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3], output_hidden_states=True
+        )
+        assert torch.equal(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+        decoded = model.model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3])
+        assert torch.equal(out.decoder_hidden_states[-1], decoded.last_hidden_state)
+    lm = ODETransformerForCausalLM(
+        ODETransformerConfig.from_preset("tiny", vocab_size=99, is_encoder_decoder=False)
+    )
+    ids = torch.randint(4, 99, (2, 5))
+    out = lm.model(input_ids=ids, output_hidden_states=True)
+    assert torch.equal(out.hidden_states[-1], out.last_hidden_state)
+    lm.config.tie_last_hidden_states = False
+    raw = lm.model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    assert not torch.allclose(raw, out.last_hidden_state)
+
+
 def test_output_ode_stages(device):
     model = seq2seq(decoder_ode_method="rk4", decoder_ode_function="sublayers").to(device)
     ids, mask = source_batch(device=device)
