@@ -219,6 +219,19 @@ def check_token_ids(
         )
 
 
+def check_attention_mask(name: str, mask: torch.Tensor | None, batch: int, least: int, most: int) -> None:
+    """A 2-D (batch, tokens) 1/0 mask with a column for every key: the input's tokens (a cached decoder's: its
+    past ones too, and at most its cache's size). Refused by its shape here, before a broadcast inside attention
+    fails anonymously or a short mask silently shifts the positions."""
+    if mask is None or (mask.dim() == 2 and mask.shape[0] == batch and least <= mask.shape[1] <= most):
+        return
+    columns = str(least) if least == most else f"{least} to {most}"
+    raise ValueError(
+        f"`{name}` has shape {tuple(mask.shape)}, the input needs ({batch}, {columns}): a row per sequence and a "
+        "column per token, 1 for a real token and 0 for padding (the tokenizer's `attention_mask` has this shape)."
+    )
+
+
 def check_labels(
     input_ids: torch.Tensor | None, labels: torch.Tensor | None, vocab_size: int, same_shape: bool
 ) -> None:
@@ -1045,14 +1058,26 @@ class _ODEStack(ODETransformerPreTrainedModel):
                 "encoder-decoder: `decoder_input_ids` or `decoder_inputs_embeds`)."
             )
         if inputs_embeds is not None:
+            if inputs_embeds.dim() != 3:
+                raise ValueError(
+                    f"`{self._input_name('inputs_embeds')}` has shape {tuple(inputs_embeds.shape)}: give (batch, "
+                    "length, d_model) vectors"
+                )
             return inputs_embeds
-        decoder_of_seq2seq = self.side == "decoder" and self.config.is_encoder_decoder
-        check_token_ids(
-            "decoder_input_ids" if decoder_of_seq2seq else "input_ids",
-            input_ids,
-            self.embed_tokens.num_embeddings,
-        )
+        name = self._input_name("input_ids")
+        if (
+            input_ids.dim() != 2 or input_ids.is_floating_point()
+        ):  # a 1-D row would broadcast as a batch of one
+            raise ValueError(
+                f"`{name}` is a {tuple(input_ids.shape)} {input_ids.dtype} tensor: give (batch, length) integer token "
+                "ids; for one sequence, ids[None] (the tokenizer's return_tensors='pt' gives this shape)."
+            )
+        check_token_ids(name, input_ids, self.embed_tokens.num_embeddings)
         return self.embed_tokens(input_ids)
+
+    def _input_name(self, name: str) -> str:
+        """The argument's name as the user passed it: the decoder of an encoder-decoder reads `decoder_*`."""
+        return f"decoder_{name}" if self.side == "decoder" and self.config.is_encoder_decoder else name
 
     def _recomputes_stages(self) -> bool:
         """Whether this forward checkpoints RK stages (`ode_checkpoint_stages`): they run again in backward."""
@@ -1127,7 +1152,8 @@ class ODETransformerEncoder(_ODEStack):
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODEEncoderOutput:
         inputs_embeds = self._embed_tokens(input_ids, inputs_embeds)
-        length = inputs_embeds.shape[1]
+        batch, length = inputs_embeds.shape[:2]
+        check_attention_mask("attention_mask", attention_mask, batch, length, length)
         queries, keys = token_positions(attention_mask, position_ids, 0, length, length, inputs_embeds.device)
         hidden_states = self.embed(inputs_embeds, queries)
         hidden_states = self._run_layers(
@@ -1189,9 +1215,15 @@ class ODETransformerDecoder(_ODEStack):
             past_key_values = self.cache_layout.with_cross_attention(past_key_values)
         self.cache_layout.check(past_key_values)
         self_cache = self_attention_cache(past_key_values)
-        length = inputs_embeds.shape[1]
+        batch, length = inputs_embeds.shape[:2]
         past = self_cache.get_seq_length() if self_cache is not None else 0
         key_length = self_cache.get_mask_sizes(length, 0)[0] if self_cache is not None else length
+        # a static cache's `past` is a tensor: its mask is checked against the current tokens only
+        seen = past + length if isinstance(past, int) else length
+        check_attention_mask(self._input_name("attention_mask"), attention_mask, batch, seen, key_length)
+        if encoder_hidden_states is not None:  # the source's mask (the seq2seq model's `attention_mask`)
+            source = encoder_hidden_states.shape[1]
+            check_attention_mask("attention_mask", encoder_attention_mask, batch, source, source)
         queries, keys = token_positions(
             attention_mask, position_ids, past, length, key_length, inputs_embeds.device
         )
