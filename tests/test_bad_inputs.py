@@ -190,13 +190,12 @@ def test_empty_and_malformed_files(tmp_path):
         (lambda: load_tsv(write(tmp_path / "header.tsv", "source\ttarget\n"), "source", "target"), "header.tsv has no rows below its header"),
         (lambda: load_jsonl(write(tmp_path / "empty.jsonl", "\n"), "source", "target"), "empty.jsonl has no lines"),
         (lambda: load_jsonl(write(tmp_path / "bad.jsonl", '{"source": "a", "target": "b"}\n{"source": "c", "target": \n'),
-                            "source", "target", cache_dir=tmp_path / "cache"),
+                            "source", "target"),
          "bad.jsonl, line 2: not a JSON object (Expecting value at column 27); fix or remove that line"),
         (lambda: load_jsonl(write(tmp_path / "number.jsonl", '{"source": "a", "target": "b"}\n{"source": 5, "target": "c"}\n'),
-                            "source", "target", cache_dir=tmp_path / "cache", skip_empty=False),
+                            "source", "target", skip_empty=False),
          "number.jsonl, line 2: the source is a int ('5'), not text"),
-        (lambda: load_jsonl(write(tmp_path / "list.jsonl", '{"source": "a", "target": ["b", "c"]}\n'), "source", "target",
-                            cache_dir=tmp_path / "cache"),
+        (lambda: load_jsonl(write(tmp_path / "list.jsonl", '{"source": "a", "target": ["b", "c"]}\n'), "source", "target"),
          "list.jsonl, line 1: the target is a list ("),
     ]  # fmt: skip
     for action, fragment in cases:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import shutil
 import subprocess
 from collections import Counter
@@ -130,11 +131,11 @@ def test_local_evaluation_split_keeps_every_row(tmp_path, suffix):
 
 def test_load_tsv(tmp_path):
     path = _write_gz(tmp_path / "d.tsv.gz", b'de\ten\tnote\nHallo "du"\tHello "you"\tx\nNA\tnull\t\n')
-    ds = load_tsv(path, "en", "de", cache_dir=tmp_path / "cache")
+    ds = load_tsv(path, "en", "de")
     assert ds.column_names == ["source", "target"]
     assert ds["source"] == ['Hello "you"', "null"] and ds["target"] == ['Hallo "du"', "NA"]
     with pytest.raises(ValueError) as err:
-        load_tsv(path, "fr", "de", cache_dir=tmp_path / "cache")
+        load_tsv(path, "fr", "de")
     assert (
         "'fr'" in str(err.value) and str(path) in str(err.value) and "['de', 'en', 'note']" in str(err.value)
     )
@@ -148,13 +149,62 @@ def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, ca
         '{"source": "a", "target": "b"}\n{"source": "x"}\n{"source": "y", "target": "  "}\n', encoding="utf-8"
     )
     with caplog.at_level(logging.WARNING, logger="train.data"):
-        from_tsv = load_tsv(tsv, "source", "target", cache_dir=tmp_path / "cache")
-        from_jsonl = load_jsonl(jsonl, "source", "target", cache_dir=tmp_path / "cache")
+        from_tsv = load_tsv(tsv, "source", "target")
+        from_jsonl = load_jsonl(jsonl, "source", "target")
     assert list(zip(from_tsv["source"], from_tsv["target"])) == [("a b", "c d"), ("g h", "i j")]
     assert list(zip(from_jsonl["source"], from_jsonl["target"])) == [("a", "b")]
     # file line numbers: the TSV header is line 1
     assert f"{tsv}: 2 empty line(s) skipped (line numbers 3, 4); 2 of 4 rows loaded" in caplog.text
     assert f"{jsonl}: 2 empty line(s) skipped (line numbers 2, 3); 1 of 3 rows loaded" in caplog.text
+
+
+def test_utf16_and_carriage_return_files_are_refused(tmp_path):
+    """A UTF-16 file had loaded as rows of NUL-interleaved bytes (plus a stray row), and a file whose lines end in a
+    bare carriage return as one pair holding the whole file."""
+    lines = ["the dog", "a cat", "two birds"]
+    (tmp_path / "u16.src").write_bytes("\n".join(lines).encode("utf-16"))
+    (tmp_path / "cr.src").write_bytes("\r".join(lines).encode() + b"\r")
+    write_lines(tmp_path / "ok.tgt", lines)
+    with pytest.raises(ValueError, match=r"u16.src holds NUL bytes: UTF-16 text .* iconv -f utf-16 -t utf-8"):
+        load_parallel_files(tmp_path / "u16.src", tmp_path / "ok.tgt")
+    with pytest.raises(ValueError, match=r"cr.src ends its lines with a bare carriage return"):
+        load_parallel_files(tmp_path / "cr.src", tmp_path / "ok.tgt")
+
+
+def test_tsv_rows_are_read_as_written(tmp_path, caplog):
+    """Every TSV line below the header is one row of text: a row with a field more than the header is refused by
+    line (pandas had made the first column an index when every row had one, shifting source and target), a blank
+    line of an evaluation split is kept (one hypothesis per line), numerals stay text, and a file replaced by
+    another with the same modification time is read again (no cache keyed on path and mtime)."""
+    path = write_lines(tmp_path / "d.tsv", ["source\ttarget", "the dog\tder Hund\textra", "a\tb"])
+    with pytest.raises(ValueError, match=r"d.tsv, line 2: 3 tab-separated fields, but the header has 2"):
+        load_tsv(path, "source", "target")
+    path = write_lines(tmp_path / "d.tsv", ["source\ttarget", "one\t001", "", "two\t002"])
+    kept = load_tsv(path, "source", "target", skip_empty=False)
+    assert list(zip(kept["source"], kept["target"])) == [("one", "001"), ("", ""), ("two", "002")]
+    with caplog.at_level(logging.WARNING, logger="train.data"):
+        assert load_tsv(path, "source", "target")["target"] == ["001", "002"]
+    assert f"{path}: 1 empty line(s) skipped (line numbers 3); 2 of 3 rows loaded" in caplog.text
+    stamp = path.stat().st_mtime_ns
+    write_lines(path, ["source\ttarget", "three\t003"])
+    os.utime(path, ns=(stamp, stamp))
+    assert load_tsv(path, "source", "target")["source"] == ["three"]
+
+
+def test_jsonl_records_that_lack_a_nested_field_are_skipped(tmp_path, caplog):
+    """The Hub's {"translation": {"en": ..., "de": ...}} records: one without the language, with a null
+    translation or without the key is a missing value (skipped and reported), not a KeyError; a line that is not
+    UTF-8 is named with its line."""
+    records = [{"translation": {"en": "Yes", "de": "Ja"}}, {"translation": {"en": "No"}}, {"translation": None},
+               {"id": 4}, {"translation": {"en": "Hi", "de": "Hallo"}}]  # fmt: skip
+    path = write_lines(tmp_path / "d.jsonl", [json.dumps(record) for record in records])
+    with caplog.at_level(logging.WARNING, logger="train.data"):
+        pairs = load_jsonl(path, "translation.en", "translation.de")
+    assert list(zip(pairs["source"], pairs["target"])) == [("Yes", "Ja"), ("Hi", "Hallo")]
+    assert f"{path}: 3 empty line(s) skipped (line numbers 2, 3, 4); 2 of 5 rows loaded" in caplog.text
+    path.write_bytes(b'{"source": "a", "target": "b"}\n{"source": "caf\xe9", "target": "c"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl, line 2: not UTF-8 text"):
+        load_jsonl(path, "source", "target")
 
 
 def test_load_jsonl_with_nested_field(tmp_path):
@@ -163,14 +213,15 @@ def test_load_jsonl_with_nested_field(tmp_path):
         {"translation": {"de": "Nein", "en": "No"}, "id": 2},
     ]
     path = _write_gz(tmp_path / "d.jsonl.gz", "".join(json.dumps(r) + "\n" for r in rows).encode())
-    ds = load_jsonl(path, "translation.de", "translation.en", cache_dir=tmp_path / "cache")
+    ds = load_jsonl(path, "translation.de", "translation.en")
     assert ds["source"] == ["Ja", "Nein"] and ds["target"] == ["Yes", "No"]
     with pytest.raises(ValueError) as err:
-        load_jsonl(path, "src", "translation.en", cache_dir=tmp_path / "cache")
+        load_jsonl(path, "src", "translation.en")
     assert (
         "'src'" in str(err.value)
         and str(path) in str(err.value)
         and "['translation', 'id']" in str(err.value)
+        and "choose with --source_column/--target_column; a.b reads key b of field a" in str(err.value)
     )
 
 
@@ -191,11 +242,11 @@ def wmt_like(tmp_path) -> Path:
 
 
 def test_hub_translation_column(wmt_like, tmp_path):
-    dd = load_hub_dataset(str(wmt_like), None, "de", "en", cache_dir=tmp_path / "cache")
+    dd = load_hub_dataset(str(wmt_like), None, "de", "en")
     assert isinstance(dd, DatasetDict) and sorted(dd) == ["train", "validation"]
     assert dd["train"].column_names == ["source", "target"]
     assert dd["validation"][1] == {"source": "Satz 9", "target": "sentence 9"}
-    reverse = load_hub_dataset(str(wmt_like), None, "en", "de", split="train", cache_dir=tmp_path / "cache")
+    reverse = load_hub_dataset(str(wmt_like), None, "en", "de", split="train")
     assert reverse[0] == {"source": "sentence 0", "target": "Satz 0"}
 
 
@@ -213,10 +264,10 @@ def test_hub_summarization_columns_detected(tmp_path):
     folder = _hub_folder(
         tmp_path / "cnn", {"train": {"article": ["A long text."], "highlights": ["Short."], "id": ["x1"]}}
     )
-    ds = load_hub_dataset(str(folder), split="train", cache_dir=tmp_path / "cache")
+    ds = load_hub_dataset(str(folder), split="train")
     assert ds.column_names == ["source", "target"] and ds[0] == {"source": "A long text.", "target": "Short."}
     with pytest.raises(ValueError, match="'body'"):
-        load_hub_dataset(str(folder), None, "body", "highlights", split="train", cache_dir=tmp_path / "cache")
+        load_hub_dataset(str(folder), None, "body", "highlights", split="train")
 
 
 def test_hub_streaming(wmt_like, tmp_path):

@@ -17,7 +17,6 @@ columns documented per reader); language-modelling data has the column ``text``.
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
@@ -175,13 +174,12 @@ def _get_field(example: Mapping, name: str) -> object:
     return value
 
 
-def _check_fields(dataset: Dataset | IterableDataset, fields: Sequence[str], where: str) -> None:
-    columns = dataset.column_names
-    if columns is None:  # streaming without known features: checked on the first example
-        columns = list(next(iter(dataset)).keys())
+def _check_fields(columns: Sequence[str], fields: Sequence[str], where: str, choose: str) -> None:
     for name in fields:
         if name.split(".")[0] not in columns:
-            raise ValueError(f"column {name!r} not found in {where}; available columns: {columns}")
+            raise ValueError(
+                f"column {name!r} not found in {where}; available columns: {list(columns)} (choose with {choose})"
+            )
 
 
 def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDataset:
@@ -191,26 +189,22 @@ def _to_source_target(dataset: AnyDataset, source: str, target: str) -> AnyDatas
     return dataset.map(convert).select_columns(["source", "target"])
 
 
-def _has_rows(path: Path, header: bool) -> bool:
-    """Whether a (``.gz``) text file holds a non-blank line after the header line, if any."""
-    rows = [line for line in read_byte_lines(path) if line.decode("utf-8", errors="replace").strip()]
-    return len(rows) > (1 if header else 0)
-
-
-def _refuse_empty_file(path: PathLike, header: bool) -> None:
-    if not _has_rows(Path(path), header):
+def _refuse_empty_file(path: PathLike, lines: Sequence[str], header: bool) -> None:
+    if sum(1 for line in lines if line.strip()) <= (1 if header else 0):
         rows = "rows below its header" if header else "lines"
         raise ValueError(f"{path} has no {rows}: pass a file with data, or leave that split out.")
 
 
-def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_empty: bool = True) -> Dataset:
-    """Drop rows whose source or target is missing or blank (or, without ``skip_empty``, keep them with ``""`` for
-    a missing value), with :func:`load_parallel_files`' warning (line ``first_line`` of the file is row 0).
+def _pairs_dataset(
+    sources: list[object], targets: list[object], path: PathLike, first_line: int, skip_empty: bool
+) -> Dataset:
+    """A ``source``/``target`` dataset of a file's rows (row 0 is line ``first_line``): rows with a missing (None)
+    or blank side are dropped with :func:`load_parallel_files`' warning, or, without ``skip_empty``, kept with
+    ``""`` for a missing value.
 
     Raises:
         ValueError: a value is neither text nor missing (a number, list or object; file, line and field named).
     """
-    sources, targets = dataset["source"], dataset["target"]
     for side, values in (("source", sources), ("target", targets)):
         for i, value in enumerate(values):
             if value is not None and not isinstance(value, str):
@@ -218,104 +212,102 @@ def _skip_empty_rows(dataset: Dataset, path: PathLike, first_line: int, skip_emp
                     f"{path}, line {i + first_line}: the {side} is a {type(value).__name__} ({str(value)[:40]!r}), "
                     "not text; give every source and target as a string (or convert the file first)."
                 )
-    empty = [
+    empty = {
         i for i, (source, target) in enumerate(zip(sources, targets))
         if source is None or target is None or not source.strip() or not target.strip()
-    ]  # fmt: skip
+    }  # fmt: skip
     stats = _LineReport(
-        files=[str(path)], lines=dataset.num_rows, kept=dataset.num_rows - (len(empty) if skip_empty else 0),
-        empty_lines=[i + first_line for i in empty],
+        files=[str(path)], lines=len(sources), kept=len(sources) - (len(empty) if skip_empty else 0),
+        empty_lines=[i + first_line for i in sorted(empty)],
     )  # fmt: skip
     _warn_skipped(stats, skip_empty)
-    if empty and skip_empty:
-        dropped = set(empty)
-        dataset = dataset.select([i for i in range(dataset.num_rows) if i not in dropped])
-    elif empty:
-        dataset = dataset.map(lambda row: {key: value or "" for key, value in row.items()})
-    return dataset
+    rows = [i for i in range(len(sources)) if not (skip_empty and i in empty)]
+    return Dataset.from_dict(
+        {"source": [sources[i] or "" for i in rows], "target": [targets[i] or "" for i in rows]}
+    )
 
 
-def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
-    """The first line of a JSON-lines file that is not a JSON object: (1-based number, reason)."""
-    for number, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            return number, f"{error.msg} at column {error.colno}"
-        if not isinstance(value, dict):
-            return number, f"a JSON {type(value).__name__}, not an object"
-    return None
-
-
-def load_tsv(
-    path: PathLike,
-    source_column: str,
-    target_column: str,
-    cache_dir: PathLike | None = None,
-    skip_empty: bool = True,
-) -> Dataset:
+def load_tsv(path: PathLike, source_column: str, target_column: str, skip_empty: bool = True) -> Dataset:
     """Load a tab-separated file with a header row (``.gz`` allowed) as ``source``/``target``.
 
-    Quotes are not special (``csv.QUOTE_NONE``). Rows with a missing or blank source or target are
-    skipped (kept with ``skip_empty=False``) with a warning naming their line numbers, as
-    :func:`load_parallel_files` does.
+    Every line below the header is a row, read as text (quotes are not special, ``007`` stays ``007``). Rows with
+    a missing or blank source or target, blank lines included, are skipped (kept with ``skip_empty=False``) with a
+    warning naming their line numbers, as :func:`load_parallel_files` does.
 
     Raises:
-        ValueError: a column is missing (message names it, the file and the existing columns), or the file has
-            no rows below its header.
+        ValueError: a column is missing (message names it, the file and the existing columns), the file has no
+            rows below its header, a row has more fields than the header (a tab inside a text would shift every
+            later field into the wrong column), or a line is not UTF-8 (file and line named).
     """
-    _refuse_empty_file(path, header=True)
-    dataset = datasets.load_dataset(
-        "csv",
-        data_files=str(path),
-        delimiter="\t",
-        quoting=csv.QUOTE_NONE,
-        keep_default_na=False,
-        split="train",
-        cache_dir=None if cache_dir is None else str(cache_dir),
-    )
-    _check_fields(dataset, [source_column, target_column], str(path))
-    pairs = _to_source_target(dataset, source_column, target_column)
-    return _skip_empty_rows(pairs, path, first_line=2, skip_empty=skip_empty)
+    lines = read_lines(path)
+    _refuse_empty_file(path, lines, header=True)
+    header = lines[0].split("\t")
+    _check_fields(header, [source_column, target_column], str(path), "--source_column/--target_column")
+    source, target = header.index(source_column), header.index(target_column)
+    sources: list[object] = []
+    targets: list[object] = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split("\t")
+        if len(fields) > len(header):
+            raise ValueError(
+                f"{path}, line {number}: {len(fields)} tab-separated fields, but the header has {len(header)}; a "
+                "text that holds a tab must lose it (or write the file as JSONL)."
+            )
+        sources.append(fields[source] if source < len(fields) else None)
+        targets.append(fields[target] if target < len(fields) else None)
+    return _pairs_dataset(sources, targets, path, first_line=2, skip_empty=skip_empty)
 
 
-def load_jsonl(
-    path: PathLike,
-    source_field: str,
-    target_field: str,
-    cache_dir: PathLike | None = None,
-    skip_empty: bool = True,
-) -> Dataset:
+def _optional_field(record: Mapping, name: str) -> object:
+    """``_get_field``, with None where a key (or the object holding it) is missing."""
+    value: object = record
+    for part in name.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def load_jsonl(path: PathLike, source_field: str, target_field: str, skip_empty: bool = True) -> Dataset:
     """Load a JSON-lines file (``.gz`` allowed) as ``source``/``target``.
 
     A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``). Records with
-    a missing, null or blank source or target are skipped (kept with ``skip_empty=False``) with a warning naming
-    their line numbers.
+    a missing, null or blank source or target, blank lines included, are skipped (kept with ``skip_empty=False``)
+    with a warning naming their line numbers.
 
     Raises:
         ValueError: a field is missing from every record (message names it, the file and the existing fields),
-            the file is empty, or a line is not a JSON object (file and line named).
+            the file is empty, or a line is not UTF-8 or not a JSON object (file and line named).
     """
-    _refuse_empty_file(path, header=False)
-    try:
-        dataset = datasets.load_dataset(
-            "json",
-            data_files=str(path),
-            split="train",
-            cache_dir=None if cache_dir is None else str(cache_dir),
-        )
-    except Exception as error:  # datasets wraps the JSON error without naming the line
-        bad = _first_bad_json_line(Path(path))
-        if bad is None:
-            raise
-        raise ValueError(
-            f"{path}, line {bad[0]}: not a JSON object ({bad[1]}); fix or remove that line."
-        ) from error
-    _check_fields(dataset, [source_field, target_field], str(path))
-    pairs = _to_source_target(dataset, source_field, target_field)
-    return _skip_empty_rows(pairs, path, first_line=1, skip_empty=skip_empty)
+    lines = read_lines(path)
+    _refuse_empty_file(path, lines, header=False)
+    records: list[Mapping] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            records.append({})
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}, line {number}: not a JSON object ({error.msg} at column {error.colno}); fix or remove "
+                "that line."
+            ) from None
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{path}, line {number}: not a JSON object (a JSON {type(record).__name__}); fix or remove that line."
+            )
+        records.append(record)
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    _check_fields(
+        columns,
+        [source_field, target_field],
+        str(path),
+        "--source_column/--target_column; a.b reads key b of field a, e.g. translation.en",
+    )
+    sources = [_optional_field(record, source_field) for record in records]
+    targets = [_optional_field(record, target_field) for record in records]
+    return _pairs_dataset(sources, targets, path, first_line=1, skip_empty=skip_empty)
 
 
 _KNOWN_COLUMN_PAIRS: tuple[tuple[str, str], ...] = (("article", "highlights"), ("document", "summary"))
@@ -364,7 +356,9 @@ def load_hub_dataset(
     first = dataset if split is not None else next(iter(dataset.values()))
     columns = first.column_names or list(next(iter(first)).keys())
     source, target = _hub_columns(columns, source_lang, target_lang)
-    _check_fields(first, [source, target], f"dataset {name!r} (config {config!r})")
+    _check_fields(
+        columns, [source, target], f"dataset {name!r} (config {config!r})", "--source_lang/--target_lang"
+    )
     return _to_source_target(dataset, source, target)
 
 

@@ -36,11 +36,14 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: a folder.
-        ValueError: a ``.gz`` file is truncated or damaged (the file named).
+        ValueError: a ``.gz`` file is truncated or damaged, holds NUL bytes (UTF-16) or ends its lines with a bare
+            ``\\r`` (the file named).
     """
     if str(path) == "-":
         stdin = getattr(sys.stdin, "buffer", None)  # a replaced sys.stdin (io.StringIO) has none
-        return _split_lines(stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8"))
+        return _split_lines(
+            stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8"), "standard input"
+        )
     file = Path(path)
     if not file.exists():
         raise FileNotFoundError(f"no such file: {path}")
@@ -54,10 +57,20 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
             raise ValueError(
                 f"{path} is a truncated or damaged gzip file ({error}); copy or compress it again"
             ) from None
-    return _split_lines(data)
+    return _split_lines(data, str(path))
 
 
-def _split_lines(data: bytes) -> list[bytes]:
+def _split_lines(data: bytes, name: str) -> list[bytes]:
+    # Either would be read as one line of garbage, or as one line holding the whole file: refused, not guessed.
+    if b"\x00" in data:
+        raise ValueError(
+            f"{name} holds NUL bytes: UTF-16 text (Windows' 'Unicode') or not a text file; convert it to UTF-8 "
+            "(e.g. iconv -f utf-16 -t utf-8)"
+        )
+    if b"\n" not in data and b"\r" in data.rstrip(b"\r"):
+        raise ValueError(
+            f"{name} ends its lines with a bare carriage return (\\r); convert them: tr '\\r' '\\n'"
+        )
     # A byte-order mark (Windows editors write one) is not text: left in, it becomes tokens of the first line.
     lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
     if lines[-1] == b"":

@@ -213,7 +213,9 @@ class DataArguments:
     )
     hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
     hub_config: str | None = None
-    source_lang: str | None = field(default=None, metadata={"help": "language (or column) of the source"})
+    source_lang: str | None = field(
+        default=None, metadata={"help": "Hub dataset: language (or column) of the source"}
+    )
     target_lang: str | None = None
     train_file: str | None = field(
         default=None,
@@ -221,8 +223,13 @@ class DataArguments:
     )
     validation_file: str | None = None
     test_file: str | None = None
-    source_column: str = "source"
-    target_column: str = "target"
+    source_column: str = field(
+        default="source",
+        metadata={
+            "help": "TSV column or JSONL field of the source; a.b reads key b of field a (translation.en)"
+        },
+    )
+    target_column: str = field(default="target", metadata={"help": "the same, of the target"})
     m2_file: str | None = field(
         default=None,
         metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"},
