@@ -353,3 +353,47 @@ def test_missing_test_split_is_refused_before_training(tmp_path):
     ):
         train(tmp_path / "out", "--train_file", ",".join(corpus(tmp_path / "data")), "--do_predict", "true")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_named_tokenizer_must_fit_the_task(tmp_path):
+    """--tokenizer_name with a language model's tokenizer (no </s> after a sequence) had trained a translation
+    model that never learns to stop; one without <s>/</s> failed at the first step; a tokenizer.json path failed
+    with 'Not a directory'."""
+    from transformers import AutoTokenizer
+
+    from train.tokenizer import train_tokenizer
+
+    texts = [f"the dog number {i} runs" for i in range(12)]
+    train_tokenizer(texts, vocab_size=300, save_to=tmp_path / "lm_tokenizer", causal=True)
+    data = ",".join(corpus(tmp_path / "data"))
+    with pytest.raises(
+        ValueError, match=r"lm_tokenizer does not end a sequence with </s> \(a language model's"
+    ):
+        train(tmp_path / "out", "--train_file", data, "--tokenizer_name", str(tmp_path / "lm_tokenizer"))
+    with pytest.raises(
+        ValueError, match=r"tokenizer.json is a file: give the folder that holds tokenizer.json"
+    ):
+        train(
+            tmp_path / "out",
+            "--train_file",
+            data,
+            "--tokenizer_name",
+            str(tmp_path / "lm_tokenizer" / "tokenizer.json"),
+        )
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "lm_tokenizer")
+    tokenizer.bos_token = None
+    tokenizer.save_pretrained(tmp_path / "no_bos")
+    with pytest.raises(ValueError, match=r"no_bos has no bos_token: the model needs them"):
+        train(
+            tmp_path / "out",
+            "--train_file",
+            data.split(",")[0],
+            "--tokenizer_name",
+            str(tmp_path / "no_bos"),
+            "--task",
+            "lm",
+        )
+    # the same tokenizer is right for a language model: it trains, and is saved with the model
+    train(tmp_path / "lm", "--train_file", data.split(",")[0], "--task", "lm",
+          "--tokenizer_name", str(tmp_path / "lm_tokenizer"))  # fmt: skip
+    assert (tmp_path / "lm" / "tokenizer.json").is_file()

@@ -86,7 +86,7 @@ from .data import (
     load_task_data,
 )
 from .files import clear_folder, read_lines, refuse_occupied, saving
-from .tokenizer import load_or_train_tokenizer, truncated_rows
+from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 from .trainer import (
     PadCollator,
     TokenBudgetSeq2SeqTrainer,
@@ -880,10 +880,12 @@ def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTraine
     """The tokenizer asked for by name, else the output folder's own: reused if its record matches, else
     trained."""
     named = model_args.tokenizer_name
+    if named and Path(named).is_file():
+        raise ValueError(f"--tokenizer_name {named} is a file: give the folder that holds tokenizer.json")
     folder = named or str(Path(training_args.output_dir) / "tokenizer")
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None
-        return load_or_train_tokenizer(
+        tokenizer = load_or_train_tokenizer(
             folder,
             texts,
             model_args.vocab_size,
@@ -891,6 +893,9 @@ def _prepare_tokenizer(model_args, training_args, train, task: str) -> PreTraine
             causal=task == "lm",
             verify=not named,
         )
+    if named:
+        check_task_tokenizer(tokenizer, task, named)
+    return tokenizer
 
 
 def _make_trainer(args: tuple, model, tokenizer, splits: dict, collator: PadCollator):

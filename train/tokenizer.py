@@ -222,6 +222,23 @@ def load_or_train_tokenizer(
     return tokenizer
 
 
+def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, task: str, where: str) -> None:
+    """A tokenizer from elsewhere (``--tokenizer_name``) that this task can train with: it has the pad, ``<s>`` and
+    ``</s>`` tokens the model's config takes, and a seq2seq tokenizer ends each sequence with ``</s>`` (a model
+    learns to stop on it: a causal LM's tokenizer, which does not, would train a model that never stops)."""
+    missing = [name for name in ("pad_token", "bos_token", "eos_token") if getattr(tokenizer, name) is None]
+    if missing:
+        raise ValueError(
+            f"the tokenizer in {where} has no {', '.join(missing)}: the model needs them (padding, <s>, </s>); "
+            "leave --tokenizer_name out to train one for this task, or add them to that tokenizer"
+        )
+    if task != "lm" and tokenizer("a")["input_ids"][-1] != tokenizer.eos_token_id:
+        raise ValueError(
+            f"the tokenizer in {where} does not end a sequence with {tokenizer.eos_token} (a language model's "
+            "tokenizer?): a seq2seq model learns to stop on it; leave --tokenizer_name out to train one for this task"
+        )
+
+
 def _check_record(folder: str | os.PathLike, record: dict, asked: dict, texts: Iterable[str] | None) -> None:
     if texts is not None:
         asked |= _TextsDigest(texts).consume().summary()
