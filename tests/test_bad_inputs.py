@@ -300,6 +300,8 @@ RUN_ARGUMENT_CASES = [
     ("averaging without checkpoints", ["--average_last_checkpoints", "5"],
      "--average_last_checkpoints 5 averages saved checkpoints, but --save_strategy no saves none"),
     ("zero beams", ["--num_beams", "0"], "--num_beams must be a positive number of beams, got 0"),
+    ("negative sample limit", ["--max_train_samples", "-1"],
+     "--max_train_samples must be a positive number of examples, got -1; leave it out for all"),
     ("a generation metric without generating", ["--metric_for_best_model", "bleu", "--eval_strategy", "steps"],
      "--metric_for_best_model bleu: a translation model's evaluation gives loss; choose one (or bleu, chrf with "
      "--predict_with_generate true)"),

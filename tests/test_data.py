@@ -158,6 +158,21 @@ def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, ca
     assert f"{jsonl}: 2 empty line(s) skipped (line numbers 2, 3); 1 of 3 rows loaded" in caplog.text
 
 
+def test_language_model_training_file_drops_blank_lines(tmp_path, caplog):
+    """A blank line of a language model's training file had become a training example of <s> alone, silently; an
+    evaluation file keeps it (its perplexity is over every line)."""
+    path = write_lines(tmp_path / "lm.txt", ["the dog runs", "", "  ", "a cat sleeps"])
+    with caplog.at_level(logging.WARNING, logger="train.data"):
+        assert load_local_file(str(path), "lm")["text"] == ["the dog runs", "a cat sleeps"]
+    assert f"{path}: 2 empty line(s) skipped (line numbers 2, 3); 2 of 4 rows loaded" in caplog.text
+    assert load_local_file(str(path), "lm", skip_empty=False)["text"] == [
+        "the dog runs",
+        "",
+        "",
+        "a cat sleeps",
+    ]
+
+
 def test_utf16_and_carriage_return_files_are_refused(tmp_path):
     """A UTF-16 file had loaded as rows of NUL-interleaved bytes (plus a stray row), and a file whose lines end in a
     bare carriage return as one pair holding the whole file."""

@@ -586,6 +586,16 @@ class DataSpec:
 _SPLITS = ("train", "validation", "test")
 
 
+def _text_dataset(path: str, skip_empty: bool) -> Dataset:
+    """A language model's ``text`` rows, one per line (stripped): a blank line would train on ``<s>`` alone, so a
+    training split drops blank lines with :func:`load_parallel_files`' warning; an evaluation split keeps them."""
+    lines = [line.strip() for line in read_lines(path)]
+    blank = [number for number, line in enumerate(lines, start=1) if not line]
+    kept = [line for line in lines if line] if skip_empty else lines
+    _warn_skipped(_LineReport([path], len(lines), len(kept), empty_lines=blank), skip_empty)
+    return Dataset.from_dict({"text": kept})
+
+
 def _file_pair(spec: str) -> tuple[str, str]:
     """``"SRC,TGT"`` split at its first comma; a path holding a comma of its own is named with the fix."""
     source, target = spec.split(",", 1)
@@ -615,7 +625,7 @@ def load_local_file(
                 f"{spec}: a language model trains on a plain text file, one sequence per line; write the file's text "
                 "column to a .txt file first (e.g. jq -r .text FILE.jsonl > FILE.txt)"
             )
-        return Dataset.from_dict({"text": [line.strip() for line in read_lines(spec)]})
+        return _text_dataset(spec, skip_empty)
     if isinstance(spec, tuple) or "," in spec:
         return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)), skip_empty)
     if name.endswith(".tsv"):

@@ -408,6 +408,13 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         raise ValueError(
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
         )
+    for flag in ("max_train_samples", "max_eval_samples", "max_test_samples"):
+        if (
+            value := getattr(data_args, flag)
+        ) is not None and value < 1:  # a slice [:-1] or [:0], not a limit
+            raise ValueError(
+                f"--{flag} must be a positive number of examples, got {value}; leave it out for all"
+            )
     if data_args.max_tokens is not None and data_args.max_tokens <= 0:
         raise ValueError(
             f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
