@@ -140,3 +140,18 @@ def test_the_documented_fsdp_flags_parse(tmp_path):
     )
     assert args[3].fsdp_config["transformer_layer_cls_to_wrap"] == ["ODETransformerLayer"]
     assert args[3].fsdp_config["version"] == 1
+
+
+def test_the_demo_figures_are_those_of_its_committed_run():
+    """The README's demo line and docs/training.md quote results/demo/cpu.json, written by `python -m train.demo
+    --results results/demo/cpu.json` (what `make demo` runs, plus the copy) from a clean checkout."""
+    run = json.loads((REPO / "results" / "demo" / "cpu.json").read_text())
+    line = next(line for line in README.read_text().splitlines() if line.startswith("make demo"))
+    assert f"{run['steps']:,} updates" in line and f"test BLEU {run['bleu']:.1f}" in line
+    assert f"{run['wall_seconds'] / 60:.1f} min" in line
+    training = (REPO / "docs" / "training.md").read_text()
+    assert f"| {run['steps']:,} | **{run['bleu']:.2f}** | **{run['chrf']:.2f}** |" in training
+    assert f"| {run['copy_baseline_bleu']:.2f} | {run['copy_baseline_chrf']:.2f} |" in training
+    provenance = run["provenance"]
+    assert provenance["command"] == "python -m train.demo --results results/demo/cpu.json"
+    assert provenance["git"]["commit"] and provenance["git"]["dirty"] is False
