@@ -363,13 +363,13 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     with 'Not a directory'."""
     from transformers import AutoTokenizer
 
-    from train.tokenizer import train_tokenizer
+    from train.tokenizer import check_task_tokenizer, train_tokenizer
 
     texts = [f"the dog number {i} runs" for i in range(12)]
     train_tokenizer(texts, vocab_size=300, save_to=tmp_path / "lm_tokenizer", causal=True)
     data = ",".join(corpus(tmp_path / "data"))
     with pytest.raises(
-        ValueError, match=r"lm_tokenizer does not end a sequence with </s> \(a language model's"
+        ValueError, match=r"lm_tokenizer does not add </s> to a sequence \(a language model's"
     ):
         train(tmp_path / "out", "--train_file", data, "--tokenizer_name", str(tmp_path / "lm_tokenizer"))
     with pytest.raises(
@@ -385,7 +385,7 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "lm_tokenizer")
     tokenizer.bos_token = None
     tokenizer.save_pretrained(tmp_path / "no_bos")
-    with pytest.raises(ValueError, match=r"no_bos has no bos_token: the model needs them"):
+    with pytest.raises(ValueError, match=r"no_bos has no bos_token: the model needs it"):
         train(
             tmp_path / "out",
             "--train_file",
@@ -395,6 +395,10 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
             "--task",
             "lm",
         )
+    # a seq2seq tokenizer needs no <s> (T5's has none: the decoder starts from </s>)
+    seq2seq_tokenizer = train_tokenizer(texts, vocab_size=300)
+    seq2seq_tokenizer.bos_token = None
+    check_task_tokenizer(seq2seq_tokenizer, "translation", "memory")
     # the same tokenizer is right for a language model: it trains, and is saved with the model
     train(tmp_path / "lm", "--train_file", data.split(",")[0], "--task", "lm",
           "--tokenizer_name", str(tmp_path / "lm_tokenizer"))  # fmt: skip

@@ -180,8 +180,13 @@ def test_utf16_and_carriage_return_files_are_refused(tmp_path):
     (tmp_path / "u16.src").write_bytes("\n".join(lines).encode("utf-16"))
     (tmp_path / "cr.src").write_bytes("\r".join(lines).encode() + b"\r")
     write_lines(tmp_path / "ok.tgt", lines)
-    with pytest.raises(ValueError, match=r"u16.src holds NUL bytes: UTF-16 text .* iconv -f utf-16 -t utf-8"):
+    with pytest.raises(ValueError, match=r"u16.src looks like UTF-16 text .* iconv -f utf-16 -t utf-8"):
         load_parallel_files(tmp_path / "u16.src", tmp_path / "ok.tgt")
+    (tmp_path / "u16.src").write_bytes("\n".join(lines).encode("utf-16-le"))  # no byte-order mark
+    with pytest.raises(ValueError, match=r"u16.src looks like UTF-16 text"):
+        load_parallel_files(tmp_path / "u16.src", tmp_path / "ok.tgt")
+    (tmp_path / "nul.src").write_bytes(b"the\x00dog\na cat\ntwo birds\n")  # one stray NUL is UTF-8 text
+    assert load_parallel_files(tmp_path / "nul.src", tmp_path / "ok.tgt")["source"][0] == "the\x00dog"
     with pytest.raises(ValueError, match=r"cr.src ends its lines with a bare carriage return"):
         load_parallel_files(tmp_path / "cr.src", tmp_path / "ok.tgt")
 
@@ -222,6 +227,25 @@ def test_jsonl_records_that_lack_a_nested_field_are_skipped(tmp_path, caplog):
         load_jsonl(path, "source", "target")
 
 
+def test_misspelt_nested_field_and_json_array(tmp_path):
+    """A nested field no record has (translation.fr) is an error naming the fields there are: it had passed the
+    check on 'translation' and scored an evaluation split against empty references. A .json file holding one
+    array of objects (datasets' json builder reads it) loads as its objects."""
+    records = [{"translation": {"en": "Yes", "de": "Ja"}}, {"translation": {"en": "No", "de": "Nein"}}]
+    path = write_lines(tmp_path / "d.jsonl", [json.dumps(record) for record in records])
+    with pytest.raises(
+        ValueError, match=r"column 'translation.fr' not found .* \['translation', 'translation.en'"
+    ):
+        load_jsonl(path, "translation.en", "translation.fr", skip_empty=False)
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps(records, indent=2), encoding="utf-8")
+    pairs = load_jsonl(array, "translation.en", "translation.de")
+    assert list(zip(pairs["source"], pairs["target"])) == [("Yes", "Ja"), ("No", "Nein")]
+    tsv = write_lines(tmp_path / "d.tsv", ["translation\tx", "a\tb"])
+    with pytest.raises(ValueError, match=r"column 'translation.en' not found .* \['translation', 'x'\]"):
+        load_tsv(tsv, "translation.en", "x")
+
+
 def test_load_jsonl_with_nested_field(tmp_path):
     rows = [
         {"translation": {"de": "Ja", "en": "Yes"}, "id": 1},
@@ -235,7 +259,7 @@ def test_load_jsonl_with_nested_field(tmp_path):
     assert (
         "'src'" in str(err.value)
         and str(path) in str(err.value)
-        and "['translation', 'id']" in str(err.value)
+        and "['translation', 'translation.de', 'translation.en', 'id']" in str(err.value)
         and "choose with --source_column/--target_column; a.b reads key b of field a" in str(err.value)
     )
 

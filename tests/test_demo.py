@@ -60,7 +60,7 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
                 "--max_test_samples",
                 "24",
                 "--results",
-                str(tmp_path / "results" / f"{name}.json"),
+                str(tmp_path / f"{name}.json"),
                 *TINY_MODEL,
             ]
         )
@@ -73,7 +73,7 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
     assert summary["decoding"]["precision"] == "fp32" and summary["train_seconds"] > 0
     assert summary["bleu_signature"].startswith("nrefs:1|") and len(summary["examples"]) == 4
     assert json.loads((tmp_path / "a" / "demo_summary.json").read_text()) == summary
-    assert json.loads((tmp_path / "results" / "a.json").read_text()) == summary  # --results: the same record
+    assert json.loads((tmp_path / "a.json").read_text()) == summary  # --results: the same record
     provenance = summary["provenance"]
     assert provenance["seed"] == yaml.safe_load(RECIPE.read_text()).get(
         "seed", 42
@@ -99,13 +99,15 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
 
 
 def test_demo_results_file_is_checked_before_training(tmp_path, capsys):
-    """``--results`` naming a folder is refused at once (the run would otherwise fail after training); its
-    missing folder is made."""
-    with pytest.raises(SystemExit):
-        parse_demo_arguments(["--results", str(tmp_path)])
-    assert "is a folder" in capsys.readouterr().err
-    demo_args, _ = parse_demo_arguments(["--results", str(tmp_path / "demo" / "cpu.json")])
-    assert (tmp_path / "demo").is_dir() and demo_args.results.endswith("cpu.json")
+    """``--results`` naming a folder, a file in a missing folder or ``-`` is refused at once (the run would
+    otherwise fail after training, or write a file named ``-``)."""
+    for results, message in [(str(tmp_path), "is a folder"), (str(tmp_path / "no" / "cpu.json"), "does not exist"),
+                             ("-", "the summary is printed already")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse_demo_arguments(["--results", results])
+        assert message in capsys.readouterr().err
+    demo_args, _ = parse_demo_arguments(["--results", str(tmp_path / "cpu.json")])
+    assert demo_args.results.endswith("cpu.json")
 
 
 def test_git_commit_outside_a_checkout_is_none(tmp_path):

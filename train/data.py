@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -176,7 +176,7 @@ def _get_field(example: Mapping, name: str) -> object:
 
 def _check_fields(columns: Sequence[str], fields: Sequence[str], where: str, choose: str) -> None:
     for name in fields:
-        if name.split(".")[0] not in columns:
+        if name not in columns:
             raise ValueError(
                 f"column {name!r} not found in {where}; available columns: {list(columns)} (choose with {choose})"
             )
@@ -268,19 +268,27 @@ def _optional_field(record: Mapping, name: str) -> object:
     return value
 
 
-def load_jsonl(path: PathLike, source_field: str, target_field: str, skip_empty: bool = True) -> Dataset:
-    """Load a JSON-lines file (``.gz`` allowed) as ``source``/``target``.
+def _field_names(record: Mapping, prefix: str = "") -> Iterator[str]:
+    """The fields of a record as ``--source_column`` names them: ``a`` and, inside an object, ``a.b``."""
+    for key, value in record.items():
+        yield prefix + key
+        if isinstance(value, Mapping):
+            yield from _field_names(value, f"{prefix}{key}.")
 
-    A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``). Records with
-    a missing, null or blank source or target, blank lines included, are skipped (kept with ``skip_empty=False``)
-    with a warning naming their line numbers.
 
-    Raises:
-        ValueError: a field is missing from every record (message names it, the file and the existing fields),
-            the file is empty, or a line is not UTF-8 or not a JSON object (file and line named).
-    """
-    lines = read_lines(path)
-    _refuse_empty_file(path, lines, header=False)
+def _json_records(path: PathLike, lines: list[str]) -> list[Mapping]:
+    """One record per line (JSON lines; a blank line is an empty record), or the objects of a ``.json`` file that
+    holds one JSON array (as datasets' json builder reads it)."""
+    if str(path).removesuffix(".gz").endswith(".json") and "".join(lines).lstrip().startswith("["):
+        try:
+            array = json.loads("\n".join(lines))
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}, line {error.lineno}: not JSON ({error.msg} at column {error.colno}); fix that line."
+            ) from None
+        if not all(isinstance(record, dict) for record in array):
+            raise ValueError(f"{path}: a JSON array of objects is needed, one per example")
+        return array
     records: list[Mapping] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -298,7 +306,25 @@ def load_jsonl(path: PathLike, source_field: str, target_field: str, skip_empty:
                 f"{path}, line {number}: not a JSON object (a JSON {type(record).__name__}); fix or remove that line."
             )
         records.append(record)
-    columns = list(dict.fromkeys(key for record in records for key in record))
+    return records
+
+
+def load_jsonl(path: PathLike, source_field: str, target_field: str, skip_empty: bool = True) -> Dataset:
+    """Load a JSON-lines file (``.gz`` allowed; a ``.json`` file may hold one array of objects instead) as
+    ``source``/``target``.
+
+    A field ``a.b`` reads key ``b`` of the object in field ``a`` (e.g. ``translation.de``). Records with
+    a missing, null or blank source or target, blank lines included, are skipped (kept with ``skip_empty=False``)
+    with a warning naming their line numbers.
+
+    Raises:
+        ValueError: a field is missing from every record (message names it, the file and the existing fields),
+            the file is empty, or a line is not UTF-8 or not a JSON object (file and line named).
+    """
+    lines = read_lines(path)
+    _refuse_empty_file(path, lines, header=False)
+    records = _json_records(path, lines)
+    columns = list(dict.fromkeys(name for record in records for name in _field_names(record)))
     _check_fields(
         columns,
         [source_field, target_field],
@@ -357,7 +383,11 @@ def load_hub_dataset(
     columns = first.column_names or list(next(iter(first)).keys())
     source, target = _hub_columns(columns, source_lang, target_lang)
     _check_fields(
-        columns, [source, target], f"dataset {name!r} (config {config!r})", "--source_lang/--target_lang"
+        # a Hub dataset is not read through here: a nested field (translation.en) is checked by its column
+        columns,
+        [source.split(".")[0], target.split(".")[0]],
+        f"dataset {name!r} (config {config!r})",
+        "--source_lang/--target_lang",
     )
     return _to_source_target(dataset, source, target)
 

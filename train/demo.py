@@ -58,10 +58,10 @@ def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namesp
         "--results", help="also write the summary to this JSON file (e.g. results/demo/cpu.json)"
     )
     demo_args, passthrough = parser.parse_known_args(argv)
-    if demo_args.results:  # checked before the quarter of an hour of training, not after it
-        Path(demo_args.results).parent.mkdir(parents=True, exist_ok=True)
-        if (problem := output_problem(demo_args.results, {})) is not None:
-            parser.error(problem)
+    if demo_args.results == "-":
+        parser.error("--results -: the summary is printed already; give a file name")
+    if demo_args.results and (problem := output_problem(demo_args.results, {})) is not None:
+        parser.error(problem)  # before the quarter of an hour of training, not after it
     return demo_args, passthrough
 
 

@@ -36,7 +36,7 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: a folder.
-        ValueError: a ``.gz`` file is truncated or damaged, holds NUL bytes (UTF-16) or ends its lines with a bare
+        ValueError: a ``.gz`` file is truncated or damaged, the text is UTF-16, or it ends its lines with a bare
             ``\\r`` (the file named).
     """
     if str(path) == "-":
@@ -62,10 +62,10 @@ def read_byte_lines(path: str | Path) -> list[bytes]:
 
 def _split_lines(data: bytes, name: str) -> list[bytes]:
     # Either would be read as one line of garbage, or as one line holding the whole file: refused, not guessed.
-    if b"\x00" in data:
+    head = data[:4096]  # UTF-16 text: a UTF-16 byte-order mark, or a NUL beside most ASCII letters
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or head.count(b"\x00") > len(head) // 4:
         raise ValueError(
-            f"{name} holds NUL bytes: UTF-16 text (Windows' 'Unicode') or not a text file; convert it to UTF-8 "
-            "(e.g. iconv -f utf-16 -t utf-8)"
+            f"{name} looks like UTF-16 text (Windows' 'Unicode'): convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)"
         )
     if b"\n" not in data and b"\r" in data.rstrip(b"\r"):
         raise ValueError(

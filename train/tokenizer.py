@@ -223,18 +223,21 @@ def load_or_train_tokenizer(
 
 
 def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, task: str, where: str) -> None:
-    """A tokenizer from elsewhere (``--tokenizer_name``) that this task can train with: it has the pad, ``<s>`` and
-    ``</s>`` tokens the model's config takes, and a seq2seq tokenizer ends each sequence with ``</s>`` (a model
-    learns to stop on it: a causal LM's tokenizer, which does not, would train a model that never stops)."""
-    missing = [name for name in ("pad_token", "bos_token", "eos_token") if getattr(tokenizer, name) is None]
+    """A tokenizer from elsewhere (``--tokenizer_name``) that this task can train with: it has the pad and ``</s>``
+    tokens the model's config takes (a language model ``<s>`` too), and a seq2seq tokenizer adds ``</s>`` to each
+    sequence (a model learns to stop on it: a causal LM's tokenizer, which does not, would train a model that never
+    stops)."""
+    needed = ("pad_token", "bos_token", "eos_token") if task == "lm" else ("pad_token", "eos_token")
+    missing = [name for name in needed if getattr(tokenizer, name) is None]
     if missing:
         raise ValueError(
-            f"the tokenizer in {where} has no {', '.join(missing)}: the model needs them (padding, <s>, </s>); "
-            "leave --tokenizer_name out to train one for this task, or add them to that tokenizer"
+            f"the tokenizer in {where} has no {', '.join(missing)}: the model needs it (padding, <s> starting a "
+            "language model's sequence, </s> ending one); leave --tokenizer_name out to train one for this task, or "
+            "add it to that tokenizer"
         )
-    if task != "lm" and tokenizer("a")["input_ids"][-1] != tokenizer.eos_token_id:
+    if task != "lm" and tokenizer.eos_token_id not in tokenizer("a")["input_ids"]:
         raise ValueError(
-            f"the tokenizer in {where} does not end a sequence with {tokenizer.eos_token} (a language model's "
+            f"the tokenizer in {where} does not add {tokenizer.eos_token} to a sequence (a language model's "
             "tokenizer?): a seq2seq model learns to stop on it; leave --tokenizer_name out to train one for this task"
         )
 
