@@ -1065,9 +1065,8 @@ class _ODEStack(ODETransformerPreTrainedModel):
                 )
             return inputs_embeds
         name = self._input_name("input_ids")
-        if (
-            input_ids.dim() != 2 or input_ids.is_floating_point()
-        ):  # a 1-D row would broadcast as a batch of one
+        # a 1-D row would broadcast as a batch of one
+        if input_ids.dim() != 2 or input_ids.is_floating_point():
             raise ValueError(
                 f"`{name}` is a {tuple(input_ids.shape)} {input_ids.dtype} tensor: give (batch, length) integer token "
                 "ids; for one sequence, ids[None] (the tokenizer's return_tensors='pt' gives this shape)."

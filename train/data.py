@@ -279,7 +279,8 @@ def _field_names(record: Mapping, prefix: str = "") -> Iterator[str]:
 def _json_records(path: PathLike, lines: list[str]) -> list[Mapping]:
     """One record per line (JSON lines; a blank line is an empty record), or the objects of a ``.json`` file that
     holds one JSON array (as datasets' json builder reads it)."""
-    if str(path).removesuffix(".gz").endswith(".json") and "".join(lines).lstrip().startswith("["):
+    first = next((line for line in lines if line.strip()), "")
+    if str(path).removesuffix(".gz").endswith(".json") and first.lstrip().startswith("["):
         try:
             array = json.loads("\n".join(lines))
         except json.JSONDecodeError as error:
@@ -383,7 +384,7 @@ def load_hub_dataset(
     columns = first.column_names or list(next(iter(first)).keys())
     source, target = _hub_columns(columns, source_lang, target_lang)
     _check_fields(
-        # a Hub dataset is not read through here: a nested field (translation.en) is checked by its column
+        # a Hub dataset's records are not scanned: a nested field (translation.en) is checked by its column
         columns,
         [source.split(".")[0], target.split(".")[0]],
         f"dataset {name!r} (config {config!r})",

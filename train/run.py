@@ -409,9 +409,8 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
         )
     for flag in ("max_train_samples", "max_eval_samples", "max_test_samples"):
-        if (
-            value := getattr(data_args, flag)
-        ) is not None and value < 1:  # a slice [:-1] or [:0], not a limit
+        value = getattr(data_args, flag)
+        if value is not None and value < 1:  # a slice [:-1] or [:0], not a limit
             raise ValueError(
                 f"--{flag} must be a positive number of examples, got {value}; leave it out for all"
             )
