@@ -13,6 +13,8 @@ from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
 
+from .precision import choose_precision
+
 if TYPE_CHECKING:
     from .run import DataArguments
 
@@ -117,7 +119,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
                 if (averaged := run_args.average_last_checkpoints) > 1
                 else {}
             ),
-            "bf16": training_args.bf16,
+            "precision": choose_precision(training_args.device, run_args.precision).describe(),
         },
         "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
     }

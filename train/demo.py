@@ -32,6 +32,7 @@ from ode_transformer.cli import output_problem
 from . import metrics
 from .data import libreoffice
 from .libreoffice_corpus import build_corpus
+from .precision import choose_precision
 from .provenance import REPO, device_info, git_commit
 from .run import parse_arguments, run
 
@@ -110,7 +111,7 @@ def _summary(document: dict, baseline: dict, model_dir: str) -> dict:
     }
 
 
-def _provenance(argv: list[str], training_args) -> dict:
+def _provenance(argv: list[str], run_args, training_args) -> dict:
     """Where and how the demo ran: enough to trace a figure quoted from it and to run it again."""
     device = training_args.device.type
     recipe = RECIPE.relative_to(REPO) if RECIPE.is_relative_to(REPO) else RECIPE.name
@@ -120,6 +121,7 @@ def _provenance(argv: list[str], training_args) -> dict:
         "seed": training_args.seed,
         "git": git_commit(),
         "device": device_info(device, torch.get_num_threads()),
+        "precision": choose_precision(training_args.device, run_args.precision).as_dict(),
         "transformers": transformers.__version__,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         overrides += ["--max_test_samples", str(demo_args.max_test_samples)]
     print("[2/4] tokenizer + [3/4] training + test translation (train.run)")
     args = parse_arguments([str(RECIPE), *overrides, *passthrough])
-    *_, training_args = args  # (model, data, run, training) arguments
+    _, _, run_args, training_args = args
     document = run(args)
     print("[4/4] copy-the-source baseline and example translations")
     baseline = copy_baseline(demo_args.max_test_samples)
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     translations, summary["parameters"] = translate(demo_args.output_dir, EXAMPLES)
     summary["examples"] = dict(zip(EXAMPLES, translations))
     summary["wall_seconds"] = round(time.monotonic() - start, 1)
-    summary["provenance"] = _provenance(argv, training_args)
+    summary["provenance"] = _provenance(argv, run_args, training_args)
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     Path(demo_args.output_dir, "demo_summary.json").write_text(text, encoding="utf-8")
     if demo_args.results:
@@ -165,6 +167,8 @@ def _print_summary(summary: dict, output_dir: str) -> None:
         f"training    : {summary['steps']} of {summary['max_steps']} updates in {summary['train_seconds'] / 60:.1f} min "
         f"({summary['train_seconds'] / max(summary['steps'], 1):.2f} s per update)"
     )
+    precision = summary["provenance"]["precision"]
+    print(f"precision   : {precision['precision']} ({precision['reason']})")
     decoding = summary["decoding"]
     print(
         f"decoding    : beam {decoding['num_beams']}, length penalty {decoding['length_penalty']}, {decoding['precision']}"

@@ -46,7 +46,7 @@ def device_info(device: str, threads: int) -> dict[str, Any]:
             (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
             platform.processor(),
         )
-        info.update(name=cpu, cores=os.cpu_count())
+        info.update(name=cpu, cores=os.cpu_count(), capability=torch.backends.cpu.get_cpu_capability())
     elif torch.cuda.is_available():
         info.update(name=torch.cuda.get_device_name(0))
     return info

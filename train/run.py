@@ -86,6 +86,7 @@ from .data import (
     load_task_data,
 )
 from .files import clear_folder, read_lines, refuse_occupied, saving
+from .precision import PRECISIONS, choose_precision, emulated_bf16_warning
 from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 from .trainer import (
     PadCollator,
@@ -293,6 +294,13 @@ class RunArguments:
             "help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"
         },
     )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 autocast where the device computes bf16 natively (CUDA from Ampere on, CPUs with "
+            "AVX512_BF16/AMX), else fp32; or bf16, fp32. --bf16 true / --fp16 true are taken as asked"
+        },
+    )
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
@@ -380,7 +388,11 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         if unknown:
             raise ValueError(f"unknown recipe keys: {unknown}")
         parser.set_defaults(**recipe)
-    model_args, data_args, run_args, training_args, positional = parser.parse_args_into_dataclasses(args=argv)
+    else:
+        recipe = {}
+    model_args, data_args, run_args, training_args, positional = _resolve_precision(
+        parser, argv, recipe, parser.parse_args_into_dataclasses(args=argv)
+    )
     if positional.recipe is not None:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
     if run_args.task not in TASKS:
@@ -463,6 +475,38 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
         ODETransformerConfig.from_preset(model_args.preset, **checked)
     return model_args, data_args, run_args, training_args
+
+
+def _given(flag: str, argv: list[str], recipe: dict) -> bool:
+    """Whether ``--flag`` was set by the user, on the command line or in the recipe."""
+    return flag in recipe or any(arg == f"--{flag}" or arg.startswith(f"--{flag}=") for arg in argv)
+
+
+def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, parsed: tuple) -> tuple:
+    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (train.precision);
+    an explicit ``--bf16``/``--fp16`` is taken as asked, with a warning where bf16 would be emulated. The
+    arguments are parsed again with ``--bf16 true`` rather than patched, so transformers derives its mixed
+    precision settings from the flag as usual. ``run_args.precision`` ends as what was asked (auto, bf16, fp16,
+    fp32): :func:`train.precision.choose_precision` gives the same choice from it anywhere later."""
+    run_args, training_args = parsed[2], parsed[3]
+    if run_args.precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {run_args.precision!r}")
+    if _given("bf16", argv, recipe) or _given("fp16", argv, recipe):
+        asked = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+        if run_args.precision not in ("auto", asked):
+            raise ValueError(
+                f"--precision {run_args.precision} and {'--bf16' if asked == 'bf16' else '--fp16'} "
+                f"{'true' if asked != 'fp32' else 'false'} disagree: give one of them"
+            )
+        run_args.precision = asked
+    elif run_args.precision != "fp32" and choose_precision(training_args.device, run_args.precision).bf16:
+        parsed = parser.parse_args_into_dataclasses(args=[*argv, "--bf16", "true"])
+        run_args, training_args = parsed[2], parsed[3]
+    choice = choose_precision(training_args.device, run_args.precision)
+    if warning := emulated_bf16_warning(choice):
+        logger.warning(warning)
+    logger.info("precision: %s", choice.describe())
+    return parsed
 
 
 def _check_max_train_tokens(data_args: DataArguments) -> None:
