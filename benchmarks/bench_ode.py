@@ -363,6 +363,27 @@ def _scaling_rows(points: list[dict], key: str) -> list[list[str]]:
     return rows
 
 
+def _native_bf16(machine: dict) -> bool:
+    """Whether the run's bf16 figures are native (results from before this was recorded count as native: they
+    were measured on machines with AVX512_BF16 and AMX)."""
+    return machine.get("native_bf16", {}).get("native", True)
+
+
+def _bf16_note(machine: dict) -> str:
+    """The machine line's CPU capability and bf16 kind; empty for runs from before they were recorded."""
+    if "native_bf16" not in machine:
+        return ""
+    kind = (
+        "native" if _native_bf16(machine) else "EMULATED: its bf16 figures do not hold where bf16 is native"
+    )
+    return f" PyTorch CPU capability {machine['cpu_capability']}; bf16 {kind} ({machine['native_bf16']['reason']})."
+
+
+def _bf16_marked(name: str, machine: dict) -> str:
+    """A target's name, marked where it involves bf16 that this CPU emulates."""
+    return f"{name} [bf16 emulated]" if "bf16" in name and not _native_bf16(machine) else name
+
+
 def markdown(results: dict) -> str:
     m, st = results["machine"], results["settings"]
     peak = common.process_peak_name(m.get("device", "cpu"))  # runs before --device were all CPU
@@ -374,7 +395,8 @@ def markdown(results: dict) -> str:
         f"{m['memory_gb']} GB, ISA {', '.join(m['isa'])}; torch {m['torch']}, transformers {m['transformers']}, "
         f"Python {m['python']}; load average at start {m['load_average_at_start'][0]:.1f}; CPU time stolen by the "
         f"VM host during the run {100 * m['cpu_steal_fraction']:.1f}%."
-        + (f" Device: {m['accelerator']} ({m['device']})." if m.get("accelerator") else ""),
+        + (f" Device: {m['accelerator']} ({m['device']})." if m.get("accelerator") else "")
+        + _bf16_note(m),
         "",
         f"Dims: d_model {dims['d_model']}, ffn {dims['ffn_dim']}, {dims['heads']} heads, "
         f"{dims['encoder_layers']}-{dims['decoder_layers']} layers, vocab {dims['vocab_size']}, dropout "
@@ -388,7 +410,8 @@ def markdown(results: dict) -> str:
         "## Targets",
         "",
         *_table("lrrc", ["target", "ratio", "goal", "met"], [
-            [row["name"], f"{row['ratio']:.3f}", f"{row['op']} {row['target']}", "yes" if row["met"] else "**no**"]
+            [_bf16_marked(row["name"], m), f"{row['ratio']:.3f}", f"{row['op']} {row['target']}",
+             "yes" if row["met"] else "**no**"]
             for row in results["targets"]
         ]),
         "",
@@ -401,7 +424,7 @@ def markdown(results: dict) -> str:
             "achieved GFLOP/s", "% of matmul peak",
         ], [
             [
-                name, dtype, f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_mem_mb']:.0f}",
+                name, dtype + ("" if dtype == "fp32" or _native_bf16(m) else " (emulated)"), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_mem_mb']:.0f}",
                 f"{r['tensor_peak_mb']:.0f}", f"{r['train_flops_per_step'] / 1e9:.1f}", f"{r['achieved_gflops']:.1f}",
                 f"{100 * r['achieved_gflops'] / results['matmul'][f'{dtype}_gflops']:.1f}",
             ]

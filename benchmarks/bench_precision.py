@@ -22,7 +22,9 @@ import torch
 from benchmarks import common
 from train.precision import choose_precision, cpu_capability
 
-DEMO_DIMS = common.Dims(d_model=256, ffn_dim=1024, heads=4, encoder_layers=3, decoder_layers=3, vocab_size=8000)
+DEMO_DIMS = common.Dims(
+    d_model=256, ffn_dim=1024, heads=4, encoder_layers=3, decoder_layers=3, vocab_size=8000
+)
 RESTRICTIONS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
@@ -50,7 +52,9 @@ def measure(steps: int, batch: int = 48, length: int = 24) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_precision", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_precision", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--steps", type=int, default=6, help="timed steps per precision")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)

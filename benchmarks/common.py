@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from train.precision import cpu_capability, device_native_bf16
+
 # ----------------------------------------------------------------------------------------------------------
 # Dimensions and variants
 # ----------------------------------------------------------------------------------------------------------
@@ -237,6 +239,9 @@ def machine_info(device: str = "cpu") -> dict:
         "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "isa": sorted(f for f in flags if f.startswith(("avx512_bf16", "amx", "avx512f", "avx2"))),
+        # the kernels PyTorch runs (honours ATEN_CPU_CAPABILITY), and whether bf16 is native or emulated here
+        "cpu_capability": cpu_capability(),
+        "native_bf16": dict(zip(("native", "reason"), device_native_bf16(device))),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -5,10 +5,11 @@ Reads every ``results/<study>/<size>/*.json`` and writes beside them ``README.md
 mean +- std over seeds for each variant and depth, the paper's number beside ours, the gap to the
 baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
 
-Noise: the gap to the baseline is taken over the seeds both rows have, and counts as more than noise
-when it exceeds twice its standard error, ``2 * sqrt(s_a^2/n + s_b^2/n)`` over those n seeds (n >= 2). For
-translation, sacreBLEU's paired bootstrap (1,000 resamples) of each variant against the baseline of
-the same seed on the same test set gives a p-value per seed.
+Noise: a variant's run is paired with the baseline's run of the same seed, and only where both ran at the same
+code commit, on the same device (CPU model and capability) and in the same precision; a pair that is not is
+dropped and listed under the table. The gap is the mean over the pairs; its p-value is a paired t-test over them,
+Holm-corrected across the rows of the table, and "beyond noise" means p < 0.05. For translation, sacreBLEU's
+paired bootstrap (1,000 resamples) of each pair on the same test set gives a p-value per seed.
 
 ``--write-docs`` writes ``results/README.md``, the study document the project README links to: the prose of
 ``docs/templates/results.md`` with each ``<!-- table: results/STUDY/SIZE -->`` marker replaced by the table of
@@ -35,6 +36,7 @@ DOCS_TEMPLATE = RESULTS.parent / "docs" / "templates" / "results.md"
 TABLE_MARKER = re.compile(r"^<!-- table: (results/[\w.]+/\w+) -->$", re.MULTILINE)
 GATE_MARKER = re.compile(r"^<!-- gates: (results/[\w./]+\.json) -->$", re.MULTILINE)
 BOOTSTRAP_SAMPLES = 1000
+ALPHA = 0.05  # a Holm-corrected paired p below this is "beyond noise"
 
 
 def load_results(folder: Path) -> list[dict[str, Any]]:
@@ -50,13 +52,91 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def gap_verdict(ours: list[float], baseline: list[float], digits: int = 2) -> str:
-    """``+1.23 (> noise)`` / ``(within noise)`` / ``(1 seed)`` for ``mean(ours) - mean(baseline)``."""
-    gap = statistics.fmean(ours) - statistics.fmean(baseline)
-    if len(ours) < 2 or len(baseline) < 2:
-        return f"{gap:+.{digits}f} (1 seed)"
-    error = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(baseline) / len(baseline))
-    return f"{gap:+.{digits}f} ({'> noise' if abs(gap) > 2 * error else 'within noise'})"
+def paired_t_test(ours: list[float], baseline: list[float]) -> float | None:
+    """Two-sided p-value of a paired t-test of ``ours - baseline`` over seeds (``scipy.stats.ttest_rel``); None
+    below two pairs, or when every pair differs by the same amount (no variance to test against)."""
+    from scipy.stats import ttest_rel
+
+    differences = [a - b for a, b in zip(ours, baseline)]
+    if len(differences) < 2 or max(differences) - min(differences) <= 1e-9 * max(1.0, abs(differences[0])):
+        return None
+    p_value = float(ttest_rel(ours, baseline).pvalue)
+    return None if math.isnan(p_value) else p_value
+
+
+def holm(p_values: list[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values, in the order given (None stays None and is not counted): the i-th
+    smallest of m p-values is multiplied by m - i + 1 (i from 1), then made non-decreasing, capped at 1."""
+    tested = sorted((p, index) for index, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, index) in enumerate(tested):
+        running = max(running, min(1.0, p * (len(tested) - rank)))
+        adjusted[index] = running
+    return adjusted
+
+
+def comparable(result: dict[str, Any]) -> tuple:
+    """What two runs must share for their scores to be compared: the code's commit, the device (CPU model and
+    the kernels PyTorch ran: its capability, where recorded) and the training precision (recorded, or read from
+    the flags of runs made before it was)."""
+    device = result.get("device", {})
+    recorded = (result.get("precision") or {}).get("precision")
+    precision = recorded or ("bf16" if result["flags"].get("bf16") else "fp32")
+    commit = (result.get("git") or {}).get("commit")
+    return commit, device.get("name"), device.get("capability"), precision
+
+
+def describe_mismatch(ours: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """Why two runs are not paired: the parts of :func:`comparable` that differ."""
+    names = ("commit", "device", "CPU capability", "precision")
+
+    def shown(name: str, value: Any) -> str:
+        return str(value)[:7] if name == "commit" and value else str(value)
+
+    parts = [
+        f"{name} {shown(name, a)} here, {shown(name, b)} in the baseline's run"
+        for name, a, b in zip(names, comparable(ours), comparable(baseline))
+        if a != b
+    ]
+    return ", ".join(parts)
+
+
+def paired_comparison(
+    runs: list[dict[str, Any]], baseline: dict[int, dict[str, Any]], metric: str
+) -> dict[str, Any]:
+    """The variant's runs paired with the baseline's of the same seed, commit, device and precision: the mean
+    gap over the pairs, their number, the paired t-test's p-value (Holm-corrected later, across the table) and
+    every pair that had to be dropped, with why."""
+    pairs, dropped = [], []
+    for run in runs:
+        other = baseline.get(run["seed"])
+        if other is None:
+            dropped.append({"seed": run["seed"], "why": "no baseline run of this seed"})
+        elif comparable(run) != comparable(other):
+            dropped.append({"seed": run["seed"], "why": describe_mismatch(run, other)})
+        else:
+            pairs.append((run["metrics"][metric], other["metrics"][metric]))
+    ours, theirs = [p[0] for p in pairs], [p[1] for p in pairs]
+    return {
+        "pairs": len(pairs),
+        "gap": statistics.fmean(a - b for a, b in pairs) if pairs else None,
+        "p": paired_t_test(ours, theirs),
+        "dropped": dropped,
+    }
+
+
+def verdict(comparison: dict[str, Any], digits: int = 2) -> str:
+    """``+1.23 (p 0.012, beyond noise)`` / ``(p 0.310, within noise)`` / ``(1 pair: untested)``, from the
+    Holm-corrected p-value; ``no comparable pair`` when every pair was dropped."""
+    if comparison["gap"] is None:
+        return "no comparable pair"
+    gap = f"{comparison['gap']:+.{digits}f}"
+    if comparison.get("p_holm") is None:
+        n = comparison["pairs"]
+        return f"{gap} ({n} pair{'s' if n != 1 else ''}: untested)"
+    beyond = comparison["p_holm"] < ALPHA
+    return f"{gap} (p {comparison['p_holm']:.3f}, {'beyond' if beyond else 'within'} noise)"
 
 
 def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: list[str]) -> float:
@@ -88,6 +168,29 @@ def test_references(study: Study, size: str, n: int) -> list[str] | None:
     return references[:n] if len(references) >= n else None
 
 
+def lm_test_counts(study: Study, size: str) -> tuple[int, int]:
+    """Words and sentences of a language-model study's test split (read as ``train.run`` reads it)."""
+    from train.run import DataArguments, load_raw_data
+
+    flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
+    raw, _ = load_raw_data(DataArguments(dataset=flags["dataset"]), flags["task"])
+    texts = raw["test"]["text"]
+    return sum(len(text.split()) for text in texts), len(texts)
+
+
+def add_derived_metrics(study: Study, size: str, results: list[dict[str, Any]]) -> None:
+    """Fill in the study's derived metrics (``Metric.per_word_of``): a perplexity over words and </s> tokens,
+    exp(L / (W + S)), becomes exp(L / W), the same summed loss L per word."""
+    derived = [metric for metric in study.metrics if metric.per_word_of]
+    if not derived:
+        return
+    words, sentences = lm_test_counts(study, size)
+    for result in results:
+        for metric in derived:
+            per_token = result["metrics"][metric.per_word_of]
+            result["metrics"][metric.name] = math.exp(math.log(per_token) * (words + sentences) / words)
+
+
 def aggregate(
     study: Study, results: list[dict[str, Any]], references: list[str] | None
 ) -> list[dict[str, Any]]:
@@ -110,18 +213,17 @@ def aggregate(
                 "baseline": base_name,
             }
             row["seeds"] = [r["seed"] for r in runs]
-            # Compare on the seeds both rows have: a seed's data order and initialisation move every variant.
-            shared = [r for r in runs if r["seed"] in baseline]
+            # Pairs by seed (a seed's data order and initialisation move every variant), same commit, device and
+            # precision (comparable): the bootstrap and the paired t-test read only these.
+            shared = [
+                r for r in runs if r["seed"] in baseline and comparable(r) == comparable(baseline[r["seed"]])
+            ]
             for metric in study.metrics:
                 values = [r["metrics"][metric.name] for r in runs]
                 mean, std = mean_std(values)
                 row[metric.name] = {"values": values, "mean": mean, "std": std}
-                if variant != base_name and shared:
-                    row[metric.name]["vs_baseline"] = gap_verdict(
-                        [r["metrics"][metric.name] for r in shared],
-                        [baseline[r["seed"]]["metrics"][metric.name] for r in shared],
-                        metric.digits,
-                    )
+                if variant != base_name:
+                    row[metric.name]["paired"] = paired_comparison(runs, baseline, metric.name)
             row["paper"] = study.paper.get((variant, depth))
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["resumed"] = any(
@@ -142,6 +244,11 @@ def aggregate(
                     if r.get("test_hypotheses")
                 }
             rows.append(row)
+    for metric in study.metrics:  # Holm across the rows of the table, metric by metric
+        compared = [row[metric.name]["paired"] for row in rows if "paired" in row[metric.name]]
+        for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
+            comparison["p_holm"] = p_holm
+            comparison["verdict"] = verdict(comparison, metric.digits)
     return rows
 
 
@@ -203,9 +310,8 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
         cells += [_cell(row[m.name], m.digits) for m in study.metrics]
-        cells.append(
-            row[primary.name].get("vs_baseline", "baseline" if row["variant"] == row["baseline"] else "")
-        )
+        paired = row[primary.name].get("paired")
+        cells.append(paired["verdict"] if paired else "baseline" if row["variant"] == row["baseline"] else "")
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
             cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
@@ -216,7 +322,10 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
     lines += [
         "",
         f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
-        "(under the same factor where variants are BLOCK.FACTOR), over the seeds both have; '> noise': it exceeds twice its standard error over seeds.",
+        "(under the same factor where variants are BLOCK.FACTOR), the mean over pairs of runs of the same seed, code "
+        "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
+        f"table; 'beyond noise': p < {ALPHA}.",
+        *dropped_pairs(rows, primary.name),
         f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
         *notes,
     ]
@@ -225,6 +334,21 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
             "min/run *: a run of the row resumed from a checkpoint; its minutes count only the attempt that finished."
         )
     return "\n".join(lines) + "\n"
+
+
+def dropped_pairs(rows: list[dict[str, Any]], metric: str) -> list[str]:
+    """A line for every run left out of its row's comparison, and why."""
+    lines = []
+    for row in rows:
+        seeds_by_reason: dict[str, list[int]] = defaultdict(list)
+        for pair in row[metric].get("paired", {}).get("dropped", []):
+            seeds_by_reason[pair["why"]].append(pair["seed"])
+        for why, seeds in seeds_by_reason.items():
+            which = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+            lines.append(
+                f"Not paired: {row['label']} (depth {row['depth']}), {which}, with the baseline: {why}."
+            )
+    return lines
 
 
 def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]], path: Path) -> None:
@@ -284,6 +408,7 @@ def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[st
         )
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
+    add_derived_metrics(study, size, results)
     rows = aggregate(study, results, references)
     (folder / "README.md").write_text(
         markdown(study, size, rows, provenance(study, results)), encoding="utf-8"

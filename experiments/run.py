@@ -3,7 +3,8 @@
 Every run is one ``python -m train.run`` subprocess (its own process: a crash or a kill loses that
 run only) writing into ``WORK_DIR/<study>/<size>/<run id>/`` (checkpoints, logs; git-ignored), and
 leaves one result file, ``results/<study>/<size>/<variant>-<depth>-seed<k>.json``: the flags, the
-trained model's config, seed, data (files and SHA-256), git commit, device, wall time, steps, every
+trained model's config, seed, data (files and SHA-256), git commit, device (with the CPU's capability),
+training precision (and why it was chosen), wall time, steps, every
 test metric, the validation and training curves, and for seq2seq tasks the test hypotheses. A study's
 extra test sets (JFLEG for ``gec``) are scored after training with ``train.translate`` and
 ``train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
@@ -250,6 +251,20 @@ def run_extra_tests(
     return 0, records
 
 
+def gate_diagnostic_command(run: Run, out: Path, flags: dict, args: argparse.Namespace) -> list[str] | None:
+    """The block diagnostic of a run with a gate (``experiments.block_diagnostic``), its rows written into the
+    study's ``diagnostics/gates.json`` under the run's id: the gate statistics a study document quotes, committed
+    since the model folders are not. None for a run without a gate."""
+    from modeling_ode.ode import GATED_MODES
+
+    if not any(flags.get(f"{side}_ode_coefficients") in GATED_MODES for side in ("encoder", "decoder")):
+        return None
+    gates = args.results / run.study.name / run.size / "diagnostics" / "gates.json"
+    gates.parent.mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-m", "experiments.block_diagnostic", str(out), "--json", str(gates),
+            "--data-root", str(args.data_root)]  # fmt: skip
+
+
 def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[Any, Any]] | None:
     """None while the run has no result; else the flags the study has changed since it ran (empty: done)."""
     result = run.result_path(args.results)
@@ -287,6 +302,10 @@ def execute(run: Run, args: argparse.Namespace) -> str:
         code = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code == 0:  # trained and tested: the extra test sets are decoded from the saved model
             code, extra = run_extra_tests(run, out, flags, args, env, log)
+        if code == 0 and (diagnostic := gate_diagnostic_command(run, out, flags, args)):
+            code = subprocess.run(
+                diagnostic, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            ).returncode
     wall = time.monotonic() - start
     if code != 0:
         return f"FAILED {run.id} (exit {code}; log: {out.parent / f'{run.id}.log'})"
@@ -299,6 +318,8 @@ def execute(run: Run, args: argparse.Namespace) -> str:
         "resumed": resumed,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    recipe = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))["training"]["recipe"]
+    environment["precision"] = {"precision": recipe["precision"], "reason": recipe["precision_reason"]}
     write_json(result, collect(run, out, flags, argv, environment, extra))
     return f"done {run.id} in {wall / 60:.1f} min"
 

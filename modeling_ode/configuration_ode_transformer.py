@@ -20,11 +20,13 @@ from .ode import (
     CoefficientModeName,
     CoefficientScopeName,
     EmaAlphaSizeName,
+    GateInitName,
     GateInputName,
     LayerConnectionName,
     ODEFunctionName,
     ODEMethodName,
     resolve_tableau,
+    tableau_gate_logits,
 )
 
 __all__ = ["ODETransformerConfig", "ODE_FUNCTIONS", "LAYER_CONNECTIONS", "PAPER_DECODING", "PRESETS"]
@@ -172,6 +174,8 @@ class ODETransformerConfig(PreTrainedConfig):
       scalar per stack or per block, or one per dimension).
     - `ode_gate_inputs`: what the gate of the gated coefficient modes reads, one of `GATE_INPUTS`: the raw stages
       (Eq. (learnable), the default) or the stages layer-normalised (beyond the paper); on every gated side.
+    - `ode_gate_init`: how a gate starts, one of `GATE_INITS`: xavier-uniform like every linear layer (the
+      default), or W = 0 with the bias that gives the method's tableau weights (RK2: g = 1/2; beyond the paper).
     - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
       (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
       model's, for one extra forward of those stages.
@@ -230,6 +234,7 @@ class ODETransformerConfig(PreTrainedConfig):
     ode_coefficient_scope: CoefficientScopeName = "block"
     ode_ema_alpha: EmaAlphaSizeName = "scalar"
     ode_gate_inputs: GateInputName = "stages"
+    ode_gate_init: GateInitName = "xavier"
     ode_checkpoint_stages: bool = False
     encoder_layer_connections: LayerConnectionName = "learnable_dense"
     decoder_layer_connections: LayerConnectionName = "learnable_dense"
@@ -339,6 +344,15 @@ class ODETransformerConfig(PreTrainedConfig):
                 f"model has a gate; use gated coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or "
                 "`ode_gate_inputs='stages'`."
             )
+        if self.ode_gate_init != "xavier" and not gated:
+            raise ValueError(
+                f"`ode_gate_init`={self.ode_gate_init!r} sets how a gate starts, but no ODE block of this model "
+                f"has a gate; use gated coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or "
+                "`ode_gate_init='xavier'`."
+            )
+        if self.ode_gate_init == "tableau":
+            for side in gated:  # the tableau's weights must be a gate output (softmax: all positive)
+                tableau_gate_logits(getattr(self, f"{side}_ode_coefficients"), self.tableau(side).b)
 
     def tableau(self, side: str) -> ButcherTableau:
         """The ButcherTableau of the `encoder` or `decoder` ODE blocks."""

@@ -42,7 +42,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, _active_collector, capture_outputs
 
 from .configuration_ode_transformer import ODETransformerConfig
-from .ode import ODEStageRecorder, StageCoefficients, ode_step
+from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step
 
 __all__ = [
     "ODETransformerPreTrainedModel",
@@ -961,9 +961,13 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         raise ValueError(_UNSUPPORTED_ATTENTION.format("flex_attention"))
 
     def _init_weights(self, module: nn.Module) -> None:
-        """fairseq init: xavier-uniform linears with zero bias, N(0, d^-0.5) embeddings with a zero padding row."""
+        """fairseq init: xavier-uniform linears (gates too, unless `ode_gate_init`) with zero bias, N(0, d^-0.5)
+        embeddings with a zero padding row."""
         std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
-        if isinstance(module, nn.Linear):
+        if isinstance(module, StageGate) and self.config.ode_gate_init == "tableau":
+            init.zeros_(module.weight)  # gamma = the tableau's b on every token (GATE_INITS)
+            init.copy_(module.bias, module.bias.new_tensor(module.tableau_logits()))
+        elif isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)

@@ -15,8 +15,8 @@ function F, and is used by the encoder, the decoder and the causal LM alike.
 
 The catalogue lives here, on the data, once: every named method (`ODE_METHODS`), coefficient mode
 (`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`), coefficient
-scope (`COEFFICIENT_SCOPES`), size of an EMA coefficient (`EMA_ALPHA_SIZES`) and input of a gate (`GATE_INPUTS`)
-carries its equation and a one-line description. The config validates against
+scope (`COEFFICIENT_SCOPES`), size of an EMA coefficient (`EMA_ALPHA_SIZES`), input of a gate (`GATE_INPUTS`)
+and start of a gate (`GATE_INITS`) carries its equation and a one-line description. The config validates against
 these tables, and the model card and the README's config table are written from (or tested against) them.
 """
 
@@ -34,6 +34,7 @@ __all__ = [
     "CoefficientModeName",
     "CoefficientScopeName",
     "EmaAlphaSizeName",
+    "GateInitName",
     "GateInputName",
     "LayerConnectionName",
     "ODEFunctionName",
@@ -42,6 +43,7 @@ __all__ = [
     "COEFFICIENT_SCOPES",
     "EMA_ALPHA_SIZES",
     "GATED_MODES",
+    "GATE_INITS",
     "GATE_INPUTS",
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
@@ -50,8 +52,10 @@ __all__ = [
     "CoefficientMode",
     "ODEStageRecorder",
     "StageCoefficients",
+    "StageGate",
     "ode_step",
     "resolve_tableau",
+    "tableau_gate_logits",
 ]
 
 
@@ -330,6 +334,36 @@ GATE_INPUTS: dict[GateInputName, str] = {
 }
 
 
+# How a gate starts. Beyond the paper: its W meets stage norms that grow to 24-147 in our trained models, so a
+# xavier-initialised gate is saturated within a few hundred updates (results/README.md); "tableau" starts every
+# gated block as its method's fixed tableau (RK2: g = 1/2), from which the gate learns.
+GateInitName = Literal["xavier", "tableau"]
+GATE_INITS: dict[GateInitName, str] = {
+    "xavier": "W xavier-uniform and b = 0, like every linear layer (fairseq, the authors' code)",
+    "tableau": (
+        "W = 0 and b chosen so that the gate gives the method's tableau weights gamma_i = b_i on every token "
+        "(RK2: g = 1/2), so each gated block starts as its fixed-coefficient block (beyond the paper)"
+    ),
+}
+
+
+def tableau_gate_logits(mode: str, weights: Sequence[float]) -> list[float]:
+    """The gate logits (its bias, with W = 0) whose gamma is ``weights``: the inverse of the gate's output
+    function. ``gated``: softmax over [z_1..z_{s-1}, 0], so z_i = log(b_i / b_s); ``gated_independent``:
+    sigmoid, z_i = log(b_i / (1 - b_i)); ``gated_tanh``: z_i = atanh(b_i)."""
+    bounds = {"gated": (0.0, math.inf), "gated_independent": (0.0, 1.0), "gated_tanh": (-1.0, 1.0)}[mode]
+    if not all(bounds[0] < b < bounds[1] for b in weights):
+        raise ValueError(
+            f"no {mode} gate outputs the weights {list(weights)}: each must lie in the open interval {bounds}; "
+            "use `ode_gate_init='xavier'` with this method"
+        )
+    if mode == "gated":
+        return [math.log(b / weights[-1]) for b in weights[:-1]]
+    if mode == "gated_independent":
+        return [math.log(b / (1.0 - b)) for b in weights]
+    return [math.atanh(b) for b in weights]
+
+
 def resolve_tableau(method: str | dict | ButcherTableau, field: str = "ode_method") -> ButcherTableau:
     """A named method, a user tableau as a dict, or a ButcherTableau -> a checked ButcherTableau."""
     if isinstance(method, ButcherTableau):
@@ -395,7 +429,7 @@ class StageCoefficients(nn.Module):
             self.alpha = nn.Parameter(torch.full((hidden_size,) if alpha_size == "dimension" else (), 0.5))
         elif mode in GATED_MODES:
             num_logits = num_stages - 1 if mode == "gated" else num_stages
-            self.gate = nn.Linear(num_stages * hidden_size, num_logits)
+            self.gate = StageGate(num_stages * hidden_size, num_logits, mode, tableau.b)
         self.recorder = ODEStageRecorder()
 
     def forward(self, y: torch.Tensor, stages: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -447,6 +481,19 @@ class StageCoefficients(nn.Module):
         alpha = self.alpha
         exponents = torch.arange(self.tableau.num_stages - 1, -1, -1, device=alpha.device, dtype=alpha.dtype)
         return alpha * (1 - alpha) ** exponents.view(-1, *([1] * alpha.dim()))
+
+
+class StageGate(nn.Linear):
+    """The linear layer of a gate, [F1..Fs] -> logits; it knows the logits that reproduce its method's tableau,
+    for ``ode_gate_init='tableau'`` (`GATE_INITS`)."""
+
+    def __init__(self, in_features: int, num_logits: int, mode: str, weights: Sequence[float]):
+        super().__init__(in_features, num_logits)
+        self.mode = mode
+        self.tableau_weights = tuple(weights)
+
+    def tableau_logits(self) -> list[float]:
+        return tableau_gate_logits(self.mode, self.tableau_weights)
 
 
 def ode_step(

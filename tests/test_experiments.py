@@ -189,31 +189,82 @@ def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
     }
 
 
-def test_gap_verdict_compares_the_gap_with_its_standard_error():
-    assert report_module.gap_verdict([10.0, 10.2, 9.8], [12.0, 12.1, 11.9]) == "-2.00 (> noise)"
-    assert report_module.gap_verdict([10.0, 11.0, 9.0], [10.5, 9.5, 11.5]) == "-0.50 (within noise)"
-    assert report_module.gap_verdict([10.0], [11.0]) == "-1.00 (1 seed)"
-    assert report_module.gap_verdict([0.0512], [0.0448], digits=4) == "+0.0064 (1 seed)"
+def test_paired_t_test_and_holm_by_hand():
+    # diffs -2.0, -1.9, -2.1: t = -2 / (0.1 / sqrt(3)); with 2 degrees of freedom p = 1 - |t| / sqrt(t^2 + 2)
+    t = -2 / (0.1 / math.sqrt(3))
+    p = report_module.paired_t_test([10.0, 10.2, 9.8], [12.0, 12.1, 11.9])
+    assert p == pytest.approx(1 - abs(t) / math.sqrt(t * t + 2), rel=1e-9)
+    # 1 degree of freedom (Cauchy): p = 1 - 2 atan(|t|) / pi; diffs 1, 2: t = 1.5 / (sqrt(0.5) / sqrt(2)) = 3
+    assert report_module.paired_t_test([28.0, 29.0], [27.0, 27.0]) == pytest.approx(
+        1 - 2 * math.atan(3) / math.pi
+    )
+    assert report_module.paired_t_test([1.0], [0.0]) is None  # one pair: nothing to test
+    assert report_module.paired_t_test([2.0, 3.0], [1.0, 2.0]) is None  # the same gap twice: no variance
+    # Holm: sorted 0.01, 0.03, 0.04 times 3, 2, 1 -> 0.03, 0.06, 0.04 -> made non-decreasing: 0.03, 0.06, 0.06
+    assert report_module.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
+    assert report_module.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-def fake_result(variant: str, seed: int, bleu: float) -> dict:
+def fake_result(variant: str, seed: int, bleu: float, device: str = "AMD EPYC", commit: str = "abc") -> dict:
     return {"variant": variant, "depth": 3, "seed": seed, "metrics": {"BLEU": bleu, "chrF": 50.0},
-            "wall_time_s": 60.0, "steps": 10, "training_curve": []}  # fmt: skip
+            "wall_time_s": 60.0, "steps": 10, "training_curve": [], "flags": {"bf16": False},
+            "git": {"commit": commit, "dirty": False}, "device": {"name": device, "capability": "AVX2"},
+            "precision": {"precision": "fp32"}}  # fmt: skip
 
 
-def test_gap_is_taken_over_the_seeds_both_rows_have():
+def test_gap_is_paired_by_seed_commit_device_and_precision():
     """Residual has seeds 0-2, RK4 seed 0 only: the gap is RK4's seed 0 minus residual's seed 0 (31 - 30), not
-    minus residual's three-seed mean (28)."""
+    minus residual's three-seed mean (28), untested with one pair; a run from another machine, commit or
+    precision is not paired, and the table says so."""
     results = [fake_result("residual", 0, 30.0), fake_result("residual", 1, 27.0), fake_result("residual", 2, 27.0),
-               fake_result("rk4", 0, 31.0), fake_result("rk2_gated", 1, 28.0), fake_result("rk2_gated", 2, 29.0)]  # fmt: skip
+               fake_result("rk4", 0, 31.0), fake_result("rk2_gated", 1, 28.0), fake_result("rk2_gated", 2, 29.0),
+               fake_result("rk2", 0, 40.0, device="Intel Xeon"), fake_result("rk2", 1, 40.0, commit="def"),
+               {**fake_result("rk2", 2, 40.0), "precision": {"precision": "bf16"}}]  # fmt: skip
     rows = {
         row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)
     }
-    assert rows["residual"]["BLEU"]["mean"] == pytest.approx(28.0)
-    assert rows["rk4"]["BLEU"]["vs_baseline"] == "+1.00 (1 seed)"
-    # Seeds 1-2: gap +1.5; standard error sqrt(0.5/2 + 0/2) = 0.5, so 1.5 > 2 * 0.5.
-    assert rows["rk2_gated"]["BLEU"]["vs_baseline"] == "+1.50 (> noise)"
-    assert "vs_baseline" not in rows["residual"]["BLEU"]
+    assert (
+        rows["residual"]["BLEU"]["mean"] == pytest.approx(28.0) and "paired" not in rows["residual"]["BLEU"]
+    )
+    assert rows["rk4"]["BLEU"]["paired"]["verdict"] == "+1.00 (1 pair: untested)"
+    # seeds 1-2: gap +1.5, paired p 0.205 (see above), the only tested row so Holm leaves it
+    gated = rows["rk2_gated"]["BLEU"]["paired"]
+    assert gated["p_holm"] == pytest.approx(1 - 2 * math.atan(3) / math.pi)
+    assert gated["verdict"] == "+1.50 (p 0.205, within noise)"
+    rk2 = rows["rk2"]["BLEU"]["paired"]
+    assert rk2["pairs"] == 0 and rk2["verdict"] == "no comparable pair"
+    assert [d["why"] for d in rk2["dropped"]] == [
+        "device Intel Xeon here, AMD EPYC in the baseline's run",
+        "commit def here, abc in the baseline's run",
+        "precision bf16 here, fp32 in the baseline's run",
+    ]
+    table = report_module.markdown(STUDIES["multi30k"], "cpu", list(rows.values()))
+    assert (
+        "Not paired: RK2-block (depth 3), seed 0, with the baseline: device Intel Xeon here, AMD EPYC in the "
+        "baseline's run." in table
+    )
+    assert "Holm-corrected across the rows of this table; 'beyond noise': p < 0.05" in table
+
+
+def test_holm_runs_across_the_rows_of_a_table():
+    """Holm counts the table's tested rows: two rows with the same paired p both get 2p; a third row with a larger p
+    makes it 3p for both."""
+    base = [fake_result("residual", s, 30.0 + s) for s in range(3)]
+
+    def row_p(variants: dict[str, list[float]]) -> dict[str, float]:
+        results = base + [fake_result(v, s, x) for v, xs in variants.items() for s, x in enumerate(xs)]
+        rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
+        return {r["variant"]: r["BLEU"]["paired"] for r in rows if "paired" in r["BLEU"]}
+
+    gaps = [31.0, 32.2, 32.9]  # diffs 1.0, 1.2, 0.9
+    raw = report_module.paired_t_test(gaps, [30.0, 31.0, 32.0])
+    two = row_p({"rk2": gaps, "rk4": gaps})
+    assert two["rk2"]["p_holm"] == pytest.approx(2 * raw) and two["rk4"]["p_holm"] == pytest.approx(2 * raw)
+    three = row_p({"rk2": gaps, "rk4": gaps, "rk2_gated": [31.0, 30.0, 33.0]})
+    assert three["rk2"]["p_holm"] == pytest.approx(3 * raw) and three["rk4"]["p_holm"] == pytest.approx(
+        3 * raw
+    )
+    assert three["rk2_gated"]["p"] > 3 * raw
 
 
 def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():
@@ -581,3 +632,43 @@ def test_gate_table_renders_each_gate_of_each_run():
         "| norm-seed0 | 1 | 0.973 | 0.0% | 47.2% | 4.52 (4.49 / 7.51) | 16.0 / 16.0 | 0.98 / 1.02 | +0.019 |"
     ]
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 10
+
+
+def test_ptb_paper_reports_the_loss_per_word_beside_the_perplexity_with_eos(shared_data):
+    """The Penn Treebank test split has 78,669 words in 3,761 sentences (82,430 tokens with </s>, the usual count);
+    the residual row's 114.92 per word-or-</s> is 144.18 per word: exp(ln 114.92 * 82,430 / 78,669)."""
+    study = STUDIES["ptb_paper"]
+    assert report_module.lm_test_counts(study, "cpu") == (78669, 3761)
+    result = {"metrics": {"Word perplexity": 114.92}}
+    report_module.add_derived_metrics(study, "cpu", [result])
+    assert result["metrics"]["Per word, no </s>"] == pytest.approx(math.exp(math.log(114.92) * 82430 / 78669))
+    assert result["metrics"]["Per word, no </s>"] == pytest.approx(144.18, abs=0.01)
+
+
+def test_gated_runs_record_their_gate_statistics(tmp_path):
+    """A run with a gate gets the block diagnostic, into its study's diagnostics/gates.json; one without does not."""
+    study = STUDIES["multi30k_paired"]
+    args = runner.parse_args(["multi30k_paired", "--results", str(tmp_path), "--data-root", str(tmp_path)])
+    for variant, gated in [("rk2_gated_tableau", True), ("rk2_gated_authors", True), ("rk2", False)]:
+        run = runner.plan(study, "cpu", [0], [variant], [3])[0]
+        command = runner.gate_diagnostic_command(run, tmp_path / run.id, runner.run_flags(run, {}), args)
+        if not gated:
+            assert command is None
+            continue
+        assert command[1:4] == ["-m", "experiments.block_diagnostic", str(tmp_path / run.id)]
+        assert command[command.index("--json") + 1] == str(
+            tmp_path / "multi30k_paired" / "cpu" / "diagnostics" / "gates.json"
+        )
+
+
+def test_the_paired_batch_runs_in_the_precision_the_machine_computes_natively():
+    """multi30k_paired: --precision auto instead of the other studies' bf16; the equal-compute residual rows have
+    the encoder layers of RK2 and RK4 evaluations, the others 3; its remedy row starts its gates as RK2."""
+    study = STUDIES["multi30k_paired"]
+    flags = {variant: study.flags(variant, 3, 0, "cpu") for variant in study.variants}
+    assert all(f["precision"] == "auto" and "bf16" not in f for f in flags.values())
+    layers = {variant: f["encoder_layers"] for variant, f in flags.items()}
+    assert layers == {**dict.fromkeys(study.variants, 3), "residual_x2": 6, "residual_x4": 12}
+    assert flags["rk2_gated_tableau"]["ode_gate_init"] == "tableau"
+    argv = runner.to_argv(flags["rk2_gated_tableau"])
+    assert json.loads(argv[argv.index("--config_overrides") + 1]) == {"ode_gate_init": "tableau"}

@@ -454,6 +454,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
         ode.CoefficientScopeName: ode.COEFFICIENT_SCOPES,
         ode.EmaAlphaSizeName: ode.EMA_ALPHA_SIZES,
         ode.GateInputName: ode.GATE_INPUTS,
+        ode.GateInitName: ode.GATE_INITS,
     }
     for literal, table in tables.items():
         assert get_args(literal) == tuple(table)
@@ -465,6 +466,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
     assert choices["ode_coefficient_scope"] == tuple(ode.COEFFICIENT_SCOPES)
     assert choices["ode_ema_alpha"] == tuple(ode.EMA_ALPHA_SIZES)
     assert choices["ode_gate_inputs"] == tuple(ode.GATE_INPUTS)
+    assert choices["ode_gate_init"] == tuple(ode.GATE_INITS)
 
 
 def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f, device):
@@ -478,3 +480,74 @@ def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonli
     ((stages, gamma),) = calls
     assert stages.shape == (4, *y.shape)
     torch.testing.assert_close(gamma, torch.tensor([1, 2, 2, 1], device=device) / 6)
+
+
+@pytest.mark.parametrize("mode", ["gated", "gated_independent", "gated_tanh"])
+@pytest.mark.parametrize("method", ["rk2", "rk4", "rk4_38"])
+def test_tableau_gate_init_starts_as_the_fixed_tableau(mode, method, nonlinear_f, device):
+    """``ode_gate_init='tableau'``: W = 0 and the bias of :func:`tableau_gate_logits` give gamma_i = b_i on every
+    token, so the gated block is the method's formula by hand (float64), whatever the stages."""
+    from modeling_ode.ode import tableau_gate_logits
+
+    f, _ = nonlinear_f
+    tableau = ODE_METHODS[method]
+    coefficients = StageCoefficients(mode, tableau, D).to(device)
+    with torch.no_grad():
+        coefficients.gate.weight.zero_()
+        coefficients.gate.bias.copy_(torch.tensor(tableau_gate_logits(mode, tableau.b)))
+    y = y0(device)
+    out = ode_step(y, lambda x, i: f(x, i), tableau, coefficients)
+    torch.testing.assert_close(out, by_hand(method, f, y, 1.0), rtol=1e-12, atol=1e-12)
+
+
+def test_tableau_gate_logits_by_hand():
+    from modeling_ode.ode import tableau_gate_logits
+
+    assert tableau_gate_logits("gated", (0.5, 0.5)) == [0.0]  # RK2: sigmoid(0) = 1/2
+    rk4 = tableau_gate_logits("gated", (1 / 6, 1 / 3, 1 / 3, 1 / 6))  # softmax([z, 0]): z_i = log(b_i / b_4)
+    assert rk4 == pytest.approx([0.0, math.log(2), math.log(2)], abs=1e-15)
+    assert tableau_gate_logits("gated_independent", (0.5, 0.5)) == [0.0, 0.0]
+    assert tableau_gate_logits("gated_tanh", (0.5,)) == pytest.approx([0.5 * math.log(3)])  # atanh(1/2)
+    with pytest.raises(ValueError, match=r"no gated gate outputs the weights \[0.0, 1.0\]"):
+        tableau_gate_logits("gated", (0.0, 1.0))  # the midpoint method: softmax never gives 0
+
+
+@pytest.mark.parametrize("includes_residual", [False, True])
+def test_a_model_with_tableau_gate_init_is_its_fixed_tableau_model(includes_residual):
+    """A whole model built with ``ode_gate_init='tableau'`` gives the logits of the same weights without the gates
+    (RK2 tableau coefficients), float64; the default (xavier) does not."""
+    from modeling_ode import ODETransformerForConditionalGeneration
+
+    fields = dict(
+        encoder_ode_method="rk2", decoder_ode_method="rk2", decoder_ode_coefficients="gated",
+        ode_function_includes_residual=includes_residual, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    gated = ODETransformerForConditionalGeneration(
+        ODETransformerConfig.from_preset("tiny", ode_gate_init="tableau", **fields)
+    ).double()
+    fixed_config = ODETransformerConfig.from_preset(
+        "tiny", **{**fields, "encoder_ode_coefficients": "tableau", "decoder_ode_coefficients": "tableau"}
+    )
+    fixed = ODETransformerForConditionalGeneration(fixed_config).double()
+    missing, unexpected = fixed.eval().load_state_dict(gated.state_dict(), strict=False)
+    assert not missing and unexpected and all(".gate." in key for key in unexpected)
+    src, tgt = torch.randint(4, 99, (2, 7)), torch.randint(4, 99, (2, 5))
+    with torch.no_grad():
+        expected = fixed(input_ids=src, decoder_input_ids=tgt).logits
+        actual = gated.eval()(input_ids=src, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+        # the same weights with xavier gates (the default) are another model
+        xavier = ODETransformerForConditionalGeneration(ODETransformerConfig.from_preset("tiny", **fields))
+        xavier.double().load_state_dict(fixed.state_dict(), strict=False)
+        assert not torch.allclose(xavier.eval()(input_ids=src, decoder_input_ids=tgt).logits, expected)
+
+
+def test_tableau_gate_init_needs_a_gate_and_a_tableau_a_gate_can_output():
+    with pytest.raises(
+        ValueError, match="`ode_gate_init`='tableau' sets how a gate starts, but no ODE block"
+    ):
+        ODETransformerConfig.from_preset("tiny", encoder_ode_coefficients="tableau", ode_gate_init="tableau")
+    with pytest.raises(ValueError, match="no gated gate outputs the weights"):
+        ODETransformerConfig.from_preset("tiny", encoder_ode_method="midpoint", ode_gate_init="tableau")

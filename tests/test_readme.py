@@ -5,6 +5,8 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 MODEL_DOC = REPO / "docs" / "model.md"  # the configuration table
@@ -122,6 +124,71 @@ def test_every_figure_of_the_readme_summary_is_in_a_study_table():
     assert len(figures) >= 20
     missing = [figure for figure in figures if not re.search(rf"(?<![\d.]){re.escape(figure)}(?!\d)", tables)]
     assert not missing, f"README summary figures in no study table: {missing}"
+
+
+# The names the README's summary gives the study rows (its "ours" and "verdict" cells: NAME figures ...).
+SUMMARY_NAMES = {
+    "residual": ("Residual-Block", "Residual"),
+    "RK2 gamma=1": ("RK2-block (gamma=1)",),
+    "RK2-gated": ("RK2-block (learnable gamma)",),
+    "RK2": ("RK2-block",),
+    "RK4": ("RK4-block",),
+    "authors' gate": ("RK2-block (learnable gamma), authors' code: one gate, code F",),
+    "authors' scalars": ("RK2-block (learnable scalars), authors' code: one pair, code F",),
+    "LN gate": ("RK2-block (learnable gamma), gate reads LN(F_i)",),
+}
+NAMED = re.compile(
+    "(?<![\\w-])("
+    + "|".join(re.escape(n) for n in sorted(SUMMARY_NAMES, key=len, reverse=True))
+    + ")(?![\\w-])"
+)
+
+
+def _figures(text: str) -> list[str]:
+    return re.findall(r"[+-]?\d+\.\d+", text)
+
+
+def test_each_readme_summary_figure_is_in_its_own_row_of_its_study_table():
+    """Each summary line links its study's table; a figure that follows a block's name (``RK4 182.11``, ``RK4
+    +14.33 (p 0.008)``) stands in that block's row of that table, and a paper figure in its paper column."""
+    text = README.read_text()
+    summary = _first_table(text[text.index("## Reproduction results") :])[2:]
+    assert len(summary) >= 9
+    for line in summary:
+        link = re.search(r"\]\((results/\w+/\w+/README\.md)\)", line).group(1)
+        table = _first_table((REPO / link).read_text())
+        head = [cell.strip() for cell in table[0].strip("|").split("|")]
+        rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in table[2:]]
+        study, ours, paper, verdict = (cell.strip() for cell in line.strip("|").split("|"))
+        if depth := re.search(r"(\d) layers?,", study):  # the PTB study's 1- and 2-layer rows share a table
+            rows = [row for row in rows if row[head.index("depth")] == depth.group(1)]
+        for cell in (ours, verdict):
+            parts = NAMED.split(cell)
+            assert not _figures(parts[0]), (link, cell)  # every figure follows a name
+            for name, figures in zip(parts[1::2], parts[2::2]):
+                own = [row for row in rows if row[0] in SUMMARY_NAMES[name]]
+                for figure in _figures(figures.split(";")[0]):
+                    assert any(figure.lstrip("+") in " ".join(row) for row in own), (link, name, figure)
+        papers = " ".join(row[head.index("paper")] for row in rows)
+        assert all(figure in papers for figure in _figures(paper)), (link, paper)
+
+
+@pytest.mark.slow
+def test_each_study_readme_is_what_the_report_writes_from_its_json(tmp_path):
+    """Every committed results/<study>/<size>/README.md and summary.json is exactly what ``experiments.report``
+    writes from the result files beside it (the per-seed bootstrap included)."""
+    import shutil
+
+    from experiments.report import report
+    from experiments.studies import STUDIES
+
+    for folder in sorted(REPO.glob("results/*/*/README.md")):
+        study, size = folder.parent.parent.name, folder.parent.name
+        copy = tmp_path / study / size
+        shutil.copytree(folder.parent, copy, ignore=shutil.ignore_patterns("README.md", "summary.*"))
+        report(STUDIES[study], size, tmp_path)
+        assert (copy / "README.md").read_text() == folder.read_text(), folder
+        assert (copy / "summary.json").read_text() == (folder.parent / "summary.json").read_text(), folder
 
 
 def test_the_documented_fsdp_flags_parse(tmp_path):

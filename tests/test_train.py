@@ -24,6 +24,7 @@ from modeling_ode import (
 from train import translate
 from train.card import dataset_card, training_card
 from train.data import multi30k, ptb
+from train.precision import choose_precision
 from train.run import build_parser, main, parse_arguments, run
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
@@ -33,7 +34,7 @@ needs_data = pytest.mark.usefixtures("shared_data")
 TINY = [
     "--preset", "tiny", "--vocab_size", "400", "--learning_rate", "0.004",
     "--lr_scheduler_type", "inverse_sqrt", "--warmup_steps", "4", "--logging_steps", "3",
-    "--use_cpu", "true", "--bf16", "true", "--disable_tqdm", "true", "--report_to", "tensorboard",
+    "--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "tensorboard",
     "--save_strategy", "no", "--seed", "3",
 ]  # fmt: skip
 SEQ2SEQ = [
@@ -81,7 +82,8 @@ MULTI30K = ["--task", "translation", "--dataset", "multi30k", "--source_lang", "
 
 @pytest.fixture(scope="module")
 def multi30k_run(tmp_path_factory, shared_data) -> tuple[Path, dict]:
-    """A tiny model trained (bf16 autocast) and tested on Multi30k: its folder and metrics document."""
+    """A tiny model trained (in the precision ``--precision auto`` picks here) and tested on Multi30k: its folder
+    and metrics document."""
     output_dir = tmp_path_factory.mktemp("multi30k")
     return output_dir, train_and_test(output_dir, *MULTI30K, "--max_train_samples", "400", *SEQ2SEQ)
 
@@ -103,6 +105,9 @@ def test_translation_multi30k(multi30k_run):
     assert 0 <= values["BLEU"] <= 100 and 0 <= values["chrF"] <= 100
     assert document["results"][0]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert document["decoding"] == {"num_beams": 2, "length_penalty": 0.6, "precision": "fp32"}
+    chosen = choose_precision("cpu")  # the training precision, and why, as --precision auto chose it
+    recipe = document["training"]["recipe"]
+    assert (recipe["precision"], recipe["precision_reason"]) == (chosen.precision, chosen.reason)
     assert (
         document["training"]["recipe"]["model"]
         == "2-2 layers, d_model 16, FFN 32/32, 2/2 heads (preset tiny)"
@@ -424,7 +429,12 @@ def test_recipes_parse(recipe):
     assert training_args.lr_scheduler_type.value == "inverse_sqrt"
     assert (training_args.adam_beta1, training_args.weight_decay) == (0.9, 0.0)
     # The paper's 4096 tokens per GPU; the CPU recipes use 2048 (twice the updates in the same CPU time).
-    assert data_args.max_tokens == (2048 if recipe in CPU_RECIPES else 4096) and training_args.bf16
+    assert data_args.max_tokens == (2048 if recipe in CPU_RECIPES else 4096)
+    # CPU recipes: bf16 only where the CPU has it natively; GPU recipes: bf16 as asked
+    if recipe in CPU_RECIPES:
+        assert run_args.precision == "auto" and training_args.bf16 == choose_precision("cpu").bf16
+    else:
+        assert run_args.precision == "bf16" and training_args.bf16
     if recipe.startswith("wmt14_en_de"):
         assert (training_args.learning_rate, training_args.warmup_steps, training_args.adam_beta2) == (
             0.002,

@@ -13,7 +13,7 @@ from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
 
-from .precision import choose_precision
+from .precision import PrecisionChoice, choose_precision
 
 if TYPE_CHECKING:
     from .run import DataArguments
@@ -92,6 +92,11 @@ def card_language(data_args: DataArguments, task: str) -> list[str] | None:
     return [CORPUS_LANGUAGES[first]] if first in CORPUS_LANGUAGES else None
 
 
+def precision_record(choice: PrecisionChoice) -> dict:
+    """The recipe's precision rows: what was chosen, and why (read back by experiments.run)."""
+    return {"precision": choice.precision, "precision_reason": choice.reason}
+
+
 def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
     """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
     with the preset named only when nothing overrode its dimensions)."""
@@ -119,7 +124,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
                 if (averaged := run_args.average_last_checkpoints) > 1
                 else {}
             ),
-            "precision": choose_precision(training_args.device, run_args.precision).describe(),
+            **precision_record(choose_precision(training_args.device, run_args.precision)),
         },
         "notes": f"train_runtime {train_metrics.get('train_runtime', 0):.0f} s",
     }

@@ -4,9 +4,9 @@
 
 1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``, ~15 s);
 2. trains a joint BPE (8k) on its training split;
-3. trains an RK2-gated encoder / Euler decoder model (d 256, 3-3 layers, 2K-token batches, bf16
-   autocast) with the recipe ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (1,200)
-   or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
+3. trains an RK2-gated encoder / Euler decoder model (d 192, 3-3 layers, 2K-token batches; bf16 autocast where
+   the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`train.precision`) with the recipe
+   ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (1,000) or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
    model on every machine of a kind, however busy; the progress bar's total is the real end);
 4. translates the held-out test split (beam 4, length penalty 0.6, fp32) and scores it with
    sacreBLEU and chrF, next to a copy-the-source baseline (the English source as "translation");
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("[2/4] tokenizer + [3/4] training + test translation (train.run)")
     args = parse_arguments([str(RECIPE), *overrides, *passthrough])
     _, _, run_args, training_args = args
+    print("      precision:", choose_precision(training_args.device, run_args.precision).describe())
     document = run(args)
     print("[4/4] copy-the-source baseline and example translations")
     baseline = copy_baseline(demo_args.max_test_samples)

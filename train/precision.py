@@ -2,8 +2,8 @@
 
 bf16 autocast is faster than fp32 only on hardware with bf16 arithmetic: CUDA GPUs from Ampere on, and CPUs
 with AVX512_BF16 or AMX (Intel Cooper Lake, Sapphire Rapids and later; AMD Zen 4 and later) or Arm's BF16
-extension. Elsewhere oneDNN emulates it: a demo-sized training step (d 256, 3-3 layers, RK2-gated) took about
-20 times as long as in fp32 on an AVX2-only AMD EPYC (``python -m benchmarks.bench_precision``,
+extension. Elsewhere oneDNN emulates it: a demo-sized training step (d 256, 3-3 layers, RK2-gated) took 20 to
+35 times as long as in fp32 on AVX2-only AMD EPYC machines (``python -m benchmarks.bench_precision``;
 benchmarks/results/precision-avx2.json).
 
 What counts is what PyTorch will run, not only what the CPU has: ``ATEN_CPU_CAPABILITY=avx2`` and
@@ -68,7 +68,10 @@ def cpu_native_bf16() -> tuple[bool, str]:
     has = "/".join(flag.upper() for flag in present)
     onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if onednn_isa in ONEDNN_ISAS_WITHOUT_BF16:
-        return False, f"{name} has {has}, but ONEDNN_MAX_CPU_ISA={onednn_isa} restricts oneDNN to kernels without it"
+        return (
+            False,
+            f"{name} has {has}, but ONEDNN_MAX_CPU_ISA={onednn_isa} restricts oneDNN to kernels without it",
+        )
     if flags is NATIVE_BF16_FLAGS["x86_64"] and cpu_capability() in ATEN_CAPABILITIES_WITHOUT_AVX512:
         return False, f"{name} has {has}, but PyTorch runs {cpu_capability()} kernels (ATEN_CPU_CAPABILITY)"
     return True, f"{name} has native bf16 ({has}; PyTorch's CPU capability: {cpu_capability()})"
@@ -103,7 +106,7 @@ def emulated_bf16_warning(choice: PrecisionChoice) -> str | None:
     if not choice.bf16 or choice.native_bf16:
         return None
     return (
-        f"bf16 was asked for, but {choice.reason.split('; ', 1)[-1]}: bf16 is emulated there and much slower than "
-        "fp32 (a demo-sized training step took about 20x as long on an AVX2-only CPU). "
-        "Leave --bf16 out (or give --precision auto) to train in fp32 on this machine"
+        f"bf16 was asked for, but {choice.reason.split('; ', 1)[-1]}: bf16 is emulated there, and much slower than "
+        "fp32 (a demo-sized training step took 20x-35x as long on AVX2-only CPUs: benchmarks.bench_precision). "
+        "Leave --bf16 out (ode-train: or give --precision auto) to run in fp32 here"
     )

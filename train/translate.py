@@ -40,6 +40,7 @@ from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .checkpoints import complete_checkpoints
 from .files import read_lines
+from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
@@ -350,7 +351,11 @@ def _parser() -> argparse.ArgumentParser:
         help="truncate inputs to N tokens (default: the tokenizer's limit)",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default fp32)")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast (default fp32; fast only where the device has native bf16)",
+    )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -363,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(problem)
     if (problem := device_problem(args.device)) is not None:
         parser.error(f"--device {args.device}: {problem}")
+    if args.bf16 and (warning := emulated_bf16_warning(choose_precision(args.device, "bf16"))):
+        logger.warning(warning)
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
     model, tokenizer = load_for_generation(args.model, args.device)
     overrides = {
