@@ -8,10 +8,12 @@ import math
 import subprocess
 
 import pytest
+import torch
 import yaml
 from datasets import Dataset
 
 from train.demo import RECIPE, main, parse_demo_arguments
+from train.precision import choose_precision
 from train.provenance import REPO, git_commit
 from train.run import drop_long_training_pairs, parse_arguments
 
@@ -75,6 +77,9 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
     assert json.loads((tmp_path / "a" / "demo_summary.json").read_text()) == summary
     assert json.loads((tmp_path / "a.json").read_text()) == summary  # --results: the same record
     provenance = summary["provenance"]
+    # the training precision --precision auto chose here, and why (fp32 on a CPU without native bf16)
+    assert provenance["precision"] == choose_precision("cpu").as_dict()
+    assert provenance["device"]["capability"] == torch.backends.cpu.get_cpu_capability()
     assert provenance["seed"] == yaml.safe_load(RECIPE.read_text()).get(
         "seed", 42
     )  # TrainingArguments default

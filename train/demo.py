@@ -6,7 +6,7 @@
 2. trains a joint BPE (8k) on its training split;
 3. trains an RK2-gated encoder / Euler decoder model (d 192, 3-3 layers, 2K-token batches; bf16 autocast where
    the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`train.precision`) with the recipe
-   ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (1,000) or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
+   ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (900) or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
    model on every machine of a kind, however busy; the progress bar's total is the real end);
 4. translates the held-out test split (beam 4, length penalty 0.6, fp32) and scores it with
    sacreBLEU and chrF, next to a copy-the-source baseline (the English source as "translation");
