@@ -22,7 +22,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-Step = tuple[tuple[int, ...], tuple[str, ...]]  # (seeds, variants) of one `experiments.run` call
+Step = tuple[
+    tuple[int, ...], tuple[str, ...]
+]  # (seeds, variants) of one `experiments.run` call; () = all variants
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,17 @@ QUEUES = {
         ),
         worktree="exp_ptb",
     ),
+    # Issue 41: the Multi30k headline rows as one batch. Each lane runs whole seeds (all variants of a seed back to
+    # back, on one machine), seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4.
+    "multi30k_paired": Queue(
+        study="multi30k_paired",
+        commit="bea8704",
+        lanes=(
+            (((0,), ()), ((2,), ()), ((4,), ("residual", "rk2", "rk4"))),
+            (((1,), ()), ((3,), ("residual", "rk2", "rk4"))),
+        ),
+        worktree="exp_m30k",
+    ),
 }
 
 
@@ -52,7 +65,8 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
     """The shell command of one lane: its steps one after another (a failed step does not stop the next)."""
     calls = [
         f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
-        f"--only {' '.join(variants)} --parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
+        + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
+        + f"--parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
         for seeds, variants in lane
     ]
     return "; ".join(calls)

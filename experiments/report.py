@@ -178,13 +178,14 @@ def lm_test_counts(study: Study, size: str) -> tuple[int, int]:
     return sum(len(text.split()) for text in texts), len(texts)
 
 
-def add_derived_metrics(study: Study, size: str, results: list[dict[str, Any]]) -> None:
+def add_derived_metrics(study: Study, results: list[dict[str, Any]]) -> None:
     """Fill in the study's derived metrics (``Metric.per_word_of``): a perplexity over words and </s> tokens,
-    exp(L / (W + S)), becomes exp(L / W), the same summed loss L per word."""
+    exp(L / (W + S)), becomes exp(L / W), the same summed loss L per word (W, S: the test split of the results'
+    size)."""
     derived = [metric for metric in study.metrics if metric.per_word_of]
-    if not derived:
+    if not derived or not results:
         return
-    words, sentences = lm_test_counts(study, size)
+    words, sentences = lm_test_counts(study, results[0]["size"])
     for result in results:
         for metric in derived:
             per_token = result["metrics"][metric.per_word_of]
@@ -194,7 +195,8 @@ def add_derived_metrics(study: Study, size: str, results: list[dict[str, Any]]) 
 def aggregate(
     study: Study, results: list[dict[str, Any]], references: list[str] | None
 ) -> list[dict[str, Any]]:
-    """One row per (variant, depth) present in ``results``, in the study's order."""
+    """One row per (variant, depth) present in ``results``, in the study's order (derived metrics filled in)."""
+    add_derived_metrics(study, results)
     by_cell: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for result in results:
         by_cell[(result["variant"], result["depth"])].append(result)
@@ -408,7 +410,6 @@ def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[st
         )
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
-    add_derived_metrics(study, size, results)
     rows = aggregate(study, results, references)
     (folder / "README.md").write_text(
         markdown(study, size, rows, provenance(study, results)), encoding="utf-8"

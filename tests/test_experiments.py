@@ -639,8 +639,8 @@ def test_ptb_paper_reports_the_loss_per_word_beside_the_perplexity_with_eos(shar
     the residual row's 114.92 per word-or-</s> is 144.18 per word: exp(ln 114.92 * 82,430 / 78,669)."""
     study = STUDIES["ptb_paper"]
     assert report_module.lm_test_counts(study, "cpu") == (78669, 3761)
-    result = {"metrics": {"Word perplexity": 114.92}}
-    report_module.add_derived_metrics(study, "cpu", [result])
+    result = {"size": "cpu", "metrics": {"Word perplexity": 114.92}}
+    report_module.add_derived_metrics(study, [result])
     assert result["metrics"]["Per word, no </s>"] == pytest.approx(math.exp(math.log(114.92) * 82430 / 78669))
     assert result["metrics"]["Per word, no </s>"] == pytest.approx(144.18, abs=0.01)
 
