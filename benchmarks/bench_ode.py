@@ -415,7 +415,7 @@ def markdown(results: dict) -> str:
             for row in results["targets"]
         ]),
         "",
-        *_table("lr", ["other ratio", "value"], [[row["name"], f"{row['ratio']:.3f}"] for row in results["informative"]]),
+        *_table("lr", ["other ratio", "value"], [[_bf16_marked(row["name"], m), f"{row['ratio']:.3f}"] for row in results["informative"]]),
         "",
         "## Training (forward + backward + Adam step)",
         "",

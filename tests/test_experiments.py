@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from experiments import report as report_module
 from experiments import run as runner
@@ -53,8 +54,10 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
         assert result["steps"] == 4 and result["wall_time_s"] > 0 and result["resumed"] is False
         assert len(result["git"]["commit"]) == 40 and result["device"]["device"] == "cpu"
         assert result["data"]["files"] and all(len(h) == 64 for h in result["data"]["files"].values())
-        for metric in study.metrics:
-            assert math.isfinite(result["metrics"][metric.name]), metric.name
+        for metric in study.metrics:  # a derived metric is the report's, not the run's
+            assert metric.per_word_of or math.isfinite(result["metrics"][metric.name]), metric.name
+        assert result["device"]["capability"] == torch.backends.cpu.get_cpu_capability()
+        assert result["precision"]["precision"] in ("bf16", "fp32") and result["precision"]["reason"]
         layers = result["config"][
             "decoder_layers" if result["config"]["is_encoder_decoder"] is False else "encoder_layers"
         ]
