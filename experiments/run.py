@@ -154,6 +154,7 @@ def collect(
     document = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
     state = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))
     validation, training = curves(state["log_history"])
+    recipe = document["training"]["recipe"]
     hypotheses = out / "test_hypotheses.txt"
     metrics = {r.get("name", r["metric"]): r["value"] for r in document["results"]}
     for record in extra.values():
@@ -173,6 +174,7 @@ def collect(
         "command": argv[1:],
         "config": json.loads((out / "config.json").read_text(encoding="utf-8")),
         **environment,
+        "precision": {"precision": recipe["precision"], "reason": recipe["precision_reason"]},
         "steps": state["global_step"],
         "epochs": state.get("epoch"),
         "best_metric": state.get("best_metric"),
@@ -318,8 +320,6 @@ def execute(run: Run, args: argparse.Namespace) -> str:
         "resumed": resumed,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    recipe = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))["training"]["recipe"]
-    environment["precision"] = {"precision": recipe["precision"], "reason": recipe["precision_reason"]}
     write_json(result, collect(run, out, flags, argv, environment, extra))
     return f"done {run.id} in {wall / 60:.1f} min"
 

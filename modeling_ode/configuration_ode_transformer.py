@@ -335,21 +335,19 @@ class ODETransformerConfig(PreTrainedConfig):
             )
 
     def _check_gate_inputs(self) -> None:
-        """A gate input other than the paper's needs a gate to read it: refused where it would change nothing."""
+        """A gate input or start other than the default needs a gate: refused where it would change nothing."""
         sides = ("encoder", "decoder") if self.is_encoder_decoder else ("decoder",)
         gated = [side for side in sides if getattr(self, f"{side}_ode_coefficients") in GATED_MODES]
-        if self.ode_gate_inputs != "stages" and not gated:
-            raise ValueError(
-                f"`ode_gate_inputs`={self.ode_gate_inputs!r} changes what a gate reads, but no ODE block of this "
-                f"model has a gate; use gated coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or "
-                "`ode_gate_inputs='stages'`."
-            )
-        if self.ode_gate_init != "xavier" and not gated:
-            raise ValueError(
-                f"`ode_gate_init`={self.ode_gate_init!r} sets how a gate starts, but no ODE block of this model "
-                f"has a gate; use gated coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or "
-                "`ode_gate_init='xavier'`."
-            )
+        for field, default, effect in (
+            ("ode_gate_inputs", "stages", "changes what a gate reads"),
+            ("ode_gate_init", "xavier", "sets how a gate starts"),
+        ):
+            value = getattr(self, field)
+            if value != default and not gated:
+                raise ValueError(
+                    f"`{field}`={value!r} {effect}, but no ODE block of this model has a gate; use gated "
+                    f"coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or `{field}='{default}'`."
+                )
         if self.ode_gate_init == "tableau":
             for side in gated:  # the tableau's weights must be a gate output (softmax: all positive)
                 tableau_gate_logits(getattr(self, f"{side}_ode_coefficients"), self.tableau(side).b)
