@@ -98,7 +98,6 @@ def ode_config(dims: Dims, method: str, coefficients: str, features: dict, extra
         dropout=dims.dropout,
         attention_dropout=dims.dropout,
         activation_dropout=dims.dropout,
-        label_smoothing=0.0,  # Marian's loss is plain cross entropy
         max_position_embeddings=1024,
         encoder_ode_method=method,
         encoder_ode_coefficients=coefficients,

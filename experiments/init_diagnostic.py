@@ -42,7 +42,7 @@ def measure(vocab_size: int, inputs: dict, d_model: int, connections: str, block
     torch.manual_seed(0)
     config = ODETransformerConfig.from_preset(
         "base", is_encoder_decoder=False, vocab_size=vocab_size, d_model=d_model, decoder_ffn_dim=4 * d_model,
-        decoder_attention_heads=4, decoder_layers=1, decoder_layer_connections=connections, label_smoothing=0.0,
+        decoder_attention_heads=4, decoder_layers=1, decoder_layer_connections=connections,
         **NO_DROPOUT, **block,
     )  # fmt: skip
     model = ODETransformerForCausalLM(config).train()

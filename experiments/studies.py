@@ -189,7 +189,7 @@ PTB_COMMON: Flags = {
     # Plain stacking: a 1-layer model is then exactly embedding -> ODE block -> LN -> softmax, the
     # paper's truncation-error setting (no dense connections mixing the embedding into the output).
     "decoder_layer_connections": "residual",
-    "label_smoothing": 0.0,
+    "label_smoothing_factor": 0.0,
     "adam_beta1": 0.9,
     "adam_beta2": 0.98,
     "weight_decay": 0.0,

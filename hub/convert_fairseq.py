@@ -17,7 +17,8 @@ architecture; a missing one takes that architecture's default, listed in `_ARG_D
   decoder_normalize_before (must be True: pre-norm), max_relative_length (-1: no RPR),
   encoder_history_type / decoder_history_type (None, "dense", "learnable_dense"), share_all_embeddings,
   share_decoder_input_output_embed, enc_calculate_num (1, 2 or 4 RK stages), dec_calculate_num (must be 1),
-  rk_type ("standard", "learnable", "initialization"), label_smoothing, activation_fn (default relu).
+  rk_type ("standard", "learnable", "initialization"), activation_fn (default relu); label_smoothing is a
+  training criterion, not part of the model (ode-train's --label_smoothing_factor).
 Tensor shapes are checked against these (e.g. the RPR table gives k, the layer indices give the depth).
 Token ids follow fairseq's Dictionary: bos 0, pad 1, eos 2 (decoding starts with eos); `--padding-idx` if not.
 """
@@ -79,7 +80,6 @@ _ARG_DEFAULTS: dict[str, Any] = {
     "enc_calculate_num": 1,
     "dec_calculate_num": 1,
     "rk_type": "standard",
-    "label_smoothing": 0.1,
     "activation_fn": "relu",
 }
 
@@ -305,7 +305,6 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
         max_relative_position=max(k, 0),
         relative_position_values="encoder.layers.0.self_attn.relative_position_values" in state,
         scale_embedding=True,
-        label_smoothing=float(_arg(args, "label_smoothing") or 0.0),
         encoder_ode_method=method,
         encoder_ode_coefficients=coefficients,
         encoder_ode_function="layer",

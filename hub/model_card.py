@@ -61,6 +61,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from ode_transformer.cli import program_name
+from ode_transformer.wording import counted
 
 __all__ = [
     "CITATION",
@@ -297,7 +298,7 @@ def describe_ode(config) -> list[str]:
         name = _method_in_words(method, tableau)
         layers = getattr(config, f"{side}_layers")
         label = side.capitalize() if config.is_encoder_decoder else "Decoder (causal LM)"
-        text = f"**{label}**: {layers} layers; each layer is {name}"
+        text = f"**{label}**: {counted(layers, 'layer')}; each layer is {name}"
         if tableau.num_stages > 1:
             coefficients = _coefficients_in_words(
                 getattr(config, f"{side}_ode_coefficients"),
@@ -455,7 +456,7 @@ def usage_snippets(
         comment = "  # <s> + prompt: the model continues it"
     plain = f"""from transformers import {auto_class}, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)  # cuts inputs to the model's {config.max_position_embeddings} positions or fewer
+tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)  # cuts inputs to the model's trained length, {config.max_position_embeddings}
 model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True).eval()
 inputs = tokenizer([{example}], truncation=True, padding=True, return_tensors="pt"){comment}
 print(tokenizer.batch_decode({generate}, skip_special_tokens=True))"""
@@ -473,7 +474,8 @@ def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[s
 ```
 
 The modeling code ships with the weights (`trust_remote_code=True`). With the `ode-transformer` package
-installed (`pip install ode-transformer`), one call handles a list of texts (length-sorted batches, the decoding
+installed (it is not on PyPI: `pip install .` in a clone of its repository, or a wheel built there with
+`python -m build`), one call handles a list of texts (length-sorted batches, the decoding
 of `generation_config.json`, inputs truncated to the model's limit), and no remote code is needed:
 
 ```python
@@ -517,9 +519,7 @@ def card_title(config, metrics: dict[str, Any] | None) -> str:
             f"{config.encoder_layers}-{config.decoder_layers} layers, d {config.d_model}"
         )
     else:
-        shape = (
-            f"{_method_name(config, 'decoder')} causal LM, {config.decoder_layers} layers, d {config.d_model}"
-        )
+        shape = f"{_method_name(config, 'decoder')} causal LM, {counted(config.decoder_layers, 'layer')}, d {config.d_model}"
     task = (
         metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
     ).replace("-", " ")
@@ -608,8 +608,9 @@ Intended for research on ODE-inspired architectures and for {task.replace("-", "
 domain of its training data. It is not suited to other languages or domains without fine-tuning and inherits
 the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
 errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
-Inputs longer than {config.max_position_embeddings} tokens are rejected: the tokenizer truncates to the model's limit
-with `truncation=True`. Positions come from the attention mask, so padding on either side changes no output; a
+The model was trained on inputs of up to {config.max_position_embeddings} tokens, and its tokenizer truncates to that
+length with `truncation=True`; longer inputs run (the sinusoidal positions have no limit) but were never seen in
+training. Positions come from the attention mask, so padding on either side changes no output; a
 causal LM's batched prompts are padded on the left (its saved tokenizer does so).
 
 ## How to use

@@ -12,6 +12,7 @@ from .configuration_ode_transformer import (
     LAYER_CONNECTIONS,
     ODE_FUNCTIONS,
     PAPER_DECODING,
+    PAPER_LABEL_SMOOTHING,
     PRESETS,
     ODETransformerConfig,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "ODE_FUNCTIONS",
     "ODE_METHODS",
     "PAPER_DECODING",
+    "PAPER_LABEL_SMOOTHING",
     "PRESETS",
     "ButcherTableau",
     "ODETransformerConfig",

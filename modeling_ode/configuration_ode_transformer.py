@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
+from transformers.utils import logging
 
 from .ode import (
     GATED_MODES,
@@ -29,7 +30,16 @@ from .ode import (
     tableau_gate_logits,
 )
 
-__all__ = ["ODETransformerConfig", "ODE_FUNCTIONS", "LAYER_CONNECTIONS", "PAPER_DECODING", "PRESETS"]
+logger = logging.get_logger(__name__)
+
+__all__ = [
+    "ODETransformerConfig",
+    "ODE_FUNCTIONS",
+    "LAYER_CONNECTIONS",
+    "PAPER_DECODING",
+    "PAPER_LABEL_SMOOTHING",
+    "PRESETS",
+]
 
 # The paper's configurations (Appendix "Experimental Setups"): RPR (k = 8) and dense layer connections in
 # every setup; the big model uses residual dropout 0.3 (En-De).
@@ -56,6 +66,9 @@ PAPER_DECODING: dict[str, dict[str, int | float]] = {
     "summarization": {"num_beams": 4, "length_penalty": 2.0},
     "gec": {"num_beams": 6, "length_penalty": 0.6},
 }
+# The paper's training loss: cross entropy with label smoothing 0.1. The model returns plain cross entropy (as BART
+# and Marian do); the smoothing is the Trainer's `label_smoothing_factor`, which train.run sets to this.
+PAPER_LABEL_SMOOTHING = 0.1
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(_BASE),
     "deep": {
@@ -221,7 +234,6 @@ class ODETransformerConfig(PreTrainedConfig):
     max_relative_position: int = 8
     relative_position_values: bool = False
     scale_embedding: bool = True
-    label_smoothing: float | int = 0.1
 
     encoder_ode_method: ODEMethodName | dict = "rk2"
     decoder_ode_method: ODEMethodName | dict = "euler"
@@ -249,6 +261,13 @@ class ODETransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
+        # `label_smoothing`: a field of configs saved by earlier versions
+        if (smoothing := kwargs.pop("label_smoothing", None)) is not None:
+            logger.warning(
+                f"config field `label_smoothing`={smoothing} is no longer used: the model returns plain cross "
+                "entropy, as BART and Marian do. Label smoothing is the Trainer's: "
+                f"`Seq2SeqTrainingArguments(label_smoothing_factor={smoothing})` (ode-train sets the paper's 0.1)."
+            )
         if isinstance(self.encoder_ode_method, ButcherTableau):
             self.encoder_ode_method = self.encoder_ode_method.to_dict()
         if isinstance(self.decoder_ode_method, ButcherTableau):
@@ -272,7 +291,7 @@ class ODETransformerConfig(PreTrainedConfig):
         for side in ("encoder", "decoder"):
             self._check_ode_side(side)
         self._check_gate_inputs()
-        for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+        for field in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(field, getattr(self, field))
         for field in (
             "pad_token_id",

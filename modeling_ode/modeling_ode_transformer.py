@@ -124,12 +124,16 @@ def records_ode_coefficients(forward: Callable) -> Callable:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
-    """fairseq's sinusoidal table: [sin | cos] halves, frequencies 10000^(-i / (dim/2 - 1))."""
+def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """fairseq's sinusoidal embedding of integer `positions` (any shape): [sin | cos] halves, frequencies
+    10000^(-i / (dim/2 - 1)). Computed from the positions themselves, so no table bounds the sequence length (fairseq
+    grows its table on demand to the same effect)."""
     half = dim // 2
-    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / (half - 1)))
-    angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freq[None, :]
-    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    freq = torch.exp(
+        torch.arange(half, dtype=torch.float, device=positions.device) * -(math.log(10000.0) / (half - 1))
+    )
+    angles = positions.float()[..., None] * freq
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
 
 def fast_dropout(hidden: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -160,21 +164,19 @@ class FastDropout(nn.Dropout):
 
 
 class ODETransformerEmbeddings(nn.Module):
-    """sqrt(d) * token embedding + sinusoidal position, then dropout (positions hold no parameters)."""
+    """sqrt(d) * token embedding + sinusoidal position, then dropout. The positions hold no parameters and have no
+    length limit: `max_position_embeddings` is the length the model was trained for (the tokenizer's default limit),
+    not a bound of the model."""
 
     def __init__(self, config: ODETransformerConfig):
         super().__init__()
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.max_positions = config.max_position_embeddings
         self.dropout = FastDropout(config.dropout)
-        self.offset, self.dim = config.position_offset, config.d_model
-        if config.use_absolute_positions:
-            self.register_buffer("positions", self.position_table(), persistent=False)
-        else:
-            self.positions = None
-
-    def position_table(self) -> torch.Tensor:
-        return sinusoidal_positions(self.max_positions + self.offset, self.dim)[self.offset :]
+        self.use_positions, self.offset, self.dim = (
+            config.use_absolute_positions,
+            config.position_offset,
+            config.d_model,
+        )
 
     def forward(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor | None = None, past_length: int = 0
@@ -186,16 +188,11 @@ class ODETransformerEmbeddings(nn.Module):
             raise ValueError(
                 "the input is empty (sequence length 0); give every sequence at least one token (e.g. `</s>`)."
             )
-        if not torch.compiler.is_compiling() and past_length + length > self.max_positions:
-            raise ValueError(
-                f"sequence of {past_length + length} positions exceeds `max_position_embeddings`="
-                f"{self.max_positions}; truncate the input or raise `max_position_embeddings` in the config."
-            )
         hidden = inputs_embeds * self.scale
-        if self.positions is not None:
+        if self.use_positions:
             if position_ids is None:
                 position_ids = torch.arange(past_length, past_length + length, device=hidden.device)[None]
-            hidden = hidden + self.positions[position_ids].to(hidden.dtype)
+            hidden = hidden + sinusoidal_positions(position_ids + self.offset, self.dim).to(hidden.dtype)
         return self.dropout(hidden)
 
 
@@ -914,14 +911,22 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     def _loss(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Label-smoothed cross entropy in training mode (`config.label_smoothing`, the paper's 0.1); in eval
-        mode the plain NLL, so `eval_loss` and the perplexities derived from it are the model's true ones."""
-        smoothing = self.config.label_smoothing if self.training else 0.0
-        return label_smoothed_loss(logits, labels, smoothing, num_items_in_batch)
+        """Plain cross entropy, as BART and Marian return it; the paper's label smoothing (0.1) is the Trainer's
+        `label_smoothing_factor`, so `loss` and `eval_loss` are on one scale."""
+        return token_cross_entropy(logits, labels, num_items_in_batch)
 
     def __init__(self, config: ODETransformerConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed after the config was built
         super().__init__(config, *inputs, **kwargs)
+
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """Record a new trained length (what HF's example scripts call when `--max_source_length` exceeds
+        `max_position_embeddings`): the sinusoidal positions have no weights and no length limit to resize."""
+        if new_num_position_embeddings < 1:
+            raise ValueError(
+                f"new_num_position_embeddings {new_num_position_embeddings}: give a positive length"
+            )
+        self.config.max_position_embeddings = new_num_position_embeddings
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, after validating the config: fields may have changed since it was
@@ -982,9 +987,6 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
             for table in (module.relative_keys, module.relative_values):
                 if table is not None:
                     init.xavier_uniform_(table)
-        elif isinstance(module, ODETransformerEmbeddings) and module.positions is not None:
-            # Non-persistent buffers are not in checkpoints: rebuild them whenever a model is materialised.
-            init.copy_(module.positions, module.position_table())
         elif isinstance(module, StageCoefficients) and module.mode == "learnable":
             init.ones_(module.weight)
         elif isinstance(module, StageCoefficients) and module.mode == "ema":
@@ -1256,19 +1258,15 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-def label_smoothed_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    smoothing: float,
-    num_items_in_batch: int | torch.Tensor | None,
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
 ) -> torch.Tensor:
-    """Label-smoothed cross entropy over tokens whose label is not -100. Summed and divided by
-    `num_items_in_batch` when given (so gradient accumulation averages over the whole batch), else averaged."""
+    """Cross entropy over tokens whose label is not -100. Summed and divided by `num_items_in_batch` when given (so
+    gradient accumulation averages over the whole batch), else averaged."""
     loss = nnf.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]),
         labels.reshape(-1).to(logits.device),
         ignore_index=-100,
-        label_smoothing=smoothing,
         reduction="sum",
     )
     if num_items_in_batch is None:
@@ -1404,8 +1402,8 @@ class ODEGenerationMixin(GenerationMixin):
 
 
 class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEGenerationMixin):
-    """Encoder-decoder with a language-model head tied to the target embeddings; the loss is label-smoothed
-    cross entropy (`config.label_smoothing`, the paper's 0.1) in training mode and the NLL in eval mode."""
+    """Encoder-decoder with a language-model head tied to the target embeddings; the loss is plain cross entropy
+    (the paper's label smoothing is the Trainer's `label_smoothing_factor`)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 

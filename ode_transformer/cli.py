@@ -23,6 +23,13 @@ OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 _running_command: str | None = None  # the console command being run, set by _launch
 
 
+def install_command(extra: str | None = None) -> str:
+    """How to install the package (with an extra): it is not on PyPI, so from a clone, or from a wheel built
+    there with ``python -m build``."""
+    suffix = f"[{extra}]" if extra else ""
+    return f"pip install '.{suffix}' in a clone of ode-transformer, or pip install 'ode_transformer-*.whl{suffix}'"
+
+
 def program_name(module: str) -> str:
     """The name a command's usage and error lines give: the console command running (``ode-train``), else
     ``python -m MODULE``."""
@@ -95,8 +102,7 @@ def _launch(command: str, module: str, extra: str | None) -> None:
         if extra is None or not missing or missing in OWN_PACKAGES:
             raise
         _fail(
-            f"{command}: needs the {missing!r} package: install `ode-transformer[{extra}]` "
-            f"(pip install 'ode-transformer[{extra}]')"
+            f"{command}: needs the {missing!r} package: install the [{extra}] extra ({install_command(extra)})"
         )
     except BrokenPipeError:  # the reader closed the pipe: stop writing, and let exit not write again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -16,6 +16,7 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 
+from train import data
 from train import libreoffice_corpus as lo
 from train.data import (
     DataSpec,
@@ -652,3 +653,28 @@ def test_real_libreoffice_corpus(tmp_path_factory):
     assert not set(splits["test"]) & set(splits["train"])
     ds = load_parallel_files(out / "test.en", out / "test.de")
     assert ds.num_rows == stats["splits"]["test"]
+
+
+@pytest.mark.parametrize(
+    ("reader", "folder"),
+    [
+        (lambda: data.multi30k("train"), "multi30k"),
+        (lambda: data.wmt_test("en-de", 2014), "wmt"),
+        (lambda: data.cnndm("train"), "summarization"),
+        (lambda: data.fce("train"), "gec/fce"),
+        (lambda: data.wi_locness("train"), "gec/wi_locness"),
+        (lambda: data.jfleg_dev(), "gec/jfleg"),
+        (lambda: data.ptb("train"), "ptb"),
+    ],
+)
+def test_every_corpus_reader_names_odes_data_dir_when_its_folder_is_missing(
+    reader, folder, tmp_path, monkeypatch
+):
+    """From an install (no ../shared beside the package), reading a corpus named a file under site-packages and no
+    fix; every reader now says which folder it looked for and how to point at the data."""
+    monkeypatch.setenv("ODE_DATA_DIR", str(tmp_path))
+    with pytest.raises(data.MissingCorpusError) as error:
+        reader()
+    message = str(error.value)
+    assert f"no folder {tmp_path / folder}" in message and "ODE_DATA_DIR=DIR" in message
+    assert "root=DIR" in message and f"holds {folder}/" in message

@@ -102,7 +102,7 @@ def test_citation_matches_paper():
 
 def test_model_card_round_trip(tmp_path, shared_data):
     metrics = real_metrics(shared_data)
-    model = tiny_seq2seq(ode_coefficient_scope="stack")
+    model = tiny_seq2seq(ode_coefficient_scope="stack", encoder_layers=1)  # "1 layer", not "1 layers"
     model.save_pretrained(tmp_path)
     (tmp_path / "hub_metrics.json").write_text(json.dumps(metrics))
 
@@ -129,6 +129,8 @@ def test_model_card_round_trip(tmp_path, shared_data):
         and "beam 4, length penalty 0.6: generation_config.json" in card.text
     )
     assert "@inproceedings{li-etal-2022-ode" in card.text and "Intended use and limitations" in card.text
+    assert "**Encoder**: 1 layer;" in card.text and "1 layers" not in card.text
+    assert "rejected" not in card.text and "pip install ode-transformer" not in card.text
     validate_card_locally(path)
 
     # the CLI writes the same card

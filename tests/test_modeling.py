@@ -1,5 +1,9 @@
 """Model behaviour: parameter counts, cached vs uncached decoding, attention backends, save/load, losses."""
 
+import json
+import logging
+import math
+
 import pytest
 import torch
 from decoding import (
@@ -217,20 +221,20 @@ def test_embeddings_are_tied_and_a_separate_source_vocabulary_is_possible(device
     assert separate(input_ids=ids, decoder_input_ids=ids[:, :3]).logits.shape == (2, 3, 99)
 
 
-def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation(device):
-    model = (
-        seq2seq(label_smoothing=0.1, **NO_DROPOUT).train().to(device)
-    )  # smoothing: a training-time regulariser
+def test_loss_is_plain_cross_entropy_in_both_modes_and_exact_under_gradient_accumulation(device):
+    """As BART and Marian: the model's loss is the NLL per target token in training and in eval mode (the paper's
+    label smoothing is the Trainer's `label_smoothing_factor`), so `loss` and `eval_loss` are on one scale; the
+    causal LM's too, over its shifted labels."""
     ids, mask = source_batch(device=device)
     labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4)).to(device)
     labels[2, 3:] = -100
-    out = model(input_ids=ids, attention_mask=mask, labels=labels)
-    logp = out.logits.log_softmax(-1)
+    model = seq2seq(**NO_DROPOUT).to(device)
     keep = labels != -100
-    nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
-    smooth = -logp.mean(-1)
-    expected = ((0.9 * nll + 0.1 * smooth)[keep]).mean()
-    torch.testing.assert_close(out.loss, expected)
+    for mode in (model.train, model.eval):
+        out = mode()(input_ids=ids, attention_mask=mask, labels=labels)
+        logp = out.logits.double().log_softmax(-1)
+        nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep].mean()
+        torch.testing.assert_close(out.loss.double(), nll, rtol=1e-6, atol=1e-6)
     # Two micro-batches with num_items_in_batch add up to the full batch's loss.
     n = keep.sum()
     parts = [
@@ -238,29 +242,26 @@ def test_label_smoothed_loss_by_hand_and_exact_under_gradient_accumulation(devic
         for s in (slice(0, 2), slice(2, 3))
     ]
     torch.testing.assert_close(parts[0] + parts[1], out.loss)
-
-
-def test_eval_loss_is_the_nll_without_label_smoothing(device):
-    """Validation loss must be the model's NLL (issue 11.7): smoothing applies in training mode only."""
-    labels = torch.randint(4, 99, (3, 6), generator=torch.Generator().manual_seed(4)).to(device)
-    labels[2, 3:] = -100
-    ids, mask = source_batch(device=device)
-    model = seq2seq(label_smoothing=0.1, **NO_DROPOUT).to(device)
-    out = model(input_ids=ids, attention_mask=mask, labels=labels)
-    logp = out.logits.double().log_softmax(-1)
-    keep = labels != -100
-    nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep].mean()
-    torch.testing.assert_close(out.loss.double(), nll, rtol=1e-6, atol=1e-6)
-    smooth = -logp.mean(-1)[keep].mean()
-    train_loss = model.train()(
-        input_ids=ids, attention_mask=mask, labels=labels
-    ).loss  # no dropout: same logits
-    torch.testing.assert_close(train_loss.double(), 0.9 * nll + 0.1 * smooth, rtol=1e-6, atol=1e-6)
-    lm = causal_lm(tiny(is_encoder_decoder=False, label_smoothing=0.1)).to(device)
+    lm = causal_lm(tiny(is_encoder_decoder=False)).to(device).train()
     lm_out = lm(input_ids=ids, labels=ids)
     lm_logp = lm_out.logits[:, :-1].double().log_softmax(-1)
     lm_nll = -lm_logp.gather(-1, ids[:, 1:, None])[..., 0].mean()
     torch.testing.assert_close(lm_out.loss.double(), lm_nll, rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_config_with_the_old_label_smoothing_field_loads_with_a_note(tmp_path, caplog):
+    """Configs saved before the loss became plain cross entropy carry `label_smoothing`: they load, say where the
+    smoothing went, and are saved again without the field."""
+    tiny().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "label_smoothing": 0.1}))
+    with caplog.at_level(logging.WARNING):
+        loaded = ODETransformerConfig.from_pretrained(tmp_path)
+    assert "`label_smoothing`=0.1 is no longer used" in caplog.text
+    assert "label_smoothing_factor=0.1" in caplog.text
+    assert not hasattr(loaded, "label_smoothing")
+    loaded.save_pretrained(tmp_path / "again")
+    assert "label_smoothing" not in json.loads((tmp_path / "again" / "config.json").read_text())
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(device):
@@ -374,7 +375,6 @@ def test_causal_lm_cache_loss_and_auto_class(tmp_path, device):
         is_encoder_decoder=False,
         decoder_ode_method="rk2",
         decoder_ode_coefficients="gated",
-        label_smoothing=0.0,
     )
     model = causal_lm(config).to(device)
     ids = torch.randint(4, 99, (2, 10), device=device)
@@ -415,15 +415,31 @@ def test_bad_configs_raise_clear_errors(overrides, match):
         tiny(**overrides)
 
 
-def test_unknown_preset_and_too_long_input(device):
+def test_unknown_preset(device):
     with pytest.raises(ValueError, match="available presets"):
         ODETransformerConfig.from_preset("huge")
-    model = seq2seq().to(device)
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        model(
-            input_ids=torch.ones(1, 200, dtype=torch.long, device=device),
-            decoder_input_ids=torch.ones(1, 2, dtype=torch.long, device=device),
-        )
+
+
+def test_inputs_longer_than_the_trained_length_get_fairseqs_sinusoids(device):
+    """max_position_embeddings (128 here) is the trained length, not a bound: a 200-token source runs, and the
+    position added at p is fairseq's sin(p w_i) | cos(p w_i), w_i = 10000^(-i / (d/2 - 1)), computed here by hand
+    (with `position_offset`, p + offset). resize_position_embeddings, which HF's run_summarization.py calls for
+    --max_source_length 1024, records the new length: there are no weights to resize."""
+    model = seq2seq(position_offset=2).to(device).eval()
+    assert model.config.max_position_embeddings == 128
+    source = torch.randint(4, model.config.vocab_size, (1, 200), device=device)
+    with torch.no_grad():
+        out = model(input_ids=source, decoder_input_ids=source[:, :150]).logits
+    assert out.shape[:2] == (1, 150) and torch.isfinite(out).all()
+    half = model.config.d_model // 2
+    expected = torch.tensor(
+        [[f(p * 10000 ** (-i / (half - 1))) for f in (math.sin, math.cos) for i in range(half)]
+         for p in range(2, 202)]
+    )  # fmt: skip
+    zeros = torch.zeros(1, 200, model.config.d_model, device=device)
+    torch.testing.assert_close(model.get_encoder().embed(zeros).cpu(), expected[None], atol=1e-4, rtol=0)
+    model.resize_position_embeddings(1024)
+    assert model.config.max_position_embeddings == 1024
 
 
 STATIC_CASES = [

@@ -111,7 +111,10 @@ def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch,
     with pytest.raises(SystemExit) as exit_info:
         command()
     error = capsys.readouterr().err
-    assert exit_info.value.code == 2 and f"install `ode-transformer[{extra}]`" in error
+    assert (
+        exit_info.value.code == 2
+        and f"install the [{extra}] extra (pip install '.[{extra}]' in a clone" in error
+    )
     assert "rouge_score" in error and error.count("\n") == 1
 
 
@@ -124,7 +127,10 @@ def test_a_missing_extra_imported_inside_main_is_named_too(monkeypatch, capsys):
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: SimpleNamespace(main=main))
     with pytest.raises(SystemExit) as exit_info:
         cli.train()
-    assert exit_info.value.code == 2 and "install `ode-transformer[train]`" in capsys.readouterr().err
+    assert (
+        exit_info.value.code == 2
+        and "install the [train] extra (pip install '.[train]'" in capsys.readouterr().err
+    )
 
 
 def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):
@@ -222,3 +228,24 @@ def test_the_oldest_constraints_are_the_floors_of_pyproject():
         floors,
     )
     assert set(floors) - set(pins) == {"torch"}  # torch: the machine's CPU (or CUDA) build, installed first
+
+
+def test_install_lines_name_a_clone_or_a_built_wheel_never_pypi():
+    """The package is not on PyPI: no document, model-card template or error message says `pip install
+    ode-transformer`; they say `pip install .` in a clone or a built wheel, and the wheel the README names is the
+    one `python -m build` writes from pyproject's name and version."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wheel = f"dist/{project['name'].replace('-', '_')}-{project['version']}-py3-none-any.whl"
+    readme = (REPO / "README.md").read_text()
+    assert wheel in readme and "pip install ." in readme and "python -m build" in readme
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    texts += [
+        path for folder in ("hub", "train", "ode_transformer") for path in (REPO / folder).rglob("*.py")
+    ]
+    pypi = re.compile(r"pip install ['\"]?ode-transformer")
+    assert [str(path) for path in texts if pypi.search(path.read_text(encoding="utf-8"))] == []
+    assert cli.install_command("hub") == (
+        "pip install '.[hub]' in a clone of ode-transformer, or pip install 'ode_transformer-*.whl[hub]'"
+    )

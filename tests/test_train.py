@@ -13,8 +13,10 @@ import torch
 from datasets import Dataset
 from package_free import run_package_free
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, pipeline
+from tiny_folder import save_tiny_folder
+from transformers import AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments, pipeline
 
+from hub.model_card import write_model_card
 from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
@@ -212,7 +214,11 @@ def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_fil
     ]))  # fmt: skip
     assert document["results"] == trained["results"]
     assert document["decoding"] == trained["decoding"]  # the saved generation config's beam 2
-    assert "training" not in document and document["dataset"]["id"] == f"{src},{ref}"
+    assert "training" not in document and document["dataset"]["id"] == "local"  # never a local path
+    card_folder = tmp_path.parent / f"{tmp_path.name}-card"
+    shutil.copytree(output_dir, card_folder)
+    card = write_model_card(card_folder, document).read_text(encoding="utf-8")
+    assert "local data" in card and str(src.parent) not in card and str(tmp_path) not in card
     hyps = (tmp_path / "test_hypotheses.txt").read_text(encoding="utf-8")
     assert hyps == (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8")
     # the training run scored the first 16 rows of Multi30k's test split (--max_test_samples 16); this one, all of
@@ -272,7 +278,7 @@ def test_lm_ptb_perplexity(tmp_path):
     values = check_outputs(tmp_path, document, n_hyps=None)
     assert 1 < values["Subword perplexity"] < 400 * 1.5  # below a uniform guess over the vocabulary
     assert values["Word perplexity"] > values["Subword perplexity"]
-    assert json.loads((tmp_path / "config.json").read_text())["label_smoothing"] == 0.0
+    assert "label_smoothing" not in json.loads((tmp_path / "config.json").read_text())  # the Trainer's now
 
     # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and train.translate.
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
@@ -592,15 +598,58 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
-def test_one_label_smoothing_flag():
-    model_args, _, _, training_args = parse_arguments(
-        ["--label_smoothing_factor", "0.2", "--use_cpu", "true"]
-    )
-    assert (model_args.label_smoothing, training_args.label_smoothing_factor) == (0.2, 0.0)  # smoothed once
-    with pytest.raises(ValueError, match="give only --label_smoothing"):
-        parse_arguments(["--label_smoothing", "0.1", "--label_smoothing_factor", "0.2", "--use_cpu", "true"])
+def test_label_smoothing_is_the_trainers_flag_with_the_papers_default():
+    """The model returns plain cross entropy; `--label_smoothing_factor` (transformers' flag) smooths it: the
+    paper's 0.1 by default, 0 for a language model, whatever is given (0 included) otherwise. A smoothed causal LM
+    is refused: transformers' label smoother would not shift its labels."""
+    factor = lambda *flags: parse_arguments([*flags, "--use_cpu", "true"])[3].label_smoothing_factor  # noqa: E731
+    assert factor() == 0.1 and factor("--task", "lm") == 0.0
+    assert factor("--label_smoothing_factor", "0.2") == 0.2 and factor("--label_smoothing_factor", "0") == 0.0
+    assert factor(str(RECIPES / "multi30k_en_de_cpu.yaml")) == 0.1
+    with pytest.raises(ValueError, match="--label_smoothing_factor 0.1 with --task lm: .* would not shift"):
+        factor("--task", "lm", "--label_smoothing_factor", "0.1")
     with pytest.raises(ValueError, match="must come first"):
         parse_arguments(["--use_cpu", "true", str(RECIPES / "multi30k_en_de_cpu.yaml")])
+
+
+def test_a_smoothed_training_step_gives_the_loss_and_gradients_of_the_former_in_model_smoothing(tmp_path):
+    """One training step through Seq2SeqTrainer with label_smoothing_factor 0.1 (the collator adds the decoder
+    inputs, since the label smoother takes the labels away) gives the loss and the gradients of the loss the model
+    used to compute itself: torch's label-smoothed cross entropy (0.1) over the non-padding targets."""
+    model, tokenizer = save_tiny_folder(
+        tmp_path / "model", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0
+    )
+    model.train()
+    collator = PadCollator(tokenizer, model=model)
+    features = [
+        {"input_ids": tokenizer(src)["input_ids"], "labels": tokenizer(tgt)["input_ids"]}
+        for src, tgt in [
+            ("a man rides a bike", "ein mann fährt rad"),
+            ("two dogs", "zwei hunde spielen im schnee"),
+        ]
+    ]
+    batch = collator(features)
+    args = Seq2SeqTrainingArguments(
+        tmp_path / "out", label_smoothing_factor=0.1, use_cpu=True, report_to="none"
+    )
+    trainer = Seq2SeqTrainer(model=model, args=args, data_collator=collator)
+    loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=(batch["labels"] != -100).sum())
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+    ).logits
+    before = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        batch["labels"].reshape(-1),
+        ignore_index=-100,
+        label_smoothing=0.1,
+    )
+    before.backward()
+    torch.testing.assert_close(loss, before)
+    for grad, parameter in zip(grads, model.parameters()):
+        torch.testing.assert_close(grad, parameter.grad)
 
 
 def test_recipe_card_shows_the_actual_shape():
@@ -612,18 +661,34 @@ def test_recipe_card_shows_the_actual_shape():
     assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)
 
 
-def test_card_names_the_test_file_it_was_scored_on():
-    """A --test_file wins over the training corpus (--dataset) in the card's `dataset`, as it does in the run."""
+def test_the_card_names_data_by_corpus_hub_id_or_dataset_name_never_by_a_local_path(tmp_path):
+    """A --test_file wins over the training corpus (--dataset) in the card's `dataset`, as it does in the run; local
+    files and folders are "local data" (ode-push would publish a path), unless --dataset_name names them."""
     common = ["--dataset", "multi30k", "--use_cpu", "true"]
-    _, data_args, _, _ = parse_arguments([*common, "--test_file", "my.en,my.de"])
+    files = f"{tmp_path}/my.en,{tmp_path}/my.de"
+    _, data_args, _, _ = parse_arguments([*common, "--test_file", files])
     assert dataset_card(data_args, "translation", None, rows=1000) == {
-        "name": "my.en,my.de",
-        "id": "my.en,my.de",
+        "name": "local data",
+        "id": "local",
         "split": "test",
         "rows": 1000,
     }
+    _, data_args, _, _ = parse_arguments(
+        [*common, "--test_file", files, "--dataset_name", "my-org/news-test"]
+    )
+    assert dataset_card(data_args, "translation", None, rows=9)["name"] == "my-org/news-test"
     _, data_args, _, _ = parse_arguments(common)
     assert dataset_card(data_args, "translation", None, rows=1000)["id"] == "bentrevett/multi30k"
+    for data in (["--train_file", files], ["--hub_dataset", str(tmp_path)]):  # a file, a local dataset folder
+        args = parse_arguments([*data, "--use_cpu", "true"])
+        config = ODETransformerConfig.from_preset("tiny")
+        assert training_card(args, {"global_step": 1}, config)["data"] == "local data"
+        assert training_card(args, {"global_step": 1}, config)["datasets"] == []
+        assert dataset_card(args[1], "translation", None, rows=5)["name"] == "local data"
+    args = parse_arguments(["--hub_dataset", "wmt/wmt14", "--use_cpu", "true"])
+    assert training_card(args, {"global_step": 1}, ODETransformerConfig.from_preset("tiny"))["datasets"] == [
+        "wmt/wmt14"
+    ]
 
 
 def test_card_names_a_test_slice_as_one():

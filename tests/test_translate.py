@@ -47,21 +47,22 @@ def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuatio
     """A causal LM continues the end of its prompt: an overlong prompt is cut at its start (after `<s>`), whatever
     the tokenizer's own truncation side, to the model's 128 positions less the new tokens, and generates what the
     model generates from exactly those ids; without max_new_tokens anywhere, transformers' default of 20 new tokens.
-    max_new_tokens 0 would generate nothing, 127 would leave the prompt no token: both refused."""
+    128 is the trained length, not a limit: 127 new tokens leave the prompt <s> and its last token. max_new_tokens 0
+    would generate nothing: refused."""
     model, tokenizer = save_tiny_folder(tmp_path, causal=True, weight_scale=3)
     tokenizer.truncation_side = "right"
     prompt = " ".join(f"w{i % 7} dog{i % 5}" for i in range(150))
     full = tokenizer(prompt)["input_ids"]
     assert full[0] == tokenizer.bos_token_id and len(full) > 128
     assert model.generation_config.max_new_tokens is None and model.generation_config.max_length is None
-    for new_tokens in (8, None):
-        kept = [tokenizer.bos_token_id, *full[-(128 - (new_tokens or 20) - 1) :]]
+    for new_tokens in (8, None, 127):
+        kept = [tokenizer.bos_token_id, *full[-max(128 - (new_tokens or 20) - 1, 1) :]]
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="train.translate"):
             (text,) = translate.generate_texts(
                 model, tokenizer, [prompt], max_new_tokens=new_tokens, num_beams=1
             )
-        assert f"1 input line(s) longer than {len(kept)} tokens were truncated (the model's limit, " \
+        assert f"1 input line(s) longer than {len(kept)} tokens were truncated (the model's trained length, " \
                f"max_position_embeddings 128 less max_new_tokens {new_tokens or 20})" in caplog.text  # fmt: skip
         with torch.no_grad():
             expected = model.generate(
@@ -69,19 +70,16 @@ def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuatio
             )
         assert text == tokenizer.decode(expected[0, len(kept) :], skip_special_tokens=True).strip() != ""
     assert tokenizer.truncation_side == "right"  # restored
-    for new_tokens in (0, 127):
-        with pytest.raises(
-            ValueError, match=f"^max_new_tokens {new_tokens}: a continuation takes 1 to 126 new"
-        ):
-            translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=new_tokens)
+    with pytest.raises(ValueError, match="^max_new_tokens 0: give a positive number"):
+        translate.generate_texts(model, tokenizer, [prompt], max_new_tokens=0)
 
 
 def test_api_input_mistakes_are_named(tmp_path):
     """generate_texts as a user calls it: a single string (which list() would split into characters), a
     non-string item, several returns per input (which would be matched to the wrong inputs), a batch size or
-    source length of 0 (silently one batch, or the default), and more new tokens than the decoder has positions
-    (which failed only when an output reached them, advising to truncate the input). An empty generator gives
-    no outputs, like an empty list."""
+    source length of 0 (silently one batch, or the default) or no new tokens. More new tokens than the model's
+    trained length (128) are no mistake: its positions have no limit. An empty generator gives no outputs, like an
+    empty list."""
     model, tokenizer = save_tiny_folder(tmp_path, weight_scale=3)
     cases = [
         (TypeError, "texts is one string", "the dog", {}),
@@ -90,14 +88,14 @@ def test_api_input_mistakes_are_named(tmp_path):
          {"num_beams": 2, "num_return_sequences": 2}),
         (ValueError, "batch_size 0: give a positive number", SOURCES, {"batch_size": 0}),
         (ValueError, "max_source_length 0: give a positive number", SOURCES, {"max_source_length": 0}),
-        (ValueError, "max_new_tokens 129: an output has at most 128 tokens", SOURCES, {"max_new_tokens": 129}),
+        (ValueError, "max_new_tokens 0: give a positive number", SOURCES, {"max_new_tokens": 0}),
     ]  # fmt: skip
     for error, message, texts, kwargs in cases:
         with pytest.raises(error, match=message):
             translate.generate_texts(model, tokenizer, texts, **kwargs)
     assert translate.generate_texts(model, tokenizer, (text for text in [])) == []
-    generated = translate.generate_texts(model, tokenizer, (text for text in SOURCES[:2]), max_new_tokens=128)
-    assert generated == translate.generate_texts(model, tokenizer, SOURCES[:2], max_new_tokens=128)
+    generated = translate.generate_texts(model, tokenizer, (text for text in SOURCES[:2]), max_new_tokens=140)
+    assert generated == translate.generate_texts(model, tokenizer, SOURCES[:2], max_new_tokens=140)
     if not torch.cuda.is_available():  # named, not torch's "Torch not compiled with CUDA enabled"
         with pytest.raises(ValueError, match="device cuda: this torch has no CUDA device"):
             translate.load_for_generation(str(tmp_path), device="cuda")

@@ -34,7 +34,8 @@ def save_tiny_folder(folder: Path, causal: bool = False, weight_scale: float = 1
             "tiny", vocab_size=len(tokenizer), decoder_start_token_id=2, **ids, **overrides
         )
         model = ODETransformerForConditionalGeneration(config)
-        model.generation_config.update(num_beams=2, length_penalty=0.6, early_stopping=True, max_new_tokens=8)
+        # max_length as train.run saves it (BART's convention: the start token + 8 tokens)
+        model.generation_config.update(num_beams=2, length_penalty=0.6, early_stopping=True, max_length=9)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(weight_scale)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
+from ode_transformer.cli import install_command
+from ode_transformer.wording import counted
 
 from .precision import PrecisionChoice, choose_precision
 
@@ -40,18 +42,31 @@ CORPUS_CARDS: dict[str, tuple[str, str]] = {
 CORPUS_LANGUAGES = {"cnndm": "en", "wi_locness": "en", "fce": "en", "ptb": "en"}
 
 
+LOCAL_DATA = ("local data", "local")  # the card's name and id of data given as local files
+
+
+def data_name(data_args: DataArguments) -> tuple[str, str]:
+    """(name, id) of the data for the card: ``--dataset_name``, else the shared corpus's card, else the Hub id.
+    Local files and folders are never named by their path (ode-push would publish it): "local data"."""
+    if data_args.dataset_name:
+        return data_args.dataset_name, data_args.dataset_name
+    if data_args.dataset:
+        first = data_args.dataset.split("+")[0]
+        return CORPUS_CARDS.get(first, (first, first))
+    if data_args.hub_dataset and not Path(data_args.hub_dataset).expanduser().exists():
+        return data_args.hub_dataset, data_args.hub_dataset
+    return LOCAL_DATA
+
+
 def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows: int) -> dict:
     """The ``dataset`` entry of the metrics JSON for the test split, of which ``rows`` were scored (the first
     ``--max_test_samples``, named ``test[:N]`` as a datasets slice, or all of it)."""
     if data_args.test_file:  # scored on the user's own file, whatever corpus trained the model
-        name = hub_id = data_args.test_file
+        name, hub_id = (data_args.dataset_name,) * 2 if data_args.dataset_name else LOCAL_DATA
     elif task == "gec" and m2_file:
         name, hub_id = CORPUS_CARDS["conll2013"]
-    elif data_args.dataset:
-        first = data_args.dataset.split("+")[0]
-        name, hub_id = CORPUS_CARDS.get(first, (first, first))
     else:
-        name = hub_id = data_args.hub_dataset or "local"
+        name, hub_id = data_name(data_args)
     sliced = data_args.max_test_samples is not None and rows == data_args.max_test_samples
     card = {"name": name, "id": hub_id, "split": f"test[:{rows}]" if sliced else "test", "rows": rows}
     if data_args.hub_config and not data_args.test_file:
@@ -68,7 +83,7 @@ SHAPE_FIELDS = (
 def model_shape(config: ODETransformerConfig) -> str:
     """The trained model's dimensions in words, e.g. ``3-3 layers, d_model 256, FFN 1024, 4 heads``."""
     if not config.is_encoder_decoder:
-        return f"{config.decoder_layers} layers, d_model {config.d_model}, FFN {config.decoder_ffn_dim}, {config.decoder_attention_heads} heads"
+        return f"{counted(config.decoder_layers, 'layer')}, d_model {config.d_model}, FFN {config.decoder_ffn_dim}, {config.decoder_attention_heads} heads"
     return (
         f"{config.encoder_layers}-{config.decoder_layers} layers, d_model {config.d_model}, "
         f"FFN {config.encoder_ffn_dim}/{config.decoder_ffn_dim}, "
@@ -77,10 +92,11 @@ def model_shape(config: ODETransformerConfig) -> str:
 
 
 def training_datasets(data_args: DataArguments) -> list[str]:
-    """Hub ids of the training data, for the card's ``datasets`` metadata (none for local files)."""
+    """Hub ids of the training data, for the card's ``datasets`` metadata (none for local files and folders)."""
     if data_args.dataset:
         return [CORPUS_CARDS[name][1] for name in data_args.dataset.split("+") if name in CORPUS_CARDS]
-    return [data_args.hub_dataset] if data_args.hub_dataset else []
+    name, hub_id = data_name(data_args)
+    return [hub_id] if data_args.hub_dataset and (name, hub_id) != LOCAL_DATA else []
 
 
 def card_language(data_args: DataArguments, task: str) -> list[str] | None:
@@ -106,7 +122,7 @@ def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig
     if not any(key in overrides for key in SHAPE_FIELDS):
         shape += f" (preset {model_args.preset})"
     return {
-        "data": data_args.dataset or data_args.hub_dataset or data_args.train_file,
+        "data": data_name(data_args)[0],
         "datasets": training_datasets(data_args),
         "recipe": {
             "model": shape,
@@ -171,7 +187,7 @@ def write_card(output_dir: str, document: dict) -> None:
         model_card = importlib.import_module(name)
     except ImportError as error:
         logger.warning(
-            "%s is not available (%s): no model card written; pip install 'ode-transformer[hub]'", name, error
+            "%s is not available (%s): no model card written; %s", name, error, install_command("hub")
         )
         return
     path = model_card.write_model_card(output_dir, document)

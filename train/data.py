@@ -416,6 +416,8 @@ SHARED_FOLDERS = {
     "fce": "gec/fce",
     "conll2013": "gec/conll2013",
     "ptb": "ptb",
+    "wmt": "wmt",
+    "jfleg": "gec/jfleg",
 }
 
 
@@ -424,8 +426,8 @@ def shared_folder(name: str, root: PathLike | None = None) -> Path:
     folder = data_root(root) / SHARED_FOLDERS[name]
     if not folder.is_dir():
         raise MissingCorpusError(
-            f"shared corpus {name!r} not found: no folder {folder}; pass --data_dir DIR "
-            f"(or set {DATA_DIR_ENV}=DIR) to the folder that holds {SHARED_FOLDERS[name]}/"
+            f"shared corpus {name!r} not found: no folder {folder}; pass --data_dir DIR (root=DIR in Python) "
+            f"or set {DATA_DIR_ENV}=DIR, DIR being the folder that holds {SHARED_FOLDERS[name]}/"
         )
     return folder
 
@@ -451,7 +453,7 @@ def multi30k(split: str, src: str = "en", tgt: str = "de", root: PathLike | None
             "test": "test_2016_flickr",
         },
     )
-    folder = data_root(root) / "multi30k"
+    folder = shared_folder("multi30k", root)
     return load_parallel_files(folder / f"{name}.{src}.gz", folder / f"{name}.{tgt}.gz")
 
 
@@ -473,7 +475,7 @@ def wmt_test(
         raise ValueError(
             f"no WMT {kind}{year} for {pair}; available: {sorted(_WMT_SETS)} (newsdev: en-ro 2016)"
         )
-    folder = data_root(root) / "wmt" / folder_pair
+    folder = shared_folder("wmt", root) / folder_pair
     return load_parallel_files(
         folder / f"{kind}{year}.{src}.gz", folder / f"{kind}{year}.{tgt}.gz", skip_empty=False
     )
@@ -490,7 +492,7 @@ def cnndm(split: str, root: PathLike | None = None) -> Dataset:
     name = _split_name(
         split, {"train": "train", "valid": "valid", "validation": "valid", "cased_val1000": "cased_val1000"}
     )
-    root_dir = data_root(root) / "summarization"
+    root_dir = shared_folder("cnndm", root)
     if name == "cased_val1000":
         folder = root_dir / "cnndm_cased_val1000"
         return _aligned_dataset(
@@ -515,7 +517,7 @@ def fce(split: str, root: PathLike | None = None) -> Dataset:
     are dropped with a warning.
     """
     name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev"})
-    folder = data_root(root) / "gec" / "fce"
+    folder = shared_folder("fce", root)
     return load_parallel_files(folder / f"fce.{name}.src.gz", folder / f"fce.{name}.tgt.gz")
 
 
@@ -527,7 +529,7 @@ def wi_locness(split: str, root: PathLike | None = None) -> Dataset:
     sentences deleted entirely) are dropped with a warning. ``validation`` = ``dev``.
     """
     name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev"})
-    folder = data_root(root) / "gec" / "wi_locness"
+    folder = shared_folder("wi_locness", root)
     return load_parallel_files(folder / f"{name}.src.gz", folder / f"{name}.tgt.gz")
 
 
@@ -535,7 +537,7 @@ def jfleg_dev(root: PathLike | None = None) -> Dataset:
     """JFLEG dev (754 tokenised sentences): ``source``, ``target`` (= reference 0) and
     ``references`` (the 4 fluency references, for GLEU). All lines kept, text verbatim
     (trailing spaces included)."""
-    folder = data_root(root) / "gec" / "jfleg"
+    folder = shared_folder("jfleg", root)
     refs = [f"ref{i}" for i in range(4)]
     dataset = _aligned_dataset(
         {"source": folder / "dev.src.gz", **{r: folder / f"dev.{r}.gz" for r in refs}}, skip_empty=False
@@ -567,7 +569,7 @@ def ptb(split: str, root: PathLike | None = None) -> Dataset:
     ``<unk>`` (10k vocabulary); the leading/trailing space of each original line is stripped.
     """
     name = _split_name(split, {"train": "train", "valid": "valid", "validation": "valid", "test": "test"})
-    path = data_root(root) / "ptb" / f"ptb.{name}.txt.gz"
+    path = shared_folder("ptb", root) / f"ptb.{name}.txt.gz"
     columns = _read_aligned({"text": path}, skip_empty=False)
     return Dataset.from_dict({"text": [line.strip() for line in columns["text"]]})
 

@@ -56,6 +56,7 @@ from transformers import (
 
 from modeling_ode import (
     PAPER_DECODING,
+    PAPER_LABEL_SMOOTHING,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
@@ -140,12 +141,6 @@ class ModelArguments:
     dropout: float | None = None
     attention_dropout: float | None = None
     activation_dropout: float | None = None
-    label_smoothing: float | None = field(
-        default=None,
-        metadata={
-            "help": "of the model's loss; default 0.1, 0 for --task lm (--label_smoothing_factor is read as this)"
-        },
-    )
     encoder_ode_method: str | None = field(default=None, metadata={"help": "euler, rk2, rk4, ..."})
     decoder_ode_method: str | None = None
     encoder_ode_coefficients: str | None = field(
@@ -190,7 +185,7 @@ class ModelArguments:
     def task_overrides(self, task: str) -> dict:
         """:meth:`overrides` with what a task fixes (``lm``: a decoder-only model without label smoothing)."""
         if task == "lm":
-            return {"is_encoder_decoder": False, "label_smoothing": 0.0, **self.overrides()}
+            return {"is_encoder_decoder": False, **self.overrides()}
         return self.overrides()
 
 
@@ -213,6 +208,13 @@ class DataArguments:
         },
     )
     hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the data's name on the model card (default: the shared corpus's, or the Hub id; local files "
+            "and folders are never named by their path)"
+        },
+    )
     hub_config: str | None = None
     source_lang: str | None = field(
         default=None, metadata={"help": "Hub dataset: language (or column) of the source"}
@@ -248,7 +250,7 @@ class DataArguments:
     max_target_length: int | None = field(
         default=None,
         metadata={
-            "help": "tokens per target and per hypothesis (default 256; a saved model's: its max_new_tokens)"
+            "help": "tokens per target and per hypothesis (default 256; a saved model's: its generation config's)"
         },
     )
     max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
@@ -469,7 +471,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         )
     if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
-    _one_label_smoothing(model_args, training_args)
+    _label_smoothing(run_args.task, training_args, argv, recipe)
     if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
         # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
         checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
@@ -518,16 +520,24 @@ def _check_max_train_tokens(data_args: DataArguments) -> None:
         )
 
 
+def target_length(generation: GenerationConfig) -> int | None:
+    """The most tokens an encoder-decoder's generation config lets an output have: ``max_length`` less the start
+    token (what this project saves, as BART does), or the ``max_new_tokens`` of folders saved before it."""
+    if generation.max_new_tokens is not None:
+        return generation.max_new_tokens
+    return generation.max_length - 1 if generation.max_length is not None else None
+
+
 def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast, saved_model: str) -> None:
     """The lengths a saved model was trained and decodes with, where the flags leave them unset: its tokenizer's
-    ``model_max_length`` (the source limit its run saved) and its generation config's ``max_new_tokens``, so that
+    ``model_max_length`` (the source limit its run saved) and its generation config's output length (:func:`target_length`), so that
     ``--do_train false`` scores the hypotheses ``train.translate`` writes."""
     if data_args.max_source_length is None:
         limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
         data_args.max_source_length = limit if limit < 1_000_000 else DEFAULT_LENGTH
     if data_args.max_target_length is None:
         try:
-            new_tokens = GenerationConfig.from_pretrained(saved_model).max_new_tokens
+            new_tokens = target_length(GenerationConfig.from_pretrained(saved_model))
         except OSError:  # a folder without generation_config.json
             new_tokens = None
         data_args.max_target_length = new_tokens or DEFAULT_LENGTH
@@ -556,18 +566,19 @@ def _refuse_to_delete_inputs(args: tuple) -> None:
         )
 
 
-def _one_label_smoothing(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> None:
-    """``--label_smoothing`` (the model's loss) is the one flag; transformers' ``--label_smoothing_factor`` is
-    read as it, so the loss is never smoothed twice."""
-    factor = training_args.label_smoothing_factor
-    if not factor:
-        return
-    if model_args.label_smoothing is not None and model_args.label_smoothing != factor:
+def _label_smoothing(
+    task: str, training_args: Seq2SeqTrainingArguments, argv: list[str], recipe: dict
+) -> None:
+    """The model returns plain cross entropy (as BART and Marian do); label smoothing is the Trainer's
+    ``--label_smoothing_factor``: by default the paper's 0.1, and 0 for ``--task lm``. transformers shifts the
+    labels of a smoothed loss only for its own causal LMs, so a smoothed ODE language model is refused."""
+    if not _given("label_smoothing_factor", argv, recipe):
+        training_args.label_smoothing_factor = 0.0 if task == "lm" else PAPER_LABEL_SMOOTHING
+    elif task == "lm" and training_args.label_smoothing_factor:
         raise ValueError(
-            f"--label_smoothing {model_args.label_smoothing} and --label_smoothing_factor {factor} disagree: "
-            "give only --label_smoothing (the model's loss)"
+            f"--label_smoothing_factor {training_args.label_smoothing_factor} with --task lm: transformers' label "
+            "smoother would not shift a causal LM's labels; leave it out (the paper's language models use none)"
         )
-    model_args.label_smoothing, training_args.label_smoothing_factor = factor, 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -830,7 +841,7 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     """Beam size and length penalty of the test decoding, written into ``model.generation_config``.
 
     ``--num_beams``/``--length_penalty`` if given, else a ``saved`` model's own, else the paper's for the task;
-    ``max_new_tokens`` is ``--max_target_length``.
+    ``max_length`` is ``--max_target_length`` + 1 (the start token and the target's tokens).
     """
     if run_args.task == "lm":
         return {}
@@ -848,7 +859,9 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
         "num_beams": run_args.num_beams or beams,
         "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
     }
-    generation.max_new_tokens = data_args.max_target_length
+    # BART's convention: max_length, which counts the decoder's start token, so that a user's max_length,
+    # generation_max_length or max_new_tokens each take effect (a saved max_new_tokens would override the first two)
+    generation.max_length, generation.max_new_tokens = data_args.max_target_length + 1, None
     generation.num_beams = decoding["num_beams"]
     if decoding["num_beams"] > 1:  # beam-only settings are refused by greedy generation configs
         generation.length_penalty = decoding["length_penalty"]
@@ -1207,7 +1220,8 @@ def _run(args: tuple) -> dict:
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
-    collator = PadCollator(tokenizer, word_dropout=data_args.word_dropout)
+    # with the model, the collator adds decoder_input_ids: the Trainer's label smoother takes the labels away
+    collator = PadCollator(tokenizer, model=model, word_dropout=data_args.word_dropout)
     trainer = _make_trainer(args, model, tokenizer, splits, collator)
     trainer.run_id = read_run_id(resume) if resume else None  # a resumed run continues the checkpoint's run
     train_metrics, final_state = _train(trainer, run_args, resume) if training_args.do_train else ({}, None)

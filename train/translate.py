@@ -4,7 +4,7 @@
     cat src.txt | python -m train.translate MODEL > hyp.txt
 
 ``MODEL`` is a folder written by ``train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
-from the folder's ``generation_config.json`` (the run's beam size, length penalty and ``max_new_tokens``);
+from the folder's ``generation_config.json`` (the run's beam size, length penalty and output length);
 flags override them. Inputs are batched by length (longest first) and written back in input order. A causal
 LM continues each line as a prompt and writes the continuation only; its prompts are padded on the left, which
 changes no output (positions come from the attention mask).
@@ -275,25 +275,16 @@ def generate_texts(
         raise TypeError(f"texts[{bad}] is {type(texts[bad]).__name__}, not a string: give a list of strings")
     if max_source_length is not None and max_source_length < 1:
         raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
+    # The model has no length limit (sinusoidal positions); max_position_embeddings is the length it was trained
+    # for, so inputs are cut to it by default, and a causal LM's prompt leaves room there for its continuation.
     positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
-    limit, model_limit = positions, f"the model's limit, max_position_embeddings {positions}"
-    new_tokens = kwargs.get("max_new_tokens")
-    if new_tokens is None:
-        new_tokens = model.generation_config.max_new_tokens
-    if not causal and new_tokens is not None and new_tokens > positions:  # refused now, not at that position
-        raise ValueError(
-            f"max_new_tokens {new_tokens}: an output has at most {positions} tokens, the model's "
-            f"max_position_embeddings; give --max_new_tokens {positions} or less"
-        )
+    limit, model_limit = positions, f"the model's trained length, max_position_embeddings {positions}"
+    if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
+        raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
     if causal:  # a prompt shares the positions with its continuation, counted in new tokens
-        new_tokens = DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
-        if not 1 <= new_tokens <= positions - 2:
-            raise ValueError(
-                f"max_new_tokens {new_tokens}: a continuation takes 1 to {positions - 2} new tokens in the model's "
-                f"{positions} positions (its prompt keeps <s> and a token at least); give another --max_new_tokens"
-            )
+        new_tokens = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
         kwargs["max_new_tokens"] = new_tokens
-        limit, model_limit = positions - new_tokens, f"{model_limit} less max_new_tokens {new_tokens}"
+        limit, model_limit = max(positions - new_tokens, 2), f"{model_limit} less max_new_tokens {new_tokens}"
     length = min(max_source_length if max_source_length is not None else tokenizer.model_max_length, limit)
     with tokenizer_sides(tokenizer, truncation="left" if causal else "right"):
         encoded = tokenizer(texts, truncation=True, max_length=length)

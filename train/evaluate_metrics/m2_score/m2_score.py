@@ -11,7 +11,7 @@ import evaluate
 
 try:  # the repository
     from train.metrics import m2_score, parse_m2
-except ImportError:  # pip install ode-transformer[train]
+except ImportError:  # the [train] extra
     from ode_transformer.train.metrics import m2_score, parse_m2
 
 _DESCRIPTION = """MaxMatch (M2) scorer (Dahlmeier & Ng, 2012) for grammatical error correction:
