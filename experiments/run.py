@@ -14,6 +14,10 @@ have changed since: a result is never overwritten or mixed in); a run that was i
 last complete checkpoint. Runs go seed by seed (all variants of seed 0 first), so an interrupted
 study has its first seed complete before the next one starts. ``--parallel N`` runs N at a time
 (``--threads`` intra-op threads each): independent runs side by side on one machine or one GPU.
+
+A study that fine-tunes trained models (``multi30k_upcycle``) starts each run from its seed's model
+(``--model_name_or_path``): the study's ``source`` folder, or ``--source PATH`` with ``{seed}`` for the seed; a run
+whose source is missing fails with that message and trains nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Run:
     variant: str
     depth: int
     seed: int
+    source: str | None = None  # --source: the study's source model template, if it fine-tunes one
 
     @property
     def id(self) -> str:
@@ -70,9 +75,16 @@ class Run:
         return work / self.study.name / self.size / self.id
 
 
-def plan(study: Study, size: str, seeds: list[int], variants: list[str], depths: list[int]) -> list[Run]:
+def plan(
+    study: Study,
+    size: str,
+    seeds: list[int],
+    variants: list[str],
+    depths: list[int],
+    source: str | None = None,
+) -> list[Run]:
     """All runs of a study, seed-major: every variant and depth of the first seed comes first."""
-    return [Run(study, size, v, d, s) for s in seeds for d in depths for v in variants]
+    return [Run(study, size, v, d, s, source) for s in seeds for d in depths for v in variants]
 
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
@@ -97,7 +109,7 @@ def has_checkpoint(folder: Path) -> bool:
 
 def run_flags(run: Run, overrides: dict[str, str]) -> dict[str, Any]:
     """The run's flags with ``--set`` overrides, which apply to every run of the invocation alike."""
-    return {**run.study.flags(run.variant, run.depth, run.seed, run.size), **overrides}
+    return {**run.study.flags(run.variant, run.depth, run.seed, run.size, run.source), **overrides}
 
 
 def train_command(run: Run, work: Path, device: str, overrides: dict[str, str]) -> list[str]:
@@ -272,7 +284,7 @@ def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[
     result = run.result_path(args.results)
     if not result.is_file():
         return None
-    return run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set)
+    return run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set, run.source)
 
 
 def execute(run: Run, args: argparse.Namespace) -> str:
@@ -286,6 +298,13 @@ def execute(run: Run, args: argparse.Namespace) -> str:
                 f"Remove {result} to run it with the study's flags now."
             )
         return f"skip {run.id} (result exists)"
+    start = run.study.source_path(run.seed, run.source)
+    # a relative source is the repository's, as train.run (run from there) reads it
+    if start is not None and not (REPO / start).is_dir():
+        return (
+            f"FAILED {run.id}: no source model {start} to start from; train it first (the study's source: "
+            f"{run.study.source}) or pass --source PATH_WITH_{{seed}}"
+        )
     out = run.work_dir(args.work_dir)
     argv = train_command(run, args.work_dir, args.device, args.set)
     flags = run_flags(run, args.set)
@@ -349,6 +368,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a train.run flag in every run (smoke tests; recorded in each result's flags)",
     )
+    parser.add_argument(
+        "--source",
+        metavar="PATH",
+        help="studies that fine-tune trained models (multi30k_upcycle): the model folder each run starts from, "
+        "{seed} standing for the run's seed (default: the study's own, under runs/experiments/)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.set):
@@ -362,6 +387,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.size not in study.sizes:
         parser.error(f"study {study.name!r} has sizes {', '.join(study.sizes)}, not {args.size!r}")
+    if args.source is not None and study.source is None:
+        parser.error(
+            f"study {study.name!r} trains from scratch: --source is for studies that fine-tune a model"
+        )
     from train.data import data_root
 
     args.data_root = data_root(args.data_root).resolve()
@@ -378,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds or list(study.seeds),
         args.only or list(study.variants),
         args.depths or list(study.depths),
+        args.source,
     )
     if args.dry_run:
         for run in runs:

@@ -69,6 +69,17 @@ class Study:
     # CoNLL-2013): recorded with checksums in every result.
     test_corpora: tuple[str, ...] = ()
     extra_tests: tuple[ExtraTest, ...] = ()
+    # A study that fine-tunes trained models: the folder each run starts from (``--model_name_or_path``), relative
+    # to the repository root, ``{seed}`` standing for the run's seed; ``experiments.run --source`` gives another.
+    source: str | None = None
+
+    def source_path(self, seed: int, source: str | None = None) -> str | None:
+        """The model folder a run of ``seed`` starts from: ``source`` (else the study's own) with the seed filled in;
+        None for a study that trains from scratch."""
+        template = source or self.source
+        if template is not None and self.source is None:
+            raise ValueError(f"study {self.name!r} trains from scratch: it takes no source model")
+        return None if template is None else template.format(seed=seed)
 
     def baseline_of(self, variant: str) -> str:
         """The variant a gap is measured against: variants named ``BLOCK.FACTOR`` compare with the
@@ -84,27 +95,31 @@ class Study:
             else next(v for v in self.variants if v.startswith(f"{self.baseline}."))
         )
 
-    def flags(self, variant: str, depth: int, seed: int, size: str) -> Flags:
-        """The ``train.run`` flags of one run (later entries override earlier ones)."""
+    def flags(self, variant: str, depth: int, seed: int, size: str, source: str | None = None) -> Flags:
+        """The ``train.run`` flags of one run (later entries override earlier ones); a study with a source model
+        starts each run from it (``source_path``)."""
         if size not in self.sizes:
             raise ValueError(f"study {self.name!r} has no size {size!r}; sizes: {', '.join(self.sizes)}")
         depth_flags = dict.fromkeys(self.depth_flags, depth)
+        start = self.source_path(seed, source)
         return {
             **self.common,
             **self.sizes[size],
             **self.variants[variant].flags,
             **depth_flags,
+            **({"model_name_or_path": start} if start is not None else {}),
             "seed": seed,
         }
 
     def flag_changes(
-        self, result: dict[str, Any], overrides: Flags | None = None
+        self, result: dict[str, Any], overrides: Flags | None = None, source: str | None = None
     ) -> dict[str, tuple[Any, Any]]:
         """What a recorded run's flags would be now: ``{flag: (recorded, now)}`` for every flag whose value in
-        ``result`` differs from what this study (with ``overrides``, as ``--set`` gives them) sets for that run;
-        None where a side lacks the flag. Compared as text, the way the command line passes them."""
+        ``result`` differs from what this study (with ``overrides``, as ``--set`` gives them, and ``source``, as
+        ``--source`` does) sets for that run; None where a side lacks the flag. Compared as text, the way the command
+        line passes them."""
         now = {
-            **self.flags(result["variant"], result["depth"], result["seed"], result["size"]),
+            **self.flags(result["variant"], result["depth"], result["seed"], result["size"], source),
             **(overrides or {}),
         }
         recorded = result["flags"]
@@ -465,6 +480,51 @@ MULTI30K_PAIRED = Study(
 )
 
 # --------------------------------------------------------------------------------------------
+# multi30k_upcycle (issue 45, beyond the paper): the trained residual models of `multi30k_paired` (3-layer encoder,
+# seeds 0-2), converted to RK2 and RK4 encoder blocks that start as the residual blocks (learnable coefficients at
+# (1, 0, ...): the same function, exactly), fine-tuned for the same updates as the residual model itself. Each run
+# starts from its seed's residual model, so every variant pairs with `residual_ft` by seed; the from-scratch rows
+# (residual, rk2, rk4 of `multi30k_paired`, 1,500 updates) are the reference for what the extra updates buy.
+# The fine-tuning schedule is fresh (Adam's state is not in the saved model): a constant learning rate after a short
+# warm-up, about the source schedule's last rate (2e-3 * sqrt(300 / 1500) = 8.9e-4) halved.
+
+UPCYCLE_FINETUNE: Flags = {
+    "upcycle": True, "encoder_ode_coefficients": "learnable", "ode_coefficients_init": "euler",
+}  # fmt: skip
+MULTI30K_UPCYCLE = Study(
+    name="multi30k_upcycle",
+    description="Multi30k En-De: each seed's trained residual model of multi30k_paired (3-layer encoder) fine-tuned "
+    "N more updates as it is, or converted to RK2 / RK4 encoder blocks that start as its residual blocks "
+    "(learnable gamma from (1, 0, ...)) and fine-tuned as long; test2016, beam 4, last 5 checkpoints averaged. "
+    "Reference: the from-scratch rows of multi30k_paired.",
+    common={
+        **{k: v for k, v in MULTI30K_COMMON.items() if k not in ("preset", "vocab_size")},
+        "max_tokens": 2048,
+        "save_steps": 100,
+        "learning_rate": 4e-4,
+        "lr_scheduler_type": "constant_with_warmup",
+        "warmup_steps": 50,
+    },  # fmt: skip
+    sizes={"cpu": {"max_steps": 500, "use_cpu": True, "precision": "auto"}},
+    variants={
+        "residual_ft": Variant("Residual, fine-tuned N updates", {}),
+        "rk2_up": Variant(
+            "RK2-block upcycled from residual (learnable gamma from (1, 0))",
+            {**UPCYCLE_FINETUNE, "encoder_ode_method": "rk2"},
+        ),
+        "rk4_up": Variant(
+            "RK4-block upcycled from residual (learnable gamma from (1, 0, 0, 0))",
+            {**UPCYCLE_FINETUNE, "encoder_ode_method": "rk4"},
+        ),
+    },
+    depth_flags=(),  # the depth is the source's (3-layer encoder and decoder); a label here
+    depths=(3,),
+    metrics=(Metric("BLEU"), Metric("chrF")),
+    baseline="residual_ft",
+    source="runs/experiments/multi30k_paired/cpu/residual-3-seed{seed}",
+)
+
+# --------------------------------------------------------------------------------------------
 # ablations on the Multi30k setting: Table "scale_function", Figure "components", Table "comparison"
 
 ABLATION_VARIANTS: dict[str, Variant] = {
@@ -589,5 +649,6 @@ CNNDM = Study(
 
 STUDIES: dict[str, Study] = {
     study.name: study
-    for study in (PTB, PTB_PILOT, PTB_LONG, PTB_PAPER, MULTI30K, MULTI30K_PAIRED, ABLATIONS, GEC, CNNDM)
+    for study in (PTB, PTB_PILOT, PTB_LONG, PTB_PAPER, MULTI30K, MULTI30K_PAIRED, MULTI30K_UPCYCLE)
+    + (ABLATIONS, GEC, CNNDM)
 }

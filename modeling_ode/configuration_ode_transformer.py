@@ -18,6 +18,7 @@ from .ode import (
     LAYER_CONNECTIONS,
     ODE_FUNCTIONS,
     ButcherTableau,
+    CoefficientInitName,
     CoefficientModeName,
     CoefficientScopeName,
     EmaAlphaSizeName,
@@ -26,8 +27,8 @@ from .ode import (
     LayerConnectionName,
     ODEFunctionName,
     ODEMethodName,
+    gate_start_logits,
     resolve_tableau,
-    tableau_gate_logits,
 )
 
 logger = logging.get_logger(__name__)
@@ -188,7 +189,11 @@ class ODETransformerConfig(PreTrainedConfig):
     - `ode_gate_inputs`: what the gate of the gated coefficient modes reads, one of `GATE_INPUTS`: the raw stages
       (Eq. (learnable), the default) or the stages layer-normalised (beyond the paper); on every gated side.
     - `ode_gate_init`: how a gate starts, one of `GATE_INITS`: xavier-uniform like every linear layer (the
-      default), or W = 0 with the bias that gives the method's tableau weights (RK2: g = 1/2; beyond the paper).
+      default), or W = 0 with the bias that gives the method's tableau weights (RK2: g = 1/2; beyond the paper),
+      or within `EULER_GATE_EPSILON` of the residual block y + F1 (`euler`; beyond the paper).
+    - `ode_coefficients_init`: how `learnable` coefficients start, one of `COEFFICIENT_INITS`: ones (the paper),
+      the method's b, or Euler's (1, 0, ..., 0), which makes every block the residual block y + F1 exactly (for a
+      residual model converted to RK blocks, `ODETransformerForConditionalGeneration.from_residual`).
     - `ode_checkpoint_stages`: in training, recompute stages 2..s of every ODE block in the backward pass
       (`torch.utils.checkpoint`) instead of storing their activations: peak memory close to the residual
       model's, for one extra forward of those stages.
@@ -247,6 +252,7 @@ class ODETransformerConfig(PreTrainedConfig):
     ode_ema_alpha: EmaAlphaSizeName = "scalar"
     ode_gate_inputs: GateInputName = "stages"
     ode_gate_init: GateInitName = "xavier"
+    ode_coefficients_init: CoefficientInitName = "ones"
     ode_checkpoint_stages: bool = False
     encoder_layer_connections: LayerConnectionName = "learnable_dense"
     decoder_layer_connections: LayerConnectionName = "learnable_dense"
@@ -354,22 +360,41 @@ class ODETransformerConfig(PreTrainedConfig):
             )
 
     def _check_gate_inputs(self) -> None:
-        """A gate input or start other than the default needs a gate: refused where it would change nothing."""
+        """A gate input or start other than the default needs a gate, and a coefficient start learnable
+        coefficients: refused where it would change nothing."""
         sides = ("encoder", "decoder") if self.is_encoder_decoder else ("decoder",)
         gated = [side for side in sides if getattr(self, f"{side}_ode_coefficients") in GATED_MODES]
-        for field, default, effect in (
-            ("ode_gate_inputs", "stages", "changes what a gate reads"),
-            ("ode_gate_init", "xavier", "sets how a gate starts"),
+        learnable = [side for side in sides if getattr(self, f"{side}_ode_coefficients") == "learnable"]
+        for field, default, effect, owners, needed in (
+            ("ode_gate_inputs", "stages", "changes what a gate reads", gated, "gated"),
+            ("ode_gate_init", "xavier", "sets how a gate starts", gated, "gated"),
+            (
+                "ode_coefficients_init",
+                "ones",
+                "sets how learnable coefficients start",
+                learnable,
+                "learnable",
+            ),
         ):
             value = getattr(self, field)
-            if value != default and not gated:
+            if value != default and not owners:
+                what = "a gate" if needed == "gated" else "learnable coefficients"
                 raise ValueError(
-                    f"`{field}`={value!r} {effect}, but no ODE block of this model has a gate; use gated "
-                    f"coefficients (e.g. `{sides[0]}_ode_coefficients='gated'`) or `{field}='{default}'`."
+                    f"`{field}`={value!r} {effect}, but no ODE block of this model has {what}; use {needed} "
+                    f"coefficients (e.g. `{sides[0]}_ode_coefficients='{needed}'`) or `{field}='{default}'`."
                 )
-        if self.ode_gate_init == "tableau":
-            for side in gated:  # the tableau's weights must be a gate output (softmax: all positive)
-                tableau_gate_logits(getattr(self, f"{side}_ode_coefficients"), self.tableau(side).b)
+        if self.ode_gate_init != "xavier":
+            for side in gated:  # the start's weights must be a gate output (softmax: all positive)
+                gate_start_logits(
+                    getattr(self, f"{side}_ode_coefficients"), self.ode_gate_init, self.tableau(side)
+                )
+        for field in ("ode_gate_init", "ode_coefficients_init"):
+            if getattr(self, field) == "euler" and self.ode_function_includes_residual:
+                raise ValueError(
+                    f"`{field}`='euler' starts blocks as y + F1, the residual block only in the paper's reading of F: "
+                    "with `ode_function_includes_residual=True` F1 = y + G(y) already holds y, so y + F1 = 2y + G(y); "
+                    "use `ode_function_includes_residual=False`."
+                )
 
     def tableau(self, side: str) -> ButcherTableau:
         """The ButcherTableau of the `encoder` or `decoder` ODE blocks."""

@@ -8,6 +8,7 @@ to `ode_step`. Optional outputs (hidden states, attentions, ODE stages) are reco
 `capture_outputs` hooks, as in BART.
 """
 
+import importlib
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, _active_collector, capture_outputs
 
 from .configuration_ode_transformer import ODETransformerConfig
-from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step
+from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step, start_weights
 
 __all__ = [
     "ODETransformerPreTrainedModel",
@@ -969,9 +970,9 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         """fairseq init: xavier-uniform linears (gates too, unless `ode_gate_init`) with zero bias, N(0, d^-0.5)
         embeddings with a zero padding row."""
         std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
-        if isinstance(module, StageGate) and self.config.ode_gate_init == "tableau":
-            init.zeros_(module.weight)  # gamma = the tableau's b on every token (GATE_INITS)
-            init.copy_(module.bias, module.bias.new_tensor(module.tableau_logits()))
+        if isinstance(module, StageGate) and self.config.ode_gate_init != "xavier":
+            init.zeros_(module.weight)  # the same gamma on every token (GATE_INITS)
+            init.copy_(module.bias, module.bias.new_tensor(module.start_logits(self.config.ode_gate_init)))
         elif isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
@@ -988,7 +989,8 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
                 if table is not None:
                     init.xavier_uniform_(table)
         elif isinstance(module, StageCoefficients) and module.mode == "learnable":
-            init.ones_(module.weight)
+            weights = start_weights(self.config.ode_coefficients_init, module.tableau)  # COEFFICIENT_INITS
+            init.copy_(module.weight, module.weight.new_tensor(weights))
         elif isinstance(module, StageCoefficients) and module.mode == "ema":
             init.constant_(module.alpha, 0.5)
         elif isinstance(module, LayerConnections):
@@ -1418,6 +1420,19 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
 
     def get_decoder(self, *args, **kwargs) -> ODETransformerDecoder:
         return self.model.decoder
+
+    @classmethod
+    def from_residual(
+        cls, pretrained_model_name_or_path: str | os.PathLike | PreTrainedModel, **kwargs
+    ) -> "ODETransformerForConditionalGeneration":
+        """A pretrained pre-norm residual seq2seq model (M2M100 / NLLB-200, or a residual ODE Transformer; a folder,
+        Hub id or model) converted exactly onto ODE blocks, e.g. `from_residual("facebook/nllb-200-distilled-600M",
+        encoder_ode_method="rk2")`: Runge-Kutta blocks that start as the residual block. Arguments, supported and
+        refused classes: `modeling_ode.conversion.from_residual`."""
+        # imported by name, not `from .conversion import`: save_pretrained copies a modeling file's relative imports
+        # into every model folder, and the conversion is no part of a saved model
+        conversion = importlib.import_module(".conversion", __package__)
+        return conversion.from_residual(pretrained_model_name_or_path, **kwargs)
 
     @can_return_tuple
     def forward(

@@ -15,9 +15,10 @@ function F, and is used by the encoder, the decoder and the causal LM alike.
 
 The catalogue lives here, on the data, once: every named method (`ODE_METHODS`), coefficient mode
 (`COEFFICIENT_MODES`), choice of F (`ODE_FUNCTIONS`), layer connection (`LAYER_CONNECTIONS`), coefficient
-scope (`COEFFICIENT_SCOPES`), size of an EMA coefficient (`EMA_ALPHA_SIZES`), input of a gate (`GATE_INPUTS`)
-and start of a gate (`GATE_INITS`) carries its equation and a one-line description. The config validates against
-these tables, and the model card and the README's config table are written from (or tested against) them.
+scope (`COEFFICIENT_SCOPES`), size of an EMA coefficient (`EMA_ALPHA_SIZES`), input of a gate (`GATE_INPUTS`),
+start of a gate (`GATE_INITS`) and start of learnable coefficients (`COEFFICIENT_INITS`) carries its equation
+and a one-line description. The config validates against these tables, and the model card and the README's config
+table are written from (or tested against) them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "CoefficientInitName",
     "CoefficientModeName",
     "CoefficientScopeName",
     "EmaAlphaSizeName",
@@ -39,9 +41,11 @@ __all__ = [
     "LayerConnectionName",
     "ODEFunctionName",
     "ODEMethodName",
+    "COEFFICIENT_INITS",
     "COEFFICIENT_MODES",
     "COEFFICIENT_SCOPES",
     "EMA_ALPHA_SIZES",
+    "EULER_GATE_EPSILON",
     "GATED_MODES",
     "GATE_INITS",
     "GATE_INPUTS",
@@ -53,8 +57,11 @@ __all__ = [
     "ODEStageRecorder",
     "StageCoefficients",
     "StageGate",
+    "euler_weights",
+    "gate_start_logits",
     "ode_step",
     "resolve_tableau",
+    "start_weights",
     "tableau_gate_logits",
 ]
 
@@ -336,15 +343,65 @@ GATE_INPUTS: dict[GateInputName, str] = {
 
 # How a gate starts. Beyond the paper: its W meets stage norms that grow to 24-147 in our trained models, so a
 # xavier-initialised gate is saturated within a few hundred updates (results/README.md); "tableau" starts every
-# gated block as its method's fixed tableau (RK2: g = 1/2), from which the gate learns.
-GateInitName = Literal["xavier", "tableau"]
+# gated block as its method's fixed tableau (RK2: g = 1/2), from which the gate learns. "euler" starts it as close to
+# the residual block y + F1 as a gate can be (a finite logit never gives a weight of exactly 1 or 0): for a residual
+# model converted to RK blocks (`ODETransformerForConditionalGeneration.from_residual`).
+GateInitName = Literal["xavier", "tableau", "euler"]
 GATE_INITS: dict[GateInitName, str] = {
     "xavier": "W xavier-uniform and b = 0, like every linear layer (fairseq, the authors' code)",
     "tableau": (
         "W = 0 and b chosen so that the gate gives the method's tableau weights gamma_i = b_i on every token "
         "(RK2: g = 1/2), so each gated block starts as its fixed-coefficient block (beyond the paper)"
     ),
+    "euler": (
+        "W = 0 and b chosen so that the gate gives gamma = (1 - eps, eps / (s - 1), ...) on every token, "
+        "eps = EULER_GATE_EPSILON: each gated block starts within eps of the residual block y + F1 (RK2: "
+        "b = log((1 - eps) / eps); beyond the paper)"
+    ),
 }
+# How far from (1, 0, ..., 0) an "euler" gate starts. A sigmoid/softmax gate reaches 1 only at an infinite logit, and
+# its gradient is g (1 - g) ~ eps: 1e-4 (RK2 bias log(9999) = 9.21) keeps the gradient above Adam's eps of 1e-8 for
+# loss gradients down to ~1e-4, while the start is within ~1e-4 relative of the residual model's logits
+# (docs/model.md#upcycling-a-residual-model gives the measured differences).
+EULER_GATE_EPSILON = 1e-4
+
+# How learnable scalar coefficients (`learnable`) start. The paper's are 1 ("learnable gamma_i = 1"); "euler" is
+# Euler's weights (1, 0, ..., 0), so every block starts as the residual block y + F1, exactly (0 * F_i adds nothing):
+# a residual model converted to RK blocks computes its own function until training moves gamma.
+CoefficientInitName = Literal["ones", "tableau", "euler"]
+COEFFICIENT_INITS: dict[CoefficientInitName, str] = {
+    "ones": 'gamma_i = 1 ("learnable gamma_i = 1", the paper)',
+    "tableau": "gamma = b, the method's own weights (RK2: 1/2, 1/2), which training then moves",
+    "euler": (
+        "gamma = (1, 0, ..., 0), Euler's weights: each block starts as the residual block y + F1, exactly "
+        "(beyond the paper)"
+    ),
+}
+
+
+def euler_weights(num_stages: int) -> tuple[float, ...]:
+    """Euler's weights on an s-stage method: the one-stage Euler tableau's b on the first stage, 0 on the rest."""
+    euler = ODE_METHODS["euler"].b
+    return euler + (0.0,) * (num_stages - len(euler))
+
+
+def start_weights(init: str, tableau: ButcherTableau) -> tuple[float, ...]:
+    """The gamma that `learnable` coefficients start from (`COEFFICIENT_INITS`)."""
+    starts = {
+        "ones": (1.0,) * tableau.num_stages,
+        "tableau": tableau.b,
+        "euler": euler_weights(tableau.num_stages),
+    }
+    return starts[init]
+
+
+def gate_start_logits(mode: str, init: str, tableau: ButcherTableau) -> list[float]:
+    """The bias (with W = 0) of a gate that starts as `init` (`GATE_INITS`, not xavier): the tableau's b, or
+    Euler's weights moved eps into the gate's range, (1 - eps, eps / (s - 1), ...)."""
+    if init == "tableau":
+        return tableau_gate_logits(mode, tableau.b)
+    rest = tableau.num_stages - 1
+    return tableau_gate_logits(mode, (1.0 - EULER_GATE_EPSILON, *(EULER_GATE_EPSILON / rest,) * rest))
 
 
 def tableau_gate_logits(mode: str, weights: Sequence[float]) -> list[float]:
@@ -429,7 +486,7 @@ class StageCoefficients(nn.Module):
             self.alpha = nn.Parameter(torch.full((hidden_size,) if alpha_size == "dimension" else (), 0.5))
         elif mode in GATED_MODES:
             num_logits = num_stages - 1 if mode == "gated" else num_stages
-            self.gate = StageGate(num_stages * hidden_size, num_logits, mode, tableau.b)
+            self.gate = StageGate(num_stages * hidden_size, num_logits, mode, tableau)
         self.recorder = ODEStageRecorder()
 
     def forward(self, y: torch.Tensor, stages: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -484,16 +541,16 @@ class StageCoefficients(nn.Module):
 
 
 class StageGate(nn.Linear):
-    """The linear layer of a gate, [F1..Fs] -> logits; it knows the logits that reproduce its method's tableau,
-    for ``ode_gate_init='tableau'`` (`GATE_INITS`)."""
+    """The linear layer of a gate, [F1..Fs] -> logits; it knows the logits of its starts other than xavier
+    (``ode_gate_init``, `GATE_INITS`)."""
 
-    def __init__(self, in_features: int, num_logits: int, mode: str, weights: Sequence[float]):
+    def __init__(self, in_features: int, num_logits: int, mode: str, tableau: ButcherTableau):
         super().__init__(in_features, num_logits)
         self.mode = mode
-        self.tableau_weights = tuple(weights)
+        self.tableau = tableau
 
-    def tableau_logits(self) -> list[float]:
-        return tableau_gate_logits(self.mode, self.tableau_weights)
+    def start_logits(self, init: str) -> list[float]:
+        return gate_start_logits(self.mode, init, self.tableau)
 
 
 def ode_step(

@@ -12,6 +12,7 @@ import torch
 from experiments import report as report_module
 from experiments import run as runner
 from experiments.studies import STUDIES, run_id
+from tests.tiny_folder import save_tiny_folder
 from train.files import read_lines
 from train.metrics import gleu_score
 
@@ -42,12 +43,18 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
     study = STUDIES[study_name]
     variants, depth = smallest(study_name)
     args = tiny_args(tmp_path, study_name, variants) + ["--depths", str(depth)]
+    source = None
+    # a study that fine-tunes: its source is a tiny random residual model of the study's depth
+    if study.source:
+        source = str(tmp_path / "source-seed{seed}")
+        save_tiny_folder(tmp_path / "source-seed0", weight_scale=3.0, **tiny_residual(depth))
+        args += ["--source", source]
     assert runner.main(args) == 0
     folder = tmp_path / "results" / study_name / "cpu"
     results = {v: json.loads((folder / f"{run_id(v, depth, 0)}.json").read_text()) for v in variants}
     for variant, result in results.items():
         assert result["flags"] == {
-            **study.flags(variant, depth, 0, "cpu"),
+            **study.flags(variant, depth, 0, "cpu", source),
             **{k: str(v) for k, v in TINY.items()},
         }
         assert result["seed"] == 0 and result["config"]["d_model"] == 16
@@ -96,6 +103,37 @@ def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_da
         assert 0.0 <= rows[1]["bootstrap_p"][0] <= 1.0
     else:
         assert all("bootstrap_p" not in row for row in rows)
+
+
+def tiny_residual(depth: int) -> dict:
+    """A tiny residual model as `multi30k_paired`'s residual rows are (Euler encoder and decoder)."""
+    return {"encoder_ode_method": "euler", "encoder_ode_coefficients": "tableau", "encoder_layers": depth,
+            "decoder_layers": depth}  # fmt: skip
+
+
+def test_the_upcycle_study_starts_each_seed_from_its_source_and_refuses_a_missing_one(tmp_path):
+    """`multi30k_upcycle`: every run's --model_name_or_path is its seed's source (the study's own, or --source); the
+    RK rows convert it (--upcycle, learnable gamma from Euler's weights), the baseline fine-tunes it as it is; a run
+    whose source is missing fails with that message and runs nothing."""
+    study = STUDIES["multi30k_upcycle"]
+    default = study.flags("rk2_up", 3, 1, "cpu")
+    assert default["model_name_or_path"] == "runs/experiments/multi30k_paired/cpu/residual-3-seed1"
+    flags = {v: study.flags(v, 3, 2, "cpu", "/models/residual-{seed}") for v in study.variants}
+    assert {f["model_name_or_path"] for f in flags.values()} == {"/models/residual-2"}
+    assert "upcycle" not in flags["residual_ft"] and "encoder_ode_method" not in flags["residual_ft"]
+    for variant, method in (("rk2_up", "rk2"), ("rk4_up", "rk4")):
+        assert flags[variant]["upcycle"] is True and flags[variant]["encoder_ode_method"] == method
+        assert (flags[variant]["encoder_ode_coefficients"], flags[variant]["ode_coefficients_init"]) == (
+            "learnable", "euler",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="study 'multi30k' trains from scratch: it takes no source model"):
+        STUDIES["multi30k"].flags("rk2", 3, 0, "cpu", "/models/x")
+    args = runner.parse_args(["multi30k_upcycle", "--work-dir", str(tmp_path), "--results", str(tmp_path),
+                              "--source", str(tmp_path / "missing-{seed}")])  # fmt: skip
+    run = runner.plan(study, "cpu", [0], ["rk2_up"], [3], args.source)[0]
+    status = runner.execute(run, args)
+    assert status.startswith(f"FAILED rk2_up-3-seed0: no source model {tmp_path / 'missing-0'}")
+    assert not run.work_dir(tmp_path).exists()
 
 
 def test_plan_is_seed_major_and_ids_name_variant_depth_seed():

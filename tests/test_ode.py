@@ -455,6 +455,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
         ode.EmaAlphaSizeName: ode.EMA_ALPHA_SIZES,
         ode.GateInputName: ode.GATE_INPUTS,
         ode.GateInitName: ode.GATE_INITS,
+        ode.CoefficientInitName: ode.COEFFICIENT_INITS,
     }
     for literal, table in tables.items():
         assert get_args(literal) == tuple(table)
@@ -467,6 +468,7 @@ def test_each_catalogue_table_is_the_literal_type_of_the_config_fields_that_choo
     assert choices["ode_ema_alpha"] == tuple(ode.EMA_ALPHA_SIZES)
     assert choices["ode_gate_inputs"] == tuple(ode.GATE_INPUTS)
     assert choices["ode_gate_init"] == tuple(ode.GATE_INITS)
+    assert choices["ode_coefficients_init"] == tuple(ode.COEFFICIENT_INITS)
 
 
 def test_a_hook_on_the_recorder_sees_the_stacked_stages_and_constant_gamma(nonlinear_f, device):
@@ -551,3 +553,62 @@ def test_tableau_gate_init_needs_a_gate_and_a_tableau_a_gate_can_output():
         ODETransformerConfig.from_preset("tiny", encoder_ode_coefficients="tableau", ode_gate_init="tableau")
     with pytest.raises(ValueError, match="no gated gate outputs the weights"):
         ODETransformerConfig.from_preset("tiny", encoder_ode_method="midpoint", ode_gate_init="tableau")
+
+
+def test_coefficient_and_gate_starts_by_hand():
+    """`ode_coefficients_init` gives learnable gamma (1, ..., 1), b or Euler's (1, 0, ..., 0); `ode_gate_init='euler'`
+    the gate bias of gamma = (1 - eps, eps / (s - 1), ...)."""
+    from modeling_ode.ode import EULER_GATE_EPSILON as eps
+    from modeling_ode.ode import gate_start_logits, start_weights
+
+    rk4 = ODE_METHODS["rk4"]
+    assert start_weights("ones", rk4) == (1.0, 1.0, 1.0, 1.0)
+    assert start_weights("tableau", rk4) == rk4.b
+    assert start_weights("euler", rk4) == (1.0, 0.0, 0.0, 0.0)
+    assert gate_start_logits("gated", "euler", ODE_METHODS["rk2"]) == pytest.approx(
+        [math.log((1 - eps) / eps)]
+    )
+    # softmax([z1, z2, z3, 0]): z_i = log(gamma_i / gamma_4)
+    assert gate_start_logits("gated", "euler", rk4) == pytest.approx(
+        [math.log(3 * (1 - eps) / eps), 0.0, 0.0]
+    )
+    logit = math.log((eps / 3) / (1 - eps / 3))
+    assert gate_start_logits("gated_independent", "euler", rk4) == pytest.approx(
+        [math.log((1 - eps) / eps), logit, logit, logit]
+    )
+    assert gate_start_logits("gated_tanh", "euler", ODE_METHODS["rk2"]) == pytest.approx(
+        [math.atanh(1 - eps), math.atanh(eps)]
+    )
+
+
+def test_a_model_built_with_the_euler_starts_begins_as_those_weights():
+    from modeling_ode import ODETransformerForConditionalGeneration
+    from modeling_ode.ode import EULER_GATE_EPSILON
+
+    config = ODETransformerConfig.from_preset(
+        "tiny", encoder_ode_method="rk4", encoder_ode_coefficients="learnable", decoder_ode_method="rk2",
+        decoder_ode_coefficients="gated", ode_coefficients_init="euler", ode_gate_init="euler",
+    )  # fmt: skip
+    model = ODETransformerForConditionalGeneration(config)
+    for coefficients in model.model.encoder.ode_coefficients:
+        assert coefficients.weight.tolist() == [1.0, 0.0, 0.0, 0.0]
+    for coefficients in model.model.decoder.ode_coefficients:
+        assert coefficients.gate.weight.abs().max() == 0
+        assert torch.sigmoid(coefficients.gate.bias).item() == pytest.approx(1 - EULER_GATE_EPSILON)
+
+
+def test_coefficient_starts_need_their_coefficients_and_the_papers_reading_of_f():
+    with pytest.raises(
+        ValueError, match="`ode_coefficients_init`='euler' sets how learnable coefficients start, but"
+    ):
+        # the tiny preset: a gated encoder and an Euler decoder, no learnable coefficients
+        ODETransformerConfig.from_preset("tiny", ode_coefficients_init="euler")
+    with pytest.raises(
+        ValueError, match=r"y \+ F1 = 2y \+ G\(y\); use `ode_function_includes_residual=False`"
+    ):
+        ODETransformerConfig.from_preset("tiny", ode_gate_init="euler", ode_function_includes_residual=True)
+    with pytest.raises(ValueError, match="`ode_coefficients_init`='euler' starts blocks as y \\+ F1"):
+        ODETransformerConfig.from_preset(
+            "tiny", encoder_ode_coefficients="learnable", ode_coefficients_init="euler",
+            ode_function_includes_residual=True,
+        )  # fmt: skip

@@ -40,9 +40,11 @@ def _config_table_row(field: str) -> str:
 def test_readme_config_table_lists_exactly_the_catalogue():
     """The configuration table's choices (docs/model.md) are those of the catalogue in modeling_ode/ode.py (the config validates against it)."""
     from modeling_ode.ode import (
+        COEFFICIENT_INITS,
         COEFFICIENT_MODES,
         COEFFICIENT_SCOPES,
         EMA_ALPHA_SIZES,
+        GATE_INITS,
         GATE_INPUTS,
         LAYER_CONNECTIONS,
         ODE_FUNCTIONS,
@@ -56,6 +58,8 @@ def test_readme_config_table_lists_exactly_the_catalogue():
         ("ode_coefficient_scope", COEFFICIENT_SCOPES),
         ("ode_ema_alpha", EMA_ALPHA_SIZES),
         ("ode_gate_inputs", GATE_INPUTS),
+        ("ode_gate_init", GATE_INITS),
+        ("ode_coefficients_init", COEFFICIENT_INITS),
         ("encoder_layer_connections", LAYER_CONNECTIONS),
     ]:
         names = re.findall(r"`(\w+)`", _config_table_row(field))

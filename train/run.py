@@ -118,6 +118,14 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "start from a saved model folder or Hub id, with its own tokenizer"}
     )
+    upcycle: bool = field(
+        default=False,
+        metadata={
+            "help": "convert the --model_name_or_path model (a residual ODE Transformer) to this run's ODE blocks "
+            "(--encoder_ode_method, --config_overrides, ...) before training; RK blocks start as its residual "
+            "blocks (ODETransformerForConditionalGeneration.from_residual; hub.upcycle converts M2M100/NLLB-200)"
+        },
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={
@@ -163,6 +171,7 @@ class ModelArguments:
         skip = {
             "preset",
             "model_name_or_path",
+            "upcycle",
             "tokenizer_name",
             "vocab_size",
             "tokenizer_type",
@@ -418,6 +427,11 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
                 "and read to --max_steps: ignored", flag, getattr(data_args, flag),
             )  # fmt: skip
             setattr(data_args, flag, None)
+    if model_args.upcycle and (not model_args.model_name_or_path or run_args.task == "lm"):
+        raise ValueError(
+            "--upcycle true converts the seq2seq model of --model_name_or_path to this run's ODE blocks: give that "
+            "folder, and a seq2seq --task (translation, summarization, gec)"
+        )
     if not training_args.do_train and not model_args.model_name_or_path:
         raise ValueError(
             "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
@@ -818,6 +832,10 @@ def build_model(
     model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast
 ):
     """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
+    if model_args.upcycle:  # a residual seq2seq model, its blocks swapped (from_residual)
+        return ODETransformerForConditionalGeneration.from_residual(
+            model_args.model_name_or_path, **model_args.overrides()
+        )
     if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
         return load_saved_model(model_args.model_name_or_path)
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
