@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="a further config field (ode_gate_init, dropout, label_smoothing, ...)",
+        help="a further config field (ode_gate_init, dropout, ...)",
     )
     parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
     args = parser.parse_args(argv)

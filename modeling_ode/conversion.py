@@ -21,8 +21,8 @@ Other seq2seq classes are refused by name where a difference cannot be expressed
 other class with the list of what converts.
 
 What does not carry over: LayerDrop (`encoder_layerdrop`/`decoder_layerdrop`, training only: fine-tuning runs
-without it; a warning says so). The loss: M2M100's is the plain cross entropy, so the converted model's
-`label_smoothing` is 0 unless given. The tokenizer is the source's (`hub.upcycle` saves it beside the model).
+without it; a warning says so). The loss is plain cross entropy in both models (label smoothing is the Trainer's
+`label_smoothing_factor`). The tokenizer is the source's (`hub.upcycle` saves it beside the model).
 """
 
 from __future__ import annotations
@@ -90,7 +90,6 @@ CHOSEN = frozenset(
         "dropout",
         "attention_dropout",
         "activation_dropout",
-        "label_smoothing",
         "use_cache",
     }
 )
@@ -119,7 +118,7 @@ def from_residual(
         encoder_ode_method, decoder_ode_method: an `ODE_METHODS` name or a Butcher tableau.
         encoder_ode_coefficients, decoder_ode_coefficients: a `COEFFICIENT_MODES` name; default `tableau` for a
             one-stage method, else `learnable`.
-        config_fields: further ODE fields and regularisation (`CHOSEN`: ode_*, dropout fields, label_smoothing); a
+        config_fields: further ODE fields and regularisation (`CHOSEN`: ode_*, dropout fields); a
             field of the architecture may be given only with the source's value.
 
     Raises:
@@ -213,7 +212,6 @@ def _m2m100_base(source: PretrainedConfig) -> dict[str, Any]:
         "use_absolute_positions": True,
         "position_offset": source.pad_token_id + 1,
         "max_relative_position": 0,
-        "label_smoothing": 0.0,
         # tied, M2M100 has one table for source, target and output; untied, three
         "share_encoder_decoder_embeddings": source.tie_word_embeddings,
         "encoder_layer_connections": "residual",

@@ -138,7 +138,7 @@ def test_a_gated_start_is_within_a_bound_linear_in_eps(tmp_path, monkeypatch):
 
 
 def test_a_residual_ode_transformer_upcycles_exactly_and_keeps_its_connections(tmp_path):
-    """The multi30k residual recipe's kind of model (DLCL connections, relative positions, label smoothing): its
+    """The multi30k residual recipe's kind of model (DLCL connections, relative positions): its
     weights as they are, RK blocks from (1, 0, ...): the same logits bit for bit."""
     source, _ = save_tiny_folder(tmp_path, weight_scale=3.0, encoder_ode_method="euler",
                                  encoder_ode_coefficients="tableau")  # fmt: skip
@@ -146,9 +146,7 @@ def test_a_residual_ode_transformer_upcycles_exactly_and_keeps_its_connections(t
         tmp_path, encoder_ode_method="rk2", decoder_ode_method="rk4"
     )
     config = upcycled.config
-    assert (config.encoder_layer_connections, config.max_relative_position, config.label_smoothing) == (
-        "learnable_dense", 4, 0.1,
-    )  # fmt: skip
+    assert (config.encoder_layer_connections, config.max_relative_position) == ("learnable_dense", 4)
     assert config.ode_coefficients_init == "euler" and config.encoder_ode_coefficients == "learnable"
     inputs = batch(1, left=False)
     assert torch.equal(logits(upcycled, inputs), logits(source, inputs))

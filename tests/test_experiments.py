@@ -613,7 +613,7 @@ def test_source_diagnostic_is_the_mean_token_cross_entropy_and_zero_without_cros
     from experiments import source_diagnostic
     from tests.tiny_folder import TEXTS, save_tiny_folder
 
-    model, tokenizer = save_tiny_folder(tmp_path / "model", label_smoothing=0.1)  # the diagnostic ignores it
+    model, tokenizer = save_tiny_folder(tmp_path / "model")
     sources, targets = TEXTS[:3], [TEXTS[1], TEXTS[2], TEXTS[0]]
     source_file, target_file = _write(tmp_path / "src.txt", sources), _write(tmp_path / "tgt.txt", targets)
     args = [str(tmp_path / "model"), "--source", str(source_file), "--target", str(target_file)]

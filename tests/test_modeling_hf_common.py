@@ -125,7 +125,6 @@ class ODETransformerModelTester:
             is_encoder_decoder=self.is_encoder_decoder,
             # The paper trains with label smoothing 0.1 (the config default); the common loss tests compare the
             # reported loss with plain cross entropy against the labels.
-            label_smoothing=0.0,
             **self.ode_overrides,
         )
 
