@@ -932,10 +932,10 @@ def build_model(
     tokenizer: PreTrainedTokenizerFast,
     saved_model=None,
 ):
-    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``
-    (``saved_model`` where it is loaded already)."""
+    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``: the one
+    :func:`load_trainable_model` loaded for training (``saved_model``), else (evaluation) as it was saved."""
     if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
-        return saved_model if saved_model is not None else load_trainable_model(model_args, task)
+        return saved_model if saved_model is not None else load_saved_model(model_args.model_name_or_path)
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
     overrides = model_args.task_overrides(task)
     preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
@@ -1124,7 +1124,7 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
         raise ValueError(f"{resume} is not a complete checkpoint ({problem}); resume from another one.")
     if resume:
         check_checkpoint_pickles(resume)
-    elif not resume:
+    else:
         resumable = bool(complete_checkpoints(out))
         refuse_occupied(
             out, overwrite, "--overwrite_output_dir", "--output_dir", what="a run",
