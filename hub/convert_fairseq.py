@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import clear_folder, refuse_occupied, saving
+    from ..train.files import claim_output, refuse_occupied, staged_folder
 except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import clear_folder, refuse_occupied, saving
+    from train.files import claim_output, refuse_occupied, staged_folder
 
 __all__ = [
     "FairseqCheckpointError",
@@ -464,9 +464,10 @@ def convert_fairseq_checkpoint(
         raise FairseqCheckpointError(f"loading failed: {result}")
     model.eval()
     if out_dir is not None:
-        clear_folder(out_dir)
-        with saving(out_dir):
-            model.save_pretrained(out_dir, safe_serialization=True)
+        with claim_output(out_dir, "OUT_DIR"):
+            _refuse_output(Path(out_dir), overwrite)  # again, now that no other writer can fill it
+            with staged_folder(out_dir) as staged:  # whole or not at all
+                model.save_pretrained(staged, safe_serialization=True)
     return model
 
 

@@ -32,15 +32,17 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
-from ode_transformer.cli import program_name
+from ode_transformer.cli import program_name, report_user_error
 
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import clear_folder, refuse_occupied, saving
+    from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
+    from ..train.tokenizer import check_tokenizer_files
     from ..train.translate import load_saved_model
 except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import clear_folder, refuse_occupied, saving
+    from train.files import InUseError, claim_output, refuse_occupied, staged_folder
+    from train.tokenizer import check_tokenizer_files
     from train.translate import load_saved_model
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
@@ -71,6 +73,8 @@ def _tokenizer_files(tokenizer: Any, source_dir: Path | None) -> tuple[Path | No
     if folder is None:
         return None, []
     names = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if names:
+        check_tokenizer_files(folder)
     if tokenizer is None:
         return folder, names
     if folder.is_file():
@@ -143,9 +147,11 @@ def export_for_hub(
         overwrite: delete what ``out_dir`` holds first (its old card, metrics or checkpoints would otherwise
             describe another model).
     Returns: out_dir.
+
+    The folder is written as ``OUT_DIR.incomplete`` and renamed to ``out_dir`` once complete
+    (:func:`train.files.staged_folder`): a kill leaves no ``out_dir`` that looks complete, and the next export
+    deletes the incomplete one. One export into ``out_dir`` at a time (a second is refused, naming the first).
     """
-    # Every input is checked before anything is written: a failure halfway would leave a folder that a re-run
-    # refuses as occupied.
     source_dir = (
         None if isinstance(model_dir_or_model, ODETransformerPreTrainedModel) else Path(model_dir_or_model)
     )
@@ -153,6 +159,14 @@ def export_for_hub(
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
+    with claim_output(out_dir, "OUT_DIR"):
+        return _export(model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite)
+
+
+def _export(
+    model_dir_or_model, source_dir, out_dir: Path, tokenizer, metrics, repo_id, overwrite: bool
+) -> Path:
+    refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")  # again, now that no other export writes it
     if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
         metrics = source_dir / METRICS_FILENAME
     copy_card = metrics is None and source_dir is not None and (source_dir / "README.md").is_file()
@@ -160,17 +174,15 @@ def export_for_hub(
     tokenizer_folder, tokenizer_names = _tokenizer_files(tokenizer, source_dir)
     model = model_dir_or_model if source_dir is None else load_saved_model(source_dir)
 
-    clear_folder(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with saving(out_dir):
-        model.save_pretrained(out_dir)  # weights, config with auto_map, and the modeling code
-    _write_generation_config(model, out_dir, source_dir)
-    if _copy_tokenizer(tokenizer, tokenizer_folder, tokenizer_names, out_dir):
-        _fit_tokenizer(out_dir, model.config)
-    if copy_card:
-        shutil.copy2(source_dir / "README.md", out_dir / "README.md")
-    else:
-        write_model_card(out_dir, metrics, repo_id)
+    with staged_folder(out_dir) as staged:
+        model.save_pretrained(staged)  # weights, config with auto_map, and the modeling code
+        _write_generation_config(model, staged, source_dir)
+        if _copy_tokenizer(tokenizer, tokenizer_folder, tokenizer_names, staged):
+            _fit_tokenizer(staged, model.config)
+        if copy_card:
+            shutil.copy2(source_dir / "README.md", staged / "README.md")
+        else:
+            write_model_card(staged, metrics, repo_id)
     return out_dir
 
 
@@ -188,11 +200,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
     parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
     args = parser.parse_args(argv)
-    print(
-        export_for_hub(
+    try:
+        out = export_for_hub(
             args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id, args.overwrite
         )
-    )
+    except (FileExistsError, InUseError) as error:  # an occupied or busy OUT_DIR: one line, as argparse's
+        raise SystemExit(report_user_error(__spec__.name, error)) from None
+    print(out)
 
 
 if __name__ == "__main__":

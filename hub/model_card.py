@@ -63,6 +63,11 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from ode_transformer.cli import program_name
 from ode_transformer.wording import counted
 
+try:  # installed: ode_transformer.hub beside ode_transformer.train
+    from ..train.files import replacing
+except ImportError:  # a checkout: hub/ and train/ are top-level packages
+    from train.files import replacing
+
 __all__ = [
     "CITATION",
     "METRICS_FILENAME",
@@ -635,7 +640,8 @@ def write_model_card(
     this module's docstring; None writes a card without results). Returns the card's path."""
     card = build_model_card(model_dir, metrics_path_or_dict, repo_id)
     path = Path(model_dir) / "README.md"
-    card.save(path)
+    with replacing(path) as temporary:  # whole or not at all
+        card.save(temporary)
     validate_card_locally(path)
     return path
 

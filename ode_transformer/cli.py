@@ -4,7 +4,9 @@ Each runs a module's ``main``. What a user can fix ends the command with one lin
 not a traceback: a third-party module missing because an extra was not installed (the extra named), and the
 ``OSError`` / ``ValueError`` our tools raise for bad input (a missing file, a damaged ``.gz``, a full disk, ...),
 whose messages name the problem and the fix. The traceback is kept in a file the line names (an unexpected
-``ValueError`` after hours of training must not lose it), and ``ODE_TRACEBACK=1`` prints it instead. A closed
+``ValueError`` after hours of training must not lose it), and ``ODE_TRACEBACK=1`` prints it instead. Ctrl-C
+(SIGINT) ends it with one line too, ``PROG: interrupted; ADVICE`` (how to resume, from the ``KeyboardInterrupt``'s
+message where the module gives one) and exit code 130 (128 + SIGINT, as shells report it). A closed
 output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m train.translate`` and the other
 modules keep Python's traceback: that is the developer's path.
 """
@@ -50,6 +52,21 @@ def report_user_error(module: str, error: BaseException) -> int:
     return 2
 
 
+INTERRUPTED = 130
+"""Exit code of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports for a process it killed)."""
+
+
+def report_interrupt(module: str, interrupt: KeyboardInterrupt) -> int:
+    """For a module's ``main`` that catches Ctrl-C: ``PROG: interrupted; ADVICE`` on stderr (the advice is the
+    interrupt's message: where the work stands and how to resume it), and exit code 130 to return.
+    ``ODE_TRACEBACK=1`` raises the interrupt instead."""
+    if _traceback_wanted():
+        raise interrupt
+    advice = str(interrupt) or "nothing was written; run the command again"
+    print(f"{program_name(module)}: interrupted; {advice}", file=sys.stderr)
+    return INTERRUPTED
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type`` for a count (batch size, beams, checkpoints): 0 or less is refused by name, where it
     would otherwise mean "everything" or nothing at all."""
@@ -86,10 +103,19 @@ def _fail(message: str) -> None:
 
 
 def _keep_traceback(command: str) -> str:
-    """Write the traceback being handled to a temporary file; returns its path."""
-    with tempfile.NamedTemporaryFile("w", prefix=f"{command}-", suffix=".traceback", delete=False) as file:
-        traceback.print_exc(file=file)
-    return file.name
+    """Write the traceback being handled to a temporary file; where it is, in words (on a full disk: nowhere)."""
+    path = None
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"{command}-", suffix=".traceback", delete=False
+        ) as file:
+            path = file.name
+            traceback.print_exc(file=file)
+    except OSError:  # the error being reported may well be a full disk
+        if path is not None:
+            Path(path).unlink(missing_ok=True)
+        return "the traceback could not be written either"
+    return f"traceback in {path}"
 
 
 def _launch(command: str, module: str, extra: str | None) -> None:
@@ -104,15 +130,15 @@ def _launch(command: str, module: str, extra: str | None) -> None:
         _fail(
             f"{command}: needs the {missing!r} package: install the [{extra}] extra ({install_command(extra)})"
         )
+    except KeyboardInterrupt as interrupt:
+        status = report_interrupt(module, interrupt)
     except BrokenPipeError:  # the reader closed the pipe: stop writing, and let exit not write again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except (OSError, ValueError) as error:
         if _traceback_wanted():
             raise
-        _fail(
-            f"{command}: error: {error} (traceback in {_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)"
-        )
+        _fail(f"{command}: error: {error} ({_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)")
     finally:
         _running_command = None
     sys.exit(status or 0)

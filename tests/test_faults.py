@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,7 +107,7 @@ def test_two_runs_started_at_once_one_is_refused_naming_the_other(tmp_path):
     (winner,) = [pid for pid, outcome in outcomes.items() if outcome == "ok"]
     (refused,) = [outcome for outcome in outcomes.values() if outcome != "ok"]
     assert refused == (
-        f"RuntimeError: {out} is in use by another run (pid {winner}); wait for it to finish or stop it, "
+        f"InUseError: {out} is in use by another run (pid {winner}); wait for it to finish or stop it, "
         "or choose another --output_dir."
     )
     run_ids = {(out / name / "run_id.txt").read_text() for name in ("checkpoint-2", "checkpoint-4")}
@@ -118,7 +119,7 @@ def test_two_runs_started_at_once_one_is_refused_naming_the_other(tmp_path):
 # 2. Tools writing onto an existing trained-model folder
 
 
-def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path):
+def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path, capsys):
     model_dir = tmp_path / "model"
     save_tiny_folder(model_dir)
     for step in (1, 2):
@@ -127,10 +128,11 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
         save_file({"w": torch.full((2,), float(step))}, str(checkpoint / "model.safetensors"))
         (checkpoint / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
     before = snapshot(model_dir)
-    with pytest.raises(FileExistsError) as raised:
+    with pytest.raises(SystemExit) as raised:
         averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(model_dir)])
-    assert f"{model_dir} already holds files (" in str(raised.value)
-    assert "pass --overwrite to delete it first, or choose an empty --out." in str(raised.value)
+    error = capsys.readouterr().err
+    assert raised.value.code == 2 and f"{model_dir} already holds files (" in error
+    assert "pass --overwrite to delete it first, or choose an empty --out." in error
     export_dir = tmp_path / "exported"
     export_for_hub(model_dir, export_dir)
     exported = snapshot(export_dir)
@@ -676,3 +678,436 @@ def test_truncated_gz_and_comma_in_a_path_are_named(tmp_path):
         load_local_file(str(tsv), "seq2seq")
     assert f"'{tsv}': a path holds a comma, but 'SRC,TGT' is split at the first comma" in str(raised.value)
     assert "rename the file, or link it under a name without a comma" in str(raised.value)
+
+
+# --------------------------------------------------------------------------------------------
+# 9. Round three (issue #44): a full disk, Ctrl-C, a second writer, foreign code in a model folder
+
+CLI = "import sys\nfrom ode_transformer import cli\nsys.argv[0] = {name!r}\ncli.{function}()\n"
+
+
+def command(name: str, *argv: str, limit: int | None = None) -> list[str]:
+    """The console command ``name`` (ode-translate, ode-train) as a subprocess of this checkout, optionally
+    under a file-size limit of ``limit`` bytes (SIGXFSZ ignored: a write past it fails with EFBIG)."""
+    script = CLI.format(name=name, function=name.removeprefix("ode-"))
+    if limit is not None:
+        script = (
+            "import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))\n" + script
+        )
+    return [sys.executable, "-c", script, *argv]
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "ODE_TRACEBACK": "0"}
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def read_until(process: subprocess.Popen, marker: bytes, path: Path | None = None) -> bytes:
+    """Read the process's stderr until ``marker`` shows in it (or ``path`` exists); what was read. Fails if the
+    process ends first."""
+    seen = b""
+    while marker not in seen and not (path is not None and path.exists()):
+        chunk = os.read(process.stderr.fileno(), 65536)
+        assert chunk, f"the process ended before {marker!r}: {seen.decode(errors='replace')[-3000:]}"
+        seen += chunk
+    return seen
+
+
+def interrupt(process: subprocess.Popen, seen: bytes) -> tuple[int, str]:
+    """Ctrl-C: SIGINT to the process, then its exit code and whole stderr."""
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    return process.returncode, (seen + rest).decode(errors="replace")
+
+
+def assert_one_line(stderr: str, start_: str) -> str:
+    """No traceback, and the last line of stderr ends with one starting with ``start_`` (a progress bar that the
+    interrupt cut off mid-line may come before it); the message."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert start_ in last, stderr[-3000:]
+    return last[last.index(start_) :]
+
+
+def test_translate_on_a_full_disk_keeps_the_old_output(tmp_path):
+    """#44 row 1: the output was truncated, then cut off mid-word by the full disk (59 of 80 lines kept)."""
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "".join(f"the dog number {i} runs in the park\n" for i in range(80)))
+    output = write(tmp_path / "out.txt", "".join(f"old line {i}\n" for i in range(80)))
+    argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(output), "--no_progress"]
+    process = start(command("ode-translate", *argv, limit=40))  # 80 outputs take 80 newlines at least
+    _, stderr = process.communicate(timeout=300)
+    stderr = stderr.decode()
+    assert process.returncode == 2, stderr
+    last = assert_one_line(
+        stderr, f"ode-translate: error: [Errno 28] no space left on device while saving {output}"
+    )
+    assert "free some space" in last
+    assert output.read_text() == "".join(f"old line {i}\n" for i in range(80))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model", "out.txt"]  # no temporary left
+
+
+def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(tmp_path, monkeypatch, capsys):
+    """#44 rows 3 and 8: two ode-translate into one --output both exited 0 (the first one's output lost), and
+    Ctrl-C printed a KeyboardInterrupt traceback."""
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "the dog runs in the park\n" * 20000)  # minutes of decoding
+    output = write(tmp_path / "out.txt", "old\n")
+    argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(output), "--batch_size", "1"]
+    first = start(command("ode-translate", *argv))
+    try:
+        seen = read_until(first, b"sent/s]")  # the progress bar: decoding has begun
+        monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+        monkeypatch.setattr(sys, "argv", ["ode-translate", *argv, "--no_progress"])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            cli.translate()
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err
+        match = re.fullmatch(
+            rf"ode-translate: error: {re.escape(str(output))} is in use by another process \(pid {first.pid}\); "
+            r"wait for it to finish or stop it, or choose another --output. \(traceback in (\S+); .*\n",
+            error,
+        )
+        assert match, error
+        Path(match.group(1)).unlink()
+        code, stderr = interrupt(first, seen)
+    finally:
+        first.kill()
+    assert code == 130
+    assert assert_one_line(stderr, "ode-translate: interrupted; ") == (
+        f"ode-translate: interrupted; nothing was written to {output} (it keeps its old content); run the "
+        "command again to translate the input"
+    )
+    assert output.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model", "out.txt"]  # lock files gone
+
+
+def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
+    """#44 row 2: --d_model 64 --encoder_layers 2 with --model_name_or_path trained the saved 16-wide model, without
+    a word. Flags equal to the saved config pass; dropout and label smoothing are the run's and are applied."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    flags = [*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
+             "--model_name_or_path", str(folder)]  # fmt: skip
+    with pytest.raises(ValueError) as raised:
+        parse_arguments([*flags, "--d_model", "64", "--encoder_layers", "3"])
+    assert str(raised.value) == (
+        f"--d_model 64 (saved: 16), --encoder_layers 3 (saved: 2): {folder} is a saved model, whose shape and "
+        "method its config.json fixes; leave these flags out to fine-tune it as it is, or leave "
+        "--model_name_or_path out to train a new model with them"
+    )
+    with pytest.raises(ValueError, match=r"^--encoder_ode_method 'euler' \(saved: 'rk2'\): "):
+        parse_arguments([*flags, "--encoder_ode_method", "euler"])
+    model_args, _, run_args, _ = parse_arguments([*flags, "--d_model", "16", "--dropout", "0.3"])
+    model = train.run.load_trainable_model(model_args, run_args.task)
+    assert model.config.d_model == 16 and model.config.dropout == 0.3
+    assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
+
+
+def _foreign_entries(folder: Path) -> Path:
+    """Give ``folder``'s config.json another project's auto_map entry, trust_remote_code and an unknown key, and
+    put the code that entry names beside it: importing it leaves a marker file."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config["auto_map"]["AutoTokenizer"] = ["evil.Evil", None]
+    config.update(trust_remote_code=True, not_a_field=7)
+    path.write_text(json.dumps(config))
+    marker = folder.parent / "evil_ran"
+    write(folder / "evil.py", f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
+    return marker
+
+
+def _assert_own_entries_only(folder: Path, marker: Path) -> None:
+    from transformers import AutoTokenizer
+
+    config = json.loads((folder / "config.json").read_text())
+    assert "trust_remote_code" not in config and "not_a_field" not in config
+    assert sorted(config["auto_map"]) == ["AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"]
+    assert all(
+        value.startswith(("configuration_ode", "modeling_ode")) for value in config["auto_map"].values()
+    )
+    write(folder / "evil.py", (folder.parent / "model" / "evil.py").read_text())  # dropped beside it later
+    AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # what its card says to run
+    assert not marker.exists()
+
+
+def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
+    """#44 row 4: ode-export and ode-train copied auto_map {AutoTokenizer: evil.Evil}, trust_remote_code and an
+    unknown key into the new folder, whose own card's AutoTokenizer.from_pretrained(trust_remote_code=True) then
+    failed (and had run evil.py, were it there)."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    marker = _foreign_entries(folder)
+    with caplog.at_level(logging.WARNING, logger="train.translate"):
+        export_for_hub(folder, tmp_path / "exported")
+    assert "dropped not_a_field, trust_remote_code, auto_map.AutoTokenizer, not this project's" in caplog.text
+    _assert_own_entries_only(tmp_path / "exported", marker)
+    src, tgt = corpus(tmp_path / "data")
+    train_run(tmp_path / "trained", "--model_name_or_path", str(folder), "--train_file", f"{src},{tgt}",
+              "--max_steps", "1")  # fmt: skip
+    _assert_own_entries_only(tmp_path / "trained", marker)
+
+
+def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """#44 row 5: the refusal was right, but a RuntimeError traceback with exit code 1, even from ode-train."""
+    from train.checkpoints import lock_output_dir
+
+    out = tmp_path / "out"
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["ode-train", *TINY_RUN, "--output_dir", str(out), "--train_file",
+                                      ",".join(corpus(tmp_path / "data"))])  # fmt: skip
+    with lock_output_dir(out), pytest.raises(SystemExit) as exit_:  # the first run, holding the folder
+        cli.train()
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            f"ode-train: error: {out} is in use by another run (pid {os.getpid()}); wait for it to finish or stop it, "
+            "or choose another --output_dir. (traceback in "
+        )
+    )
+
+
+INTERRUPTED_PHASES = {  # phase: (flags, the marker that the phase has begun, the advice)
+    "training": (["--max_steps", "100000", "--save_strategy", "steps", "--save_steps", "1"], "checkpoint-1",
+                 "{out} keeps checkpoint-{n}: continue the run with the same command and --resume_from_checkpoint last"),
+    "test decoding": (["--max_steps", "1", "--do_predict", "true", "--disable_tqdm", "false", "--num_beams", "1",
+                       "--per_device_eval_batch_size", "1"], "sent/s]",
+                      "the trained model is saved in {out}, but no checkpoint to resume from: test it with --do_train "
+                      "false --model_name_or_path {out}, or train again with --overwrite_output_dir true"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("phase", list(INTERRUPTED_PHASES))
+def test_ctrl_c_in_ode_train_says_how_to_go_on(tmp_path, phase):
+    """#44 rows 6 and 7: Ctrl-C during training or the test decoding printed a KeyboardInterrupt traceback."""
+    flags, marker, advice = INTERRUPTED_PHASES[phase]
+    src, tgt = corpus(tmp_path / "data")
+    test_src = write(
+        tmp_path / "test.src", "the dog number 3 runs\n" * 5000
+    )  # minutes of decoding, one by one
+    out = tmp_path / "out"
+    argv = [*TINY_RUN, "--output_dir", str(out), "--train_file", f"{src},{tgt}", "--test_file",
+            f"{test_src},{test_src}", "--tokenizer_name", tokenizer_folder(tmp_path / "tok"), *flags]  # fmt: skip
+    process = start(command("ode-train", *argv))
+    try:
+        seen = read_until(process, marker.encode(), path=out / marker if phase == "training" else None)
+        code, stderr = interrupt(process, seen)
+    finally:
+        process.kill()
+    assert code == 130
+    last = assert_one_line(stderr, "ode-train: interrupted; ")
+    steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert last == "ode-train: interrupted; " + advice.format(out=out, n=steps[-1] if steps else None)
+    assert not (out / ".run.lock").exists() and not (out / ".run.pid").exists()
+    assert not (out / "hub_metrics.json").exists()
+
+
+KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
+    "export": ("hub.model_card.write_model_card", lambda model, out: ["hub.export", str(model), str(out)]),
+    "averaging": (
+        "safetensors.torch.save_file",
+        lambda run, out: ["train.averaging", str(run), "--out", str(out)],
+    ),
+}
+KILLED_RUN = """
+import importlib, os, runpy, signal, sys
+module, name = sys.argv[1].rsplit(".", 1)
+setattr(importlib.import_module(module), name, lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("tool", list(KILL_DURING))
+def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool):
+    """#44 rows 9 and 10: after a kill, `python -m hub.export` / `python -m train.averaging` again gave a raw
+    FileExistsError traceback, and nothing marked the folder left behind as incomplete."""
+    from hub import export
+
+    target, argv = KILL_DURING[tool]
+    source = tmp_path / "model"
+    save_tiny_folder(source)
+    if tool == "averaging":
+        source = tmp_path / "run"
+        for step in (1, 2):
+            save_tiny_folder(source / f"checkpoint-{step}")
+            (source / f"checkpoint-{step}" / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, target, *argv(source, out)], cwd=ROOT)
+    assert killed.returncode == -signal.SIGKILL
+    assert not out.exists() and (tmp_path / "out.incomplete").is_dir()  # named for what it is
+    main = export.main if tool == "export" else averaging.main
+    main(argv(source, out)[1:])  # the rerun: python -m runs main
+    assert (out / "model.safetensors").is_file() and not (tmp_path / "out.incomplete").exists()
+    assert not list(tmp_path.glob(".out.*"))  # lock files released
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # a third time: the folder is occupied, said in one line
+        main(argv(source, out)[1:])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m {argv(source, out)[0]}: error: {out} already holds files (")
+    assert "pass --overwrite to delete it first" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "what"),
+    [
+        ("tokenizer.json", lambda data: data[: len(data) // 2], "not valid JSON ("),
+        ("tokenizer_config.json", lambda data: b"\xe8\x00garbage" + data, "not UTF-8 text"),
+    ],
+    ids=["truncated tokenizer.json", "garbage tokenizer_config.json"],
+)
+def test_a_damaged_tokenizer_file_is_named_with_the_fix(tmp_path, name, damage, what):
+    """#44 row 11: "Expecting ',' delimiter: line 267 column 15" or "'utf-8' codec can't decode byte 0xe8", naming
+    neither the file nor a fix."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    path = folder / name
+    path.write_bytes(damage(path.read_bytes()))
+    message = f"^{re.escape(str(path))} is {re.escape(what)}.*; copy it again from the folder the tokenizer was saved in"
+    src = write(tmp_path / "in.txt", "the dog\n")
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    with pytest.raises(ValueError, match=message):
+        export_for_hub(folder, tmp_path / "exported")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
+
+
+def test_a_saved_model_with_non_finite_weights_is_refused_before_training(tmp_path):
+    """#44 row 12: it trained, then stopped with a FloatingPointError advising a lower learning rate; the
+    weights were NaN before training."""
+    folder = tmp_path / "model"
+    model, _ = save_tiny_folder(folder)
+    with torch.no_grad():
+        model.model.shared.weight[5, 0] = float("nan")
+    model.save_pretrained(folder)
+    out = tmp_path / "out"
+    with pytest.raises(
+        ValueError, match=f"^{folder} holds non-finite weights .* in 1 tensors .*shared.weight"
+    ):
+        train_run(
+            out, "--model_name_or_path", str(folder), "--train_file", ",".join(corpus(tmp_path / "data"))
+        )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rate: [0.1]\n", "learning_rate: [0.1] is a list; give one value (`learning_rate: VALUE`)"),
+        ("max_steps: 1.5\n", "max_steps: 1.5 is not a valid max_steps (it takes int)"),
+        (
+            "learning_rate: 0.1\nmax_steps 3\nwarmup_steps: 1\n",
+            "is not valid YAML (could not find expected ':' at line 3, column 1)",
+        ),
+        ("- learning_rate\n", "holds a list, not a mapping of flags to values"),
+    ],
+    ids=["list for a number", "fraction for a count", "syntax error", "not a mapping"],
+)
+def test_a_bad_recipe_is_one_line_naming_it(tmp_path, capsys, monkeypatch, text, message):
+    """#44 rows 13 and 14: a raw TypeError (from inside transformers) and a yaml.scanner.ScannerError traceback."""
+    recipe = write(tmp_path / "recipe.yaml", text)
+    flags = [str(recipe), *TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b"]
+    with pytest.raises(ValueError) as raised:
+        parse_arguments(flags)
+    assert str(raised.value).startswith(f"recipe {recipe}") and message in str(raised.value)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_:  # python -m train.run (ode-train: the same line)
+        train.run.main(flags)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m train.run: error: {raised.value}"
+
+
+FULL_DISK_OPTIMIZER = """
+import os, resource, signal, sys
+import torch
+from train.files import saving
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 64)
+optimizer = torch.optim.AdamW(model.parameters())
+model(torch.randn(2, 64)).sum().backward()
+optimizer.step()
+path = sys.argv[1]
+torch.save(optimizer.state_dict(), path)  # how large the file is
+size = os.path.getsize(path)
+os.remove(path)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size - 1000, resource.RLIM_INFINITY))  # the disk fills at its end
+with saving(path):
+    torch.save(optimizer.state_dict(), path)  # as the trainer saves optimizer.pt
+"""
+
+
+def test_a_full_disk_while_optimizer_pt_is_written_is_named(tmp_path):
+    """#44 row 15: 'RuntimeError: basic_ios::clear: iostream error' (torch.save's zip writer failing at its final
+    flush), not named as a full disk."""
+    path = tmp_path / "optimizer.pt"
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_OPTIMIZER, str(path)], cwd=ROOT, capture_output=True,
+                            text=True)  # fmt: skip
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"OSError: [Errno 28] no space left on device while saving {path} (basic_ios::clear"
+    ), result.stderr
+    assert "free some space" in last
+
+
+class Payload:
+    """Unpickling it would run a shell command (it leaves a marker file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
+    """#44 row 16: a pickle pytorch_model.bin as the only weights: the payload did not run (torch's weights_only
+    load), but the result was a raw UnpicklingError traceback."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    state = load_file(folder / "model.safetensors")
+    torch.save({**state, "extra": Payload(tmp_path / "ran")}, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    src = write(tmp_path / "in.txt", "the dog\n")
+    message = (
+        f"^{re.escape(str(folder / 'pytorch_model.bin'))} holds objects other than tensors and plain values "
+        r"\(.*GLOBAL posix.system.*\): it is not loaded, since unpickling it could run code; convert weights you trust"
+    )
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
+    """#44 row 17: a payload in a checkpoint's rng_state, optimizer or scheduler stopped the resumed run with a raw
+    UnpicklingError traceback (not running it). Now refused before anything else, naming the file; training_args.bin
+    is not read back, so the run resumes without running its payload."""
+    data = ",".join(corpus(tmp_path / "data"))
+    out = tmp_path / "out"
+    flags = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
+    train_run(out, *flags)
+    (out / "trainer_state.json").unlink()  # the run did not finish: it resumes from checkpoint-2
+    checkpoint, ran = out / "checkpoint-2", tmp_path / "ran"
+    for name in ("rng_state.pth", "optimizer.pt", "scheduler.pt"):
+        original = (checkpoint / name).read_bytes()
+        torch.save({"state": Payload(ran)}, checkpoint / name)
+        with pytest.raises(ValueError) as raised:
+            train_run(out, *flags, "--resume_from_checkpoint", "last")
+        assert str(raised.value).startswith(
+            f"{checkpoint / name} holds objects other than tensors and plain values (Trying to load unsupported "
+            "GLOBAL posix.system"
+        )
+        assert "resume from another checkpoint (its folder as --resume_from_checkpoint)" in str(raised.value)
+        (checkpoint / name).write_bytes(original)
+    torch.save({"args": Payload(ran)}, checkpoint / "training_args.bin")
+    train_run(out, *flags, "--resume_from_checkpoint", "last")
+    assert not ran.exists() and (out / "trainer_state.json").is_file()

@@ -4,7 +4,8 @@
 the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
 config, generation config and tokenizer files are copied from the newest checkpoint). Only complete
 checkpoints of one training run are averaged (:mod:`train.checkpoints`). A non-empty ``--out`` is refused
-unless ``--overwrite`` (which deletes its contents first): files left there would describe another model.
+unless ``--overwrite`` (which replaces it): files left there would describe another model. The folder is written as
+``OUT.incomplete`` and renamed to ``OUT`` once complete; one writer of ``--out`` at a time.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ode_transformer.cli import positive_int
+from ode_transformer.cli import positive_int, report_user_error
 
 from .checkpoints import check_one_run, complete_checkpoints
-from .files import clear_folder, refuse_occupied, saving
+from .files import InUseError, claim_output, refuse_occupied, staged_folder
 
 logger = logging.getLogger(__name__)
 
@@ -92,21 +93,21 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
         raise ValueError(f"--out {out} is or holds the checkpoints it averages; choose another folder.")
     refuse_occupied(out, overwrite, "--overwrite", "--out")
     state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
-    clear_folder(out)
-    out.mkdir(parents=True, exist_ok=True)
     newest = Path(paths[-1])
-    with saving(out):
-        if newest.is_dir():
-            for file in newest.iterdir():
-                if (
-                    file.is_file()
-                    and file.name != WEIGHTS
-                    and not file.name.startswith(
-                        ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
-                    )
-                ):
-                    shutil.copy2(file, out / file.name)
-        save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
+    with claim_output(out, "--out"):
+        refuse_occupied(out, overwrite, "--overwrite", "--out")  # again, now that no other writer can fill it
+        with staged_folder(out) as staged:
+            if newest.is_dir():
+                for file in newest.iterdir():
+                    if (
+                        file.is_file()
+                        and file.name != WEIGHTS
+                        and not file.name.startswith(
+                            ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
+                        )
+                    ):
+                        shutil.copy2(file, staged / file.name)
+            save_file(state, str(staged / WEIGHTS), metadata={"format": "pt"})
     return out
 
 
@@ -118,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="delete what --out holds first")
     args = parser.parse_args(argv)
     paths = last_checkpoints(args.output_dir, args.last)
-    write_average(paths, args.out, args.overwrite)
+    try:
+        write_average(paths, args.out, args.overwrite)
+    except (FileExistsError, InUseError) as error:  # an occupied or busy --out: one line, as argparse's
+        raise SystemExit(report_user_error(__spec__.name, error)) from None
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {args.out}")
 
 

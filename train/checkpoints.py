@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, Timeout
+from .files import claim, replace_folder
 
 __all__ = [
     "LOCK_FILES",
     "RUN_ID_FILE",
     "STAGING",
+    "check_checkpoint_pickles",
     "check_one_run",
     "complete_checkpoints",
     "lock_output_dir",
@@ -41,6 +40,7 @@ __all__ = [
     "publish",
     "read_run_id",
     "remove_staging",
+    "unsafe_pickle_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ WEIGHTS = "model.safetensors"
 LOCK_FILE, PID_FILE = ".run.lock", ".run.pid"
 LOCK_FILES = (LOCK_FILE, PID_FILE)
 """Files of ``OUTPUT_DIR`` that say which process runs in it (not part of the run's outputs)."""
-_PID_WAIT_SECONDS = 5.0  # the holder writes its pid right after taking the lock
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -113,14 +112,9 @@ def check_one_run(checkpoints: Sequence[str | Path]) -> str | None:
 
 
 def publish(staged: Path, final: Path) -> None:
-    """Move the fully written ``staged`` checkpoint to ``final`` (an existing ``final`` is replaced)."""
-    if final.exists():  # re-saving a step after resuming from an earlier checkpoint
-        old = staged.with_name(staged.name + ".old")
-        final.rename(old)
-        staged.rename(final)
-        shutil.rmtree(old)
-    else:
-        staged.rename(final)
+    """Move the fully written ``staged`` checkpoint to ``final`` (an existing ``final`` is replaced: re-saving a
+    step after resuming from an earlier checkpoint)."""
+    replace_folder(staged, final)
     if not any(staged.parent.iterdir()):
         staged.parent.rmdir()
 
@@ -134,46 +128,67 @@ def remove_staging(output_dir: str | Path) -> None:
         shutil.rmtree(staging)
 
 
-def _holder_pid(folder: Path) -> str:
-    """The pid the run holding ``folder``'s lock wrote (it does so just after taking the lock)."""
-    deadline = time.monotonic() + _PID_WAIT_SECONDS
-    while True:
-        try:
-            pid = (folder / PID_FILE).read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            pid = ""
-        if pid or time.monotonic() > deadline:
-            return pid or "unknown"
-        time.sleep(0.01)
-
-
 @contextmanager
 def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
-    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs: one run per folder, also for runs started at once (a
-    check of the folder's contents alone lets both through). The folder is created if needed; the lock files
-    are removed at the end, and the folder too if the run wrote nothing into it.
+    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs (:func:`train.files.claim`): one run per folder, also for
+    runs started at once (a check of the folder's contents alone lets both through). The folder is created if
+    needed; the lock files are removed at the end, and the folder too if the run wrote nothing into it.
 
     Raises:
-        RuntimeError: another process holds the lock (its pid named).
+        InUseError: another process holds the lock (its pid named).
     """
     folder = Path(output_dir)
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(folder / LOCK_FILE, timeout=0)
     try:
-        lock.acquire()
-    except Timeout:
-        raise RuntimeError(
-            f"{folder} is in use by another run (pid {_holder_pid(folder)}); wait for it to finish or stop "
-            "it, or choose another --output_dir."
-        ) from None
-    try:
-        (folder / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
-        yield
+        with claim(folder, folder / LOCK_FILE, folder / PID_FILE, "--output_dir", holder="run"):
+            yield
     finally:
-        # Removed while held: a run waiting on the old file sees it unlinked and retries (filelock checks the inode).
-        for name in (PID_FILE, LOCK_FILE):
-            (folder / name).unlink(missing_ok=True)
-        lock.release()
-        if created and not any(folder.iterdir()):
+        if created and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+
+
+# What the trainer unpickles when it resumes (with torch.load(weights_only=True) and transformers' allowed
+# globals); training_args.bin is not read back.
+_RESUMED_PICKLES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth")
+
+
+def check_checkpoint_pickles(checkpoint: str | Path) -> None:
+    """Refuse, before anything else happens, a checkpoint whose pickle files hold more than tensors and plain
+    values: the trainer would stop on them at its first step with torch's UnpicklingError (never running them).
+    Only the pickles are read (``mmap``: the tensors' data stays on the disk).
+
+    Raises:
+        ValueError: the file named, with what it holds and the fix.
+    """
+    import pickle
+
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    folder = Path(checkpoint)
+    for path in sorted(p for pattern in _RESUMED_PICKLES for p in folder.glob(pattern)):
+        try:
+            with safe_globals():
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as error:
+            fix = (
+                "resume from another checkpoint (its folder as --resume_from_checkpoint), or start the run again "
+                "with --overwrite_output_dir true"
+            )
+            raise ValueError(unsafe_pickle_message(path, error, fix)) from None
+        except Exception:  # another problem (an old, non-zip format): the trainer reports it
+            continue
+
+
+def unsafe_pickle_message(path: str | Path, error: Exception, fix: str) -> str:
+    """What a pickle file refused by ``torch.load(weights_only=True)`` holds, and ``fix``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = next(
+        (line for line in lines if "GLOBAL" in line or line.startswith("Unsupported")),
+        lines[-1] if lines else "",
+    )
+    return (
+        f"{path} holds objects other than tensors and plain values ({reason}): it is not loaded, since unpickling "
+        f"it could run code; {fix}"
+    )

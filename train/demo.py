@@ -31,6 +31,7 @@ from ode_transformer.cli import output_problem
 
 from . import metrics
 from .data import libreoffice
+from .files import write_atomic
 from .libreoffice_corpus import build_corpus
 from .precision import choose_precision
 from .provenance import REPO, device_info, git_commit
@@ -151,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary["wall_seconds"] = round(time.monotonic() - start, 1)
     summary["provenance"] = _provenance(argv, run_args, training_args)
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
-    Path(demo_args.output_dir, "demo_summary.json").write_text(text, encoding="utf-8")
+    write_atomic(Path(demo_args.output_dir, "demo_summary.json"), text)
     if demo_args.results:
-        Path(demo_args.results).write_text(text, encoding="utf-8")
+        write_atomic(demo_args.results, text)
     _print_summary(summary, demo_args.output_dir)
     return summary
 

@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from sacrebleu.metrics.bleu import BLEU
 
 from ode_transformer.cli import output_problem, program_name, report_user_error
 
-from .files import read_lines
+from .files import claim_output, read_lines, write_atomic
 from .metrics import (
     chrf_score,
     gleu_score,
@@ -159,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(metrics, indent=2, ensure_ascii=False)
     print(text)
     if args.output not in (None, "-"):  # '-' is standard output, where the JSON already went
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        try:
+            with claim_output(args.output, "--output"):  # one writer; the file whole or not at all
+                write_atomic(args.output, text + "\n")
+        except OSError as error:  # another process writes it, a full disk
+            return report_user_error(__spec__.name, error)
     return 0
 
 

@@ -1,28 +1,59 @@
-"""Files and folders for every command: reading text files (plain or gzip), claiming an output folder, and
-naming a full disk, with only the standard library (``hub`` uses these too)."""
+"""Files and folders for every command: reading text files (plain or gzip), claiming an output folder or file
+(one writer at a time), writing a file or folder whole or not at all, and naming a full disk (``hub`` uses these
+too). Only the standard library and ``filelock``.
+
+A file is written to a temporary name in its folder and renamed over the target once complete
+(:func:`replacing`, :func:`write_atomic`): a rename within a folder is atomic, so a kill, a full disk or Ctrl-C
+leaves either the old file or the new one, never a cut-off mix. A folder is written as ``NAME.incomplete`` beside
+it and renamed into place the same way (:func:`staged_folder`).
+"""
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import gzip
 import logging
+import os
 import shutil
 import sys
+import time
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["clear_folder", "read_byte_lines", "read_lines", "refuse_occupied", "saving"]
+from filelock import FileLock, Timeout
+
+__all__ = [
+    "InUseError",
+    "claim",
+    "claim_output",
+    "clear_folder",
+    "read_byte_lines",
+    "read_lines",
+    "refuse_occupied",
+    "replace_folder",
+    "replacing",
+    "saving",
+    "staged_folder",
+    "write_atomic",
+]
 
 logger = logging.getLogger(__name__)
 
 # How a full disk or a file-size limit shows: OSError errnos, and the messages of safetensors (Rust io errors)
 # and of torch.save (its zip writer), which raise other exception types.
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+# torch.save's zip writer: "unexpected pos" when a record's write fails, "basic_ios::clear: iostream error" when its
+# final flush (the archive's directory) does.
 _NO_SPACE_MESSAGES = ("os error 28", "os error 27", "os error 122", "No space left", "File too large",
-                      "file write failed", "unexpected pos")  # fmt: skip
+                      "file write failed", "unexpected pos", "basic_ios::clear")  # fmt: skip
+INCOMPLETE = ".incomplete"
+"""Suffix of a folder being written (:func:`staged_folder`): renamed to its name once complete."""
+_PID_WAIT_SECONDS = 5.0  # a lock's holder writes its pid right after taking the lock
 
 
 def read_byte_lines(path: str | Path) -> list[bytes]:
@@ -162,3 +193,121 @@ def saving(path: str | Path) -> Iterator[None]:
             f"no space left on device while saving {path} ({str(error).splitlines()[0][:200]}); free some space "
             "(or raise the file-size limit, `ulimit -f`) and run the command again",
         ) from None
+
+
+@contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same folder, same suffix: savefig reads the format from it) for a writer
+    that takes a path; renamed over ``path`` when the block ends without an error, deleted otherwise. A full
+    disk is named (:func:`saving`)."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}")
+    try:
+        with saving(target):
+            yield temporary
+            os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | Path, data: str | bytes, encoding: str = "utf-8") -> None:
+    """Write ``data`` to ``path`` whole or not at all (:func:`replacing`); an old ``path`` stays as it was until
+    the new one is complete. Flushed to the disk before the rename, so a crash after it cannot leave it empty."""
+    with replacing(path) as temporary:
+        # 0o666 less the umask, as open() creates files (tempfile would give 0o600)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data.encode(encoding) if isinstance(data, str) else data)
+            file.flush()
+            os.fsync(file.fileno())
+
+
+def replace_folder(staged: Path, final: Path) -> None:
+    """Move the fully written folder ``staged`` to ``final``; an existing ``final`` is replaced (moved aside, then
+    deleted), so ``final`` is the old folder or the new one at any moment but the one between two renames."""
+    if final.exists():
+        old = staged.with_name(staged.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        staged.rename(final)
+        shutil.rmtree(old)
+    else:
+        staged.rename(final)
+
+
+@contextmanager
+def staged_folder(folder: str | Path) -> Iterator[Path]:
+    """``FOLDER.incomplete`` to write a folder into; renamed to ``folder`` (replacing it) when the block ends
+    without an error. A kill leaves ``FOLDER.incomplete``, named as what it is, and no ``folder``; the next write
+    deletes it (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
+    final = Path(folder).resolve()
+    staged = final.with_name(final.name + INCOMPLETE)
+    if staged.exists():
+        logger.warning("removing %s: an earlier write of %s was interrupted", staged, final)
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    try:
+        with saving(staged):
+            yield staged
+        if final.is_dir() and any(final.iterdir()):
+            logger.warning("overwriting %s", final)
+        replace_folder(staged, final)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)  # not a kill: nothing to mark
+        raise
+
+
+class InUseError(BlockingIOError):
+    """Another process writes the same output (a second writer is refused, never silently the last one)."""
+
+
+def _holder_pid(pid_file: Path) -> str:
+    """The pid the holder of a lock wrote (it does so just after taking the lock)."""
+    deadline = time.monotonic() + _PID_WAIT_SECONDS
+    while True:
+        try:
+            pid = pid_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            pid = ""
+        if pid or time.monotonic() > deadline:
+            return pid or "unknown"
+        time.sleep(0.01)
+
+
+@contextmanager
+def claim(
+    target: str | Path, lock_file: Path, pid_file: Path, option: str, holder: str = "process"
+) -> Iterator[None]:
+    """Hold ``lock_file`` while the block runs, with this process's pid in ``pid_file``: one writer of ``target``
+    at a time, also for two started at the same moment. Both files are removed at the end (while held: a
+    process waiting on the old file sees it unlinked and retries; filelock checks the inode). A lock left by a
+    killed process is free (the kernel releases it with the process).
+
+    Raises:
+        InUseError: another process holds the lock (its pid and ``option``, the flag to change, named).
+    """
+    lock = FileLock(lock_file, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InUseError(
+            f"{target} is in use by another {holder} (pid {_holder_pid(pid_file)}); wait for it to finish or stop "
+            f"it, or choose another {option}."
+        ) from None
+    try:
+        pid_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        yield
+    finally:
+        for path in (pid_file, lock_file):
+            path.unlink(missing_ok=True)
+        lock.release()
+
+
+def claim_output(path: str | Path, option: str) -> contextlib.AbstractContextManager[None]:
+    """:func:`claim` for an output file or folder ``path``: ``.NAME.lock`` and ``.NAME.pid`` beside it (its
+    folder is created if needed)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return claim(
+        target, target.with_name(f".{target.name}.lock"), target.with_name(f".{target.name}.pid"), option
+    )

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from .files import write_atomic
+
 __all__ = [
     "DEV_PERCENT",
     "LICENSE",
@@ -309,7 +311,7 @@ def _deb_version(deb: Path) -> str:
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def _outputs(out: Path) -> list[Path]:
@@ -364,7 +366,7 @@ def build_corpus(
             name: dict(sorted(Counter(p.module for p in split).items())) for name, split in splits.items()
         },
     }
-    (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    write_atomic(out / "stats.json", json.dumps(stats, indent=2) + "\n")
     logger.info("LibreOffice help corpus in %s: %s", out, stats["splits"])
     return stats
 

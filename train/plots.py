@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the headless backend)
 
+from .files import replacing  # noqa: E402
+
 __all__ = ["loss_series", "plot_loss_curves"]
 
 
@@ -34,6 +36,7 @@ def plot_loss_curves(log_history: Sequence[dict], path: str | Path, title: str =
         axis.legend()
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path)
+    with replacing(path) as temporary:  # whole or not at all (savefig reads the format from the suffix)
+        figure.savefig(temporary)
     plt.close(figure)
     return path

@@ -27,6 +27,7 @@ train.translate`` and of plain ``model.generate`` on the saved folder.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import logging
@@ -63,7 +64,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
     non_finite_tensors,
 )
-from ode_transformer.cli import program_name, report_user_error
+from ode_transformer.cli import program_name, report_interrupt, report_user_error
 
 from . import metrics
 from .batching import seq2seq_lengths
@@ -72,6 +73,7 @@ from .checkpoints import (
     LOCK_FILES,
     TRAINER_STATE,
     WEIGHTS,
+    check_checkpoint_pickles,
     complete_checkpoints,
     lock_output_dir,
     missing_part,
@@ -86,7 +88,7 @@ from .data import (
     load_local_file,
     load_task_data,
 )
-from .files import clear_folder, read_lines, refuse_occupied, saving
+from .files import clear_folder, read_lines, refuse_occupied, replacing, saving, write_atomic
 from .precision import PRECISIONS, choose_precision, emulated_bf16_warning
 from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 from .trainer import (
@@ -96,7 +98,14 @@ from .trainer import (
     fp32_forward,
     lm_negative_log_likelihood,
 )
-from .translate import decode, generate_ids, load_model_tokenizer, load_saved_model, ode_model_config
+from .translate import (
+    check_model_folder,
+    decode,
+    generate_ids,
+    load_model_tokenizer,
+    load_saved_model,
+    ode_model_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +113,9 @@ TASKS = ("translation", "summarization", "gec", "lm")
 DEFAULT_LENGTH = 256  # --max_source_length / --max_target_length of a new model
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
 RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
+# Config fields a fine-tuning run may change in a saved model (regularisation, not the model's shape or its
+# parameters' meaning); every other model flag is refused with --model_name_or_path where it differs.
+TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 @dataclass
@@ -361,6 +373,10 @@ class RecipeNotFoundError(FileNotFoundError):
     """RECIPE is neither a file nor a packaged recipe."""
 
 
+class RecipeError(ValueError):
+    """RECIPE is not a mapping of flags to values of their types (a YAML error, an unknown key, a list for a number)."""
+
+
 def recipe_names() -> list[str]:
     """The packaged recipes (``train/recipes/*.yaml``), by name."""
     return sorted(path.stem for path in RECIPES.glob("*.yaml"))
@@ -384,6 +400,70 @@ def _list_recipes() -> None:
         print(f"{name:<24} {RECIPES / f'{name}.yaml'}")
 
 
+def read_recipe(path: Path) -> dict:
+    """A recipe's flags and values; YAML (or JSON) that does not parse, or is not a mapping, is refused by name.
+
+    Raises:
+        RecipeError: the file, where it stops parsing, and the fix.
+    """
+    try:
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise RecipeError(
+            f"recipe {path} is not valid YAML ({problem}{where}); fix it: one `flag: value` per line, e.g. "
+            "`learning_rate: 0.0005`"
+        ) from None
+    if recipe is None:
+        return {}
+    if not isinstance(recipe, dict):
+        raise RecipeError(
+            f"recipe {path} holds a {type(recipe).__name__}, not a mapping of flags to values: write one "
+            "`flag: value` per line, e.g. `learning_rate: 0.0005`"
+        )
+    return recipe
+
+
+def check_recipe_values(parser: HfArgumentParser, recipe: dict, path: Path) -> None:
+    """Refuse a recipe key that is no flag, and a value the flag's type does not take: argparse converts a
+    default only when it is a string, so ``learning_rate: [0.1]`` reached transformers as a list (a TypeError
+    deep inside it).
+
+    Raises:
+        RecipeError: the file, the key, its value and what the flag takes.
+    """
+    actions = {action.dest: action for action in parser._actions}
+    unknown = sorted(set(recipe) - set(actions))
+    if unknown:
+        raise RecipeError(
+            f"recipe {path}: unknown keys {unknown}; `{program_name(__spec__.name)} --help` lists the flags"
+        )
+    for key, value in recipe.items():
+        action = actions[key]
+        many = action.nargs in ("+", "*")
+        if value is None or (isinstance(value, str) and not many):
+            continue  # a string is converted (and checked) by argparse, as on the command line
+        if isinstance(value, dict) or (isinstance(value, list) and not many):
+            raise RecipeError(
+                f"recipe {path}: {key}: {value!r} is a {type(value).__name__}; give one value (`{key}: VALUE`)"
+            )
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                converted = action.type(str(item)) if action.type is not None else item
+                valid = not action.choices or converted in action.choices
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                valid = False
+            if not valid:
+                takes = (
+                    f"one of {list(action.choices)}"
+                    if action.choices
+                    else getattr(action.type, "__name__", "value")
+                )
+                raise RecipeError(f"recipe {path}: {key}: {item!r} is not a valid {key} (it takes {takes})")
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple:
     """Parse ``[RECIPE] [--flag value ...]`` into the four argument dataclasses; RECIPE is a YAML/JSON file or
     a packaged recipe's name. ``--list-recipes`` prints the packaged recipes and exits."""
@@ -393,11 +473,9 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         _list_recipes()
         raise SystemExit(0)
     if argv and not argv[0].startswith("-"):
-        recipe = yaml.safe_load(find_recipe(argv.pop(0)).read_text(encoding="utf-8")) or {}
-        known = {action.dest for action in parser._actions}
-        unknown = sorted(set(recipe) - known)
-        if unknown:
-            raise ValueError(f"unknown recipe keys: {unknown}")
+        path = find_recipe(argv.pop(0))
+        recipe = read_recipe(path)
+        check_recipe_values(parser, recipe, path)
         parser.set_defaults(**recipe)
     else:
         recipe = {}
@@ -486,6 +564,8 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _label_smoothing(run_args.task, training_args, argv, recipe)
+    if model_args.model_name_or_path and not model_args.upcycle:  # upcycling takes block flags (from_residual)
+        check_saved_model_flags(model_args, run_args.task)
     if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
         # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
         checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
@@ -828,16 +908,64 @@ def check_saved_model_task(model_name_or_path: str, task: str) -> None:
         raise ValueError(f"{model_name_or_path} is a decoder-only language model: give --task lm with it")
 
 
+def check_saved_model_flags(model_args: ModelArguments, task: str) -> None:
+    """Refuse model flags (``--d_model``, ``--encoder_layers``, ``--config_overrides``, ...) that differ from the
+    saved model's config: a saved model keeps its shape, and the flags had been dropped without a word. Flags
+    equal to the saved values change nothing and pass; :data:`TRAINING_FIELDS` (the dropout rates) are
+    applied to the model instead. ``--preset`` is not read with a saved model.
+
+    Raises:
+        ValueError: the flags, the saved values and the fix.
+    """
+    path = model_args.model_name_or_path
+    check_model_folder(path)
+    saved = ode_model_config(path)
+    asked = model_args.task_overrides(task)
+    asked.pop("is_encoder_decoder", None)  # --task against the model's kind: check_saved_model_task's message
+    differing = sorted(k for k, v in asked.items() if k not in TRAINING_FIELDS and saved.get(k) != v)
+    if differing:
+        flags = ", ".join(f"--{key} {asked[key]!r} (saved: {saved.get(key)!r})" for key in differing)
+        raise ValueError(
+            f"{flags}: {path} is a saved model, whose shape and method its config.json fixes; leave these flags out "
+            "to fine-tune it as it is, or leave --model_name_or_path out to train a new model with them"
+        )
+
+
+def load_trainable_model(model_args: ModelArguments, task: str):
+    """The saved model of ``--model_name_or_path`` to train on, with the run's :data:`TRAINING_FIELDS` set;
+    refused before anything is written when its weights are not finite (training would only stop at the first
+    step, blaming the learning rate).
+
+    Raises:
+        ValueError: the non-finite tensors, by name.
+    """
+    changes = {k: v for k, v in model_args.task_overrides(task).items() if k in TRAINING_FIELDS}
+    model = load_saved_model(model_args.model_name_or_path, **changes)
+    if bad := non_finite_tensors(model):
+        raise ValueError(
+            f"{model_args.model_name_or_path} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): training cannot recover them; start from a "
+            "checkpoint saved before its run diverged, or train a new model"
+        )
+    return model
+
+
 def build_model(
-    model_args: ModelArguments, data_args: DataArguments, task: str, tokenizer: PreTrainedTokenizerFast
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    task: str,
+    tokenizer: PreTrainedTokenizerFast,
+    saved_model=None,
 ):
-    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``."""
-    if model_args.upcycle:  # a residual seq2seq model, its blocks swapped (from_residual)
+    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``: the one
+    :func:`load_trainable_model` loaded for training (``saved_model``), else (evaluation) as it was saved; with
+    ``--upcycle``, that residual model with its blocks swapped (from_residual)."""
+    if model_args.upcycle:
         return ODETransformerForConditionalGeneration.from_residual(
             model_args.model_name_or_path, **model_args.overrides()
         )
     if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
-        return load_saved_model(model_args.model_name_or_path)
+        return saved_model if saved_model is not None else load_saved_model(model_args.model_name_or_path)
     model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
     overrides = model_args.task_overrides(task)
     preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
@@ -1026,7 +1154,9 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
         resume = str(complete[-1])
     elif resume and (problem := missing_part(Path(resume))):
         raise ValueError(f"{resume} is not a complete checkpoint ({problem}); resume from another one.")
-    elif not resume:
+    if resume:
+        check_checkpoint_pickles(resume)
+    else:
         resumable = bool(complete_checkpoints(out))
         refuse_occupied(
             out, overwrite, "--overwrite_output_dir", "--output_dir", what="a run",
@@ -1195,10 +1325,39 @@ def run(args: tuple) -> dict:
     second run started into it at the same time is refused.
     """
     training_args = args[3]
-    if not (training_args.do_train and training_args.should_save):
-        return _run(args)
-    with lock_output_dir(training_args.output_dir):
-        return _run(args)
+    try:
+        if not (training_args.do_train and training_args.should_save):
+            return _run(args)
+        with lock_output_dir(training_args.output_dir):
+            return _run(args)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C: where the run stands, and how to go on (ode_transformer.cli prints it)
+        raise KeyboardInterrupt(resume_advice(training_args)) from None
+
+
+def resume_advice(training_args: Seq2SeqTrainingArguments) -> str:
+    """How to go on after an interrupted run, from what its folder holds: resume from its newest complete
+    checkpoint, test the model it saved, or start again."""
+    out = Path(training_args.output_dir)
+    if not training_args.do_train:
+        return "nothing was written; run the command again"
+    if checkpoints := complete_checkpoints(out):
+        return (
+            f"{out} keeps {checkpoints[-1].name}: continue the run with the same command and "
+            "--resume_from_checkpoint last"
+        )
+    if not out.is_dir() or not any(out.iterdir()):
+        return "nothing was written; run the command again"
+    if (out / WEIGHTS).is_file() and (out / "config.json").is_file():
+        return (
+            f"the trained model is saved in {out}, but no checkpoint to resume from: test it with "
+            f"--do_train false --model_name_or_path {out}, or train again with --overwrite_output_dir true"
+        )
+    return (
+        "no checkpoint was saved yet (--save_strategy steps --save_steps N saves them): start again with the same "
+        "command and --overwrite_output_dir true"
+    )
 
 
 def _run(args: tuple) -> dict:
@@ -1210,8 +1369,11 @@ def _run(args: tuple) -> dict:
     raw_splits = _splits_to_use(raw, args)
     check_splits_not_empty(raw_splits, data_args)
     own_tokenizer = _saved_model_tokenizer(model_args)
+    saved_model = None
     if model_args.model_name_or_path:
         check_saved_model_task(model_args.model_name_or_path, run_args.task)
+        if training_args.do_train:  # its weights checked before --overwrite_output_dir deletes anything
+            saved_model = load_trainable_model(model_args, run_args.task)
     if own_tokenizer is not None:
         resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
     # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
@@ -1233,7 +1395,7 @@ def _run(args: tuple) -> dict:
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
-    model = build_model(model_args, data_args, run_args.task, tokenizer)
+    model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
     fit_tokenizer_to_model(tokenizer, model.config, data_args.max_source_length)  # saved with the model
     if resume:
         check_resume_config(resume, model.config)
@@ -1258,8 +1420,7 @@ def _run(args: tuple) -> dict:
             )
             _write_outputs(training_args.output_dir, trainer, document, hyps)
     if final_state is not None and trainer.is_world_process_zero():
-        path = Path(training_args.output_dir) / TRAINER_STATE
-        with saving(path):
+        with replacing(Path(training_args.output_dir) / TRAINER_STATE) as path:
             final_state.save_to_json(str(path))  # last of all: it marks the run finished (run_finished)
     return document
 
@@ -1288,10 +1449,8 @@ def _write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) ->
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if hyps:
-        (out / "test_hypotheses.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    (out / "hub_metrics.json").write_text(
-        json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
+        write_atomic(out / "test_hypotheses.txt", "".join(h + "\n" for h in hyps))
+    write_atomic(out / "hub_metrics.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
     trainer.log_metrics("test", scores)
     trainer.save_metrics("test", scores)
@@ -1310,8 +1469,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_arguments(argv)
         run(args)
-    except (MissingCorpusError, RecipeNotFoundError) as error:  # a user's setting: one line, as argparse's
+    except (MissingCorpusError, RecipeNotFoundError, RecipeError) as error:  # a user's setting: one line
         raise SystemExit(report_user_error(__spec__.name, error)) from None
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line saying how to resume (resume_advice)
+        raise SystemExit(report_interrupt(__spec__.name, interrupt)) from None
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
     # abort a worker after a successful run ("terminate called without an active exception", exit code -6).
     if torch.distributed.is_available() and torch.distributed.is_initialized():

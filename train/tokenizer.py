@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -37,10 +38,14 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from .files import saving
+
 __all__ = [
+    "JSON_TOKENIZER_FILES",
     "SPECIAL_TOKENS",
     "TOKENIZER_KINDS",
     "TRAINING_RECORD",
+    "check_tokenizer_files",
     "load_or_train_tokenizer",
     "tokenizer_sides",
     "train_tokenizer",
@@ -56,6 +61,13 @@ TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "word")
 """``bpe``: joint byte-level BPE; ``word``: word-level vocabulary of whitespace-split words."""
 TRAINING_RECORD = "tokenizer_training.json"
 """What a saved tokenizer was trained with (next to its ``tokenizer.json``)."""
+JSON_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+"""The JSON files of a saved tokenizer that :func:`check_tokenizer_files` reads."""
 
 
 class _TextsDigest:
@@ -171,7 +183,6 @@ def train_tokenizer(
         clean_up_tokenization_spaces=False,
     )
     if save_to is not None:
-        tokenizer.save_pretrained(str(save_to))
         record = {
             "kind": kind,
             "causal": causal,
@@ -179,8 +190,51 @@ def train_tokenizer(
             "min_frequency": min_frequency,
             **digest.summary(),
         }
-        (Path(save_to) / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        _save_whole(tokenizer, Path(save_to), record)
     return tokenizer
+
+
+def _save_whole(tokenizer: PreTrainedTokenizerFast, folder: Path, record: dict) -> None:
+    """Save ``tokenizer`` and its training ``record`` in ``folder``, each file whole: written in a temporary
+    folder beside it, then renamed in, ``tokenizer.json`` last (its presence is what makes the folder's
+    tokenizer reused; a kill before it leaves the folder to train again)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".saving-") as temporary:
+        with saving(folder):
+            tokenizer.save_pretrained(temporary)
+            (Path(temporary) / TRAINING_RECORD).write_text(
+                json.dumps(record, indent=2) + "\n", encoding="utf-8"
+            )
+        for file in sorted(Path(temporary).iterdir(), key=lambda path: path.name == "tokenizer.json"):
+            os.replace(file, folder / file.name)
+
+
+def check_tokenizer_files(folder: str | os.PathLike) -> None:
+    """Refuse a folder whose tokenizer files are cut off or not JSON text (a copy interrupted, a file overwritten),
+    naming the file: transformers reports only where its parser stopped ("Expecting ',' delimiter: line 267") or
+    the byte it could not decode.
+
+    Raises:
+        ValueError: the file, what is wrong with it, and the fix.
+    """
+    for name in JSON_TOKENIZER_FILES:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            what = (
+                "not UTF-8 text"
+                if isinstance(error, UnicodeDecodeError)
+                else f"not valid JSON ({error.msg} at line {error.lineno} column {error.colno}: cut off or damaged)"
+                if isinstance(error, json.JSONDecodeError)
+                else str(error)
+            )
+            raise ValueError(
+                f"{path} is {what}; copy it again from the folder the tokenizer was saved in (train.run writes "
+                "tokenizer.json and tokenizer_config.json beside model.safetensors)"
+            ) from None
 
 
 def load_or_train_tokenizer(
@@ -201,6 +255,7 @@ def load_or_train_tokenizer(
     """
     min_frequency = _min_frequency(kind, min_frequency)
     if folder is not None and (Path(folder) / "tokenizer.json").is_file():
+        check_tokenizer_files(folder)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         record_path = Path(folder) / TRAINING_RECORD
         if verify and record_path.is_file():

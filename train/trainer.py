@@ -27,6 +27,7 @@ looks complete but is not.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import shutil
 import time
@@ -51,7 +52,7 @@ from . import metrics
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
 from .data import word_dropout
-from .files import saving
+from .files import saving, write_atomic
 from .tokenizer import tokenizer_sides
 
 __all__ = [
@@ -168,6 +169,22 @@ class _TokenBudgetMixin:
                 str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True
             )
         self.accelerator.wait_for_everyone()
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """transformers' ``save_metrics`` (``SPLIT_results.json``, merged into ``all_results.json``), each file
+        written whole or not at all (:func:`train.files.write_atomic`)."""
+        if not self.is_world_process_zero():
+            return
+        out = Path(self.args.output_dir)
+        write_atomic(out / f"{split}_results.json", json.dumps(metrics, indent=4, sort_keys=True))
+        if combined:
+            try:
+                merged = json.loads((out / "all_results.json").read_text(encoding="utf-8"))
+            except (FileNotFoundError, ValueError):
+                merged = {}
+            write_atomic(
+                out / "all_results.json", json.dumps({**merged, **metrics}, indent=4, sort_keys=True)
+            )
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)

@@ -17,7 +17,9 @@ autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,10 +40,10 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
 )
 from ode_transformer.cli import output_problem, positive_int, program_name
 
-from .checkpoints import complete_checkpoints
-from .files import read_lines
+from .checkpoints import complete_checkpoints, unsafe_pickle_message
+from .files import claim_output, read_lines, write_atomic
 from .precision import choose_precision, emulated_bf16_warning
-from .tokenizer import tokenizer_sides, truncated_rows
+from .tokenizer import check_tokenizer_files, tokenizer_sides, truncated_rows
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 # Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# The modules of the code save_pretrained writes beside the weights: what this project's auto_map points to.
+_OWN_CODE = ("configuration_ode_transformer.", "modeling_ode_transformer.")
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
@@ -143,10 +147,12 @@ def _weight_problems(info: dict) -> list[str]:
     return problems
 
 
-def load_saved_model(model_name_or_path: str | Path) -> PreTrainedModel:
+def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTrainedModel:
     """A saved ODE Transformer (seq2seq or causal LM, as its config says) with every weight loaded. transformers
     only warns when a folder holds another model type or weights that do not fit its config, and returns a model
-    that is partly random initialisation. (Tied weights, stored once, are not missing.)
+    that is partly random initialisation. (Tied weights, stored once, are not missing.) ``config_changes`` are
+    set in the config before the model is built (a fine-tuning run's ``dropout``). Config entries that are not
+    this project's are dropped (:func:`drop_foreign_config_entries`).
 
     Raises:
         ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
@@ -154,20 +160,57 @@ def load_saved_model(model_name_or_path: str | Path) -> PreTrainedModel:
     """
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
     model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
-    model, info = model_class.from_pretrained(
-        model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True
-    )  # mismatched sizes reported below, by name, instead of a size-mismatch trace from torch
+    try:
+        model, info = model_class.from_pretrained(
+            model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True, **config_changes
+        )  # mismatched sizes reported below, by name, instead of a size-mismatch trace from torch
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused a pickle: it ran nothing
+        pickles = sorted(Path(model_name_or_path).glob("*.bin"))
+        fix = (
+            "convert weights you trust to model.safetensors (save_pretrained writes it), or give the folder "
+            "train.run wrote"
+        )
+        raise ValueError(
+            unsafe_pickle_message(pickles[0] if pickles else model_name_or_path, error, fix)
+        ) from None
     if problems := _weight_problems(info):
         raise ValueError(
             f"the weights in {model_name_or_path} do not match its config.json: {'; '.join(problems)}. Give a "
             "folder written by the trained model's save_pretrained (its config.json and weights together)."
         )
+    drop_foreign_config_entries(model.config, model_name_or_path)
     return model
 
 
+def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path) -> None:
+    """Remove from ``config`` what is not this project's: keys that are no field of :class:`ODETransformerConfig`
+    (``trust_remote_code``, a misspelt or another library's field) and ``auto_map`` entries that point to other
+    code (``AutoTokenizer: evil.Evil``). transformers keeps them as attributes, and every folder saved from the
+    model would carry them on: a copied auto_map entry makes ``trust_remote_code=True`` run a file that, dropped
+    beside the folder, anybody could have written. Logged as a warning, by name."""
+    known = set(type(config)().to_dict()) | {"auto_map"}
+    dropped = sorted(set(config.to_dict()) - known)
+    for key in dropped:
+        delattr(config, key)
+    auto_map = getattr(config, "auto_map", None) or {}
+    own = {k: v for k, v in auto_map.items() if isinstance(v, str) and v.startswith(_OWN_CODE)}
+    dropped += [f"auto_map.{key}" for key in sorted(auto_map.keys() - own.keys())]
+    if auto_map:
+        config.auto_map = own
+    if dropped:
+        logger.warning(
+            "%s/config.json: dropped %s, not this project's (not a field of the ODE Transformer, or code of another "
+            "project): what is saved from this model carries the ODE Transformer's own fields and auto_map only",
+            source, ", ".join(dropped),
+        )  # fmt: skip
+
+
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved with a model (folder or Hub id); a local folder without one is refused by name."""
+    """The tokenizer saved with a model (folder or Hub id); a local folder without one, or with a damaged
+    tokenizer file, is refused by name."""
     check_model_folder(model_name_or_path)
+    if Path(model_name_or_path).is_dir():
+        check_tokenizer_files(model_name_or_path)
     return AutoTokenizer.from_pretrained(model_name_or_path)
 
 
@@ -224,16 +267,16 @@ def generate_ids(
     causal = not model.config.is_encoder_decoder
     pad_id = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else 0
     outputs: list[list[int]] = [[] for _ in sequences]
-    bar = tqdm(total=len(sequences), unit="sent", disable=not progress, file=sys.stderr)
-    for batch in length_batches([len(seq) for seq in sequences], batch_size):
-        inputs = _pad([sequences[i] for i in batch], pad_id, model.device, left=causal)
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            generated = model.generate(**inputs, **generate_kwargs)
-        new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
-        for index, ids in zip(batch, new.tolist()):
-            outputs[index] = ids
-        bar.update(len(batch))
-    bar.close()
+    # closed however the loop ends: after Ctrl-C, the bar's line ends before the command's message
+    with tqdm(total=len(sequences), unit="sent", disable=not progress, file=sys.stderr) as bar:
+        for batch in length_batches([len(seq) for seq in sequences], batch_size):
+            inputs = _pad([sequences[i] for i in batch], pad_id, model.device, left=causal)
+            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+                generated = model.generate(**inputs, **generate_kwargs)
+            new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
+            for index, ids in zip(batch, new.tolist()):
+                outputs[index] = ids
+            bar.update(len(batch))
     return outputs
 
 
@@ -361,6 +404,24 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--device {args.device}: {problem}")
     if args.bf16 and (warning := emulated_bf16_warning(choose_precision(args.device, "bf16"))):
         logger.warning(warning)
+    # One writer per --output (a second one is refused, not silently the last one), and the file written whole
+    # at the end: until then it keeps its old content, whatever happens (Ctrl-C, a full disk).
+    to_file = args.output != "-"
+    with claim_output(args.output, "--output") if to_file else contextlib.nullcontext():
+        try:
+            hypotheses = _translate_file(args)
+        except KeyboardInterrupt:
+            kept = " (it keeps its old content)" if to_file and Path(args.output).exists() else ""
+            written = f"nothing was written to {args.output}{kept}" if to_file else "nothing was written"
+            raise KeyboardInterrupt(f"{written}; run the command again to translate the input") from None
+        text = "".join(h + "\n" for h in hypotheses)
+        if to_file:
+            write_atomic(args.output, text)
+        else:
+            sys.stdout.write(text)
+
+
+def _translate_file(args: argparse.Namespace) -> list[str]:
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
     model, tokenizer = load_for_generation(args.model, args.device)
     overrides = {
@@ -368,15 +429,10 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
-    hypotheses = generate_texts(
+    return generate_texts(
         model, tokenizer, texts, args.max_source_length,
         batch_size=args.batch_size, bf16=args.bf16, progress=not args.no_progress, **overrides,
     )  # fmt: skip
-    text = "".join(h + "\n" for h in hypotheses)
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
