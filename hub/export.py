@@ -9,6 +9,8 @@
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
+      onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
+                               (hub/onnx_export.py: their inputs, outputs and decoding with onnxruntime)
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
 classes (`register_for_auto_class`), so every saved folder carries them. This module adds what an upload
@@ -32,9 +34,10 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
-from ode_transformer.cli import program_name
+from ode_transformer.cli import program_name, report_user_error
 
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
+from .onnx_export import EXPORT_PACKAGES, check_exportable, export_onnx, require
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import clear_folder, refuse_occupied, saving
@@ -129,6 +132,8 @@ def export_for_hub(
     metrics: str | Path | Mapping[str, Any] | None = None,
     repo_id: str | None = None,
     overwrite: bool = False,
+    onnx: bool = False,
+    onnx_dynamo: bool = True,
 ) -> Path:
     """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
 
@@ -142,6 +147,9 @@ def export_for_hub(
         repo_id: USER/NAME for the card's usage example.
         overwrite: delete what ``out_dir`` holds first (its old card, metrics or checkpoints would otherwise
             describe another model).
+        onnx: also write the ONNX graphs into ``out_dir/onnx`` (an encoder-decoder only; needs the `onnx` extra).
+        onnx_dynamo: export them with ``torch.onnx.export(..., dynamo=True)`` (torch's default), else with the
+            TorchScript exporter.
     Returns: out_dir.
     """
     # Every input is checked before anything is written: a failure halfway would leave a folder that a re-run
@@ -152,6 +160,8 @@ def export_for_hub(
     out_dir = Path(out_dir)
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
+    if onnx:
+        require(EXPORT_PACKAGES, "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
         metrics = source_dir / METRICS_FILENAME
@@ -159,6 +169,8 @@ def export_for_hub(
     metrics = load_metrics(metrics)
     tokenizer_folder, tokenizer_names = _tokenizer_files(tokenizer, source_dir)
     model = model_dir_or_model if source_dir is None else load_saved_model(source_dir)
+    if onnx:
+        check_exportable(model)
 
     clear_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +183,8 @@ def export_for_hub(
         shutil.copy2(source_dir / "README.md", out_dir / "README.md")
     else:
         write_model_card(out_dir, metrics, repo_id)
+    if onnx:
+        export_onnx(model, out_dir / "onnx", dynamo=onnx_dynamo)
     return out_dir
 
 
@@ -187,12 +201,36 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
     parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
-    args = parser.parse_args(argv)
-    print(
-        export_for_hub(
-            args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id, args.overwrite
-        )
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write the ONNX graphs encoder_model.onnx, decoder_model.onnx and decoder_with_past_model.onnx "
+        "into OUT_DIR/onnx (an encoder-decoder; needs the onnx extra: pip install 'ode-transformer[onnx]')",
     )
+    parser.add_argument(
+        "--onnx-exporter",
+        choices=("dynamo", "torchscript"),
+        default="dynamo",
+        help="torch.onnx.export's exporter: dynamo (torch.export, the default) or the older TorchScript one",
+    )
+    args = parser.parse_args(argv)
+    try:
+        out = export_for_hub(
+            args.model_dir,
+            args.out_dir,
+            args.tokenizer,
+            args.metrics,
+            args.repo_id,
+            args.overwrite,
+            onnx=args.onnx,
+            onnx_dynamo=args.onnx_exporter == "dynamo",
+        )
+    except ModuleNotFoundError as error:
+        if error.name not in EXPORT_PACKAGES:  # `require` names the onnx extra; anything else is a real bug
+            raise
+        return report_user_error(__spec__.name, error)
+    print(out)
+    return 0
 
 
 if __name__ == "__main__":
