@@ -385,7 +385,8 @@ class ONNXSeq2SeqGenerator:
     Args:
         folder: the folder of the graphs, or the folder of `ode-export --onnx` (the graphs in its `onnx/`).
         generation_config: the decoding defaults and token ids (a dict or a `GenerationConfig`); by default the
-            `generation_config.json` beside or above the graphs, the token ids missing there from `config.json`.
+            `generation_config.json` beside the graphs (or, for an `onnx/` folder, in the folder above), the token
+            ids missing there from `config.json`.
         providers: onnxruntime execution providers (default: the CPU).
         session_options: an `onnxruntime.SessionOptions` for the three sessions (e.g. `intra_op_num_threads`).
     """
@@ -415,7 +416,9 @@ class ONNXSeq2SeqGenerator:
         }
         self.past_names = [i.name for i in self.sessions[DECODER_WITH_PAST].get_inputs()][2:]
         self.num_self = len(self.sessions[DECODER_WITH_PAST].get_outputs()) - 1  # the self-attention tensors
-        self.generation = self._generation_config(generation_config, [graphs, graphs.parent])
+        # an `onnx/` folder is ode-export's: the configs are in the export folder above it
+        configs = [graphs, graphs.parent] if graphs.name == "onnx" else [graphs]
+        self.generation = self._generation_config(generation_config, configs)
 
     @staticmethod
     def _generation_config(given: Any, folders: Sequence[Path]) -> dict[str, Any]:

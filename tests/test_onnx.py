@@ -177,28 +177,42 @@ def trained() -> ODETransformerForConditionalGeneration:
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=sorted(EXPORTERS))
-def exported(request, trained, tmp_path_factory):
-    """(exporter, folder of the trained model's three graphs)."""
-    folder = tmp_path_factory.mktemp(f"onnx-{request.param}")
-    export_onnx(trained, folder, dynamo=EXPORTERS[request.param])
-    return request.param, folder
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """exporter -> the folder of the trained model's three graphs, each exporter's written once, whatever order
+    the tests run in (a parametrized module fixture would export again whenever the order alternates)."""
+    folders = {}
+
+    def folder(exporter: str):
+        if exporter not in folders:
+            folders[exporter] = tmp_path_factory.mktemp(f"onnx-{exporter}")
+            export_onnx(trained, folders[exporter], dynamo=EXPORTERS[exporter])
+        return folders[exporter]
+
+    return folder
 
 
 @pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_each_graph_matches_pytorch(exported, trained, graph):
-    _, folder = exported
+def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
+    folder = exported(exporter)
     assert trained.config._attn_implementation == "sdpa"
     assert_graphs_match(trained, folder, [graph])
 
 
 @pytest.mark.xdist_group("onnx_trained")
-def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained):
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
     """Two decoder layers of two stages: past_key_values.{layer}.{stage}.{key,value}, then the cross-attention's
     past_key_values.{layer}.encoder.{key,value}; every batch and length axis named, not fixed."""
-    _, folder = exported
-    sessions = {graph: ort.InferenceSession(str(folder / graph), providers=["CPUExecutionProvider"]) for graph in GRAPHS}  # fmt: skip
+    folder = exported(exporter)
+    sessions = {
+        graph: ort.InferenceSession(
+            str(folder / graph), session_options(), providers=["CPUExecutionProvider"]
+        )
+        for graph in GRAPHS
+    }
     inputs = {graph: [i.name for i in session.get_inputs()] for graph, session in sessions.items()}
     outputs = {graph: [o.name for o in session.get_outputs()] for graph, session in sessions.items()}
     self_names = [f"{layer}.{stage}.{kv}" for layer in (0, 1) for stage in (0, 1) for kv in ("key", "value")]
@@ -233,8 +247,9 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     ],
     ids=["greedy", "beam3-lp0.6", "beam4-lp1.3-max6"],
 )
-def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, settings):
-    _, folder = exported
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, exporter, settings):
+    folder = exported(exporter)
     ids, mask, labels = reverse_task(8, torch.Generator().manual_seed(7))
     with torch.no_grad():
         expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
@@ -296,7 +311,11 @@ def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_pat
     from hub import export
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))  # fmt: skip
+
+    def without_onnxscript(name, *args):
+        return None if name == "onnxscript" else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_onnxscript)
     save_tiny_folder(tmp_path / "model")
     assert export.main([str(tmp_path / "model"), str(tmp_path / "out"), "--onnx"]) == 2
     error = capsys.readouterr().err
