@@ -265,16 +265,19 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
 # ----------------------------------------------------------------------------------------------------------
 
 MATRIX = [
-    (block, attention)
+    (block, attention, exporter)
     for block in ["euler", "rk2", "rk4", "rk2_gated", "rk2_gated_authors", "pc_rk2"]
     for attention in ["sdpa", "eager"]
+    for exporter in sorted(EXPORTERS)
     if (block, attention) != ("rk2_gated", "sdpa")  # the trained model's, in the default run
+    # The dynamo exporter takes about a minute of CPU per model (the TorchScript one 3 s): with it, eager attention,
+    # the same code in every block type, is exported for the gated block only.
+    and not (exporter == "dynamo" and attention == "eager" and block != "rk2_gated")
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
-@pytest.mark.parametrize(("block", "attention"), MATRIX)
+@pytest.mark.parametrize(("block", "attention", "exporter"), MATRIX)
 def test_every_block_type_and_attention_exports_and_matches(block, attention, exporter, tmp_path):
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(block_config(block)).eval()
