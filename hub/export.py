@@ -9,6 +9,8 @@
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
+      onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
+                               (hub/onnx_export.py: their inputs, outputs and decoding with onnxruntime)
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
 classes (`register_for_auto_class`), so every saved folder carries them. This module adds what an upload
@@ -35,6 +37,7 @@ from modeling_ode import (
 from ode_transformer.cli import program_name, report_user_error
 
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
+from .onnx_export import EXPORT_PACKAGES, check_exportable, export_onnx, require
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
@@ -133,6 +136,8 @@ def export_for_hub(
     metrics: str | Path | Mapping[str, Any] | None = None,
     repo_id: str | None = None,
     overwrite: bool = False,
+    onnx: bool = False,
+    onnx_dynamo: bool = True,
 ) -> Path:
     """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
 
@@ -146,6 +151,9 @@ def export_for_hub(
         repo_id: USER/NAME for the card's usage example.
         overwrite: delete what ``out_dir`` holds first (its old card, metrics or checkpoints would otherwise
             describe another model).
+        onnx: also write the ONNX graphs into ``out_dir/onnx`` (an encoder-decoder only; needs the `onnx` extra).
+        onnx_dynamo: export them with ``torch.onnx.export(..., dynamo=True)`` (torch's default), else with the
+            TorchScript exporter.
     Returns: out_dir.
 
     The folder is written as ``OUT_DIR.incomplete`` and renamed to ``out_dir`` once complete
@@ -158,13 +166,25 @@ def export_for_hub(
     out_dir = Path(out_dir)
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
+    if onnx:
+        require(EXPORT_PACKAGES, "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     with claim_output(out_dir, "OUT_DIR"):
-        return _export(model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite)
+        return _export(
+            model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite, onnx, onnx_dynamo
+        )
 
 
 def _export(
-    model_dir_or_model, source_dir, out_dir: Path, tokenizer, metrics, repo_id, overwrite: bool
+    model_dir_or_model,
+    source_dir,
+    out_dir: Path,
+    tokenizer,
+    metrics,
+    repo_id,
+    overwrite: bool,
+    onnx: bool,
+    onnx_dynamo: bool,
 ) -> Path:
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")  # again, now that no other export writes it
     if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
@@ -173,6 +193,8 @@ def _export(
     metrics = load_metrics(metrics)
     tokenizer_folder, tokenizer_names = _tokenizer_files(tokenizer, source_dir)
     model = model_dir_or_model if source_dir is None else load_saved_model(source_dir)
+    if onnx:
+        check_exportable(model)
 
     with staged_folder(out_dir) as staged:
         model.save_pretrained(staged)  # weights, config with auto_map, and the modeling code
@@ -183,6 +205,8 @@ def _export(
             shutil.copy2(source_dir / "README.md", staged / "README.md")
         else:
             write_model_card(staged, metrics, repo_id)
+        if onnx:
+            export_onnx(model, staged / "onnx", dynamo=onnx_dynamo)
     return out_dir
 
 
@@ -199,12 +223,35 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repo-id", default=None, help="USER/NAME for the card's usage example")
     parser.add_argument("--overwrite", action="store_true", help="delete what OUT_DIR holds first")
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write the ONNX graphs encoder_model.onnx, decoder_model.onnx and decoder_with_past_model.onnx "
+        "into OUT_DIR/onnx (an encoder-decoder; needs the onnx extra)",
+    )
+    parser.add_argument(
+        "--onnx-exporter",
+        choices=("dynamo", "torchscript"),
+        default="dynamo",
+        help="torch.onnx.export's exporter: dynamo (torch.export, the default) or the older TorchScript one",
+    )
     args = parser.parse_args(argv)
     try:
         out = export_for_hub(
-            args.model_dir, args.out_dir, args.tokenizer, args.metrics, args.repo_id, args.overwrite
+            args.model_dir,
+            args.out_dir,
+            args.tokenizer,
+            args.metrics,
+            args.repo_id,
+            args.overwrite,
+            onnx=args.onnx,
+            onnx_dynamo=args.onnx_exporter == "dynamo",
         )
     except (FileExistsError, InUseError) as error:  # an occupied or busy OUT_DIR: one line, as argparse's
+        raise SystemExit(report_user_error(__spec__.name, error)) from None
+    except ModuleNotFoundError as error:
+        if error.name not in EXPORT_PACKAGES:  # `require` names the onnx extra; anything else is a real bug
+            raise
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     print(out)
 

@@ -604,6 +604,13 @@ class ODETransformerAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             relative_index=relative_index,
         )
+        if torch.compiler.is_exporting():
+            # Merging the heads below is a view. SDPA's CPU kernel lays its output out (batch, length, heads,
+            # head_dim), so torch.export records the backend's `.contiguous()` as nothing and the merge as a view,
+            # which fails once the ONNX exporter has decomposed SDPA into matmuls laid out (batch, heads, length,
+            # head_dim) (pytorch/pytorch#136543; `.contiguous()` here would be recorded as nothing too). An exported
+            # graph copies explicitly; eager and `torch.compile` keep the free view.
+            output = output.clone(memory_format=torch.contiguous_format)
         output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1))
         return output, weights if return_weights else None
 

@@ -519,7 +519,7 @@ class StageCoefficients(nn.Module):
             gamma = torch.sigmoid(logits)
         else:
             gamma = torch.tanh(logits)
-        return gamma.movedim(-1, 0).unsqueeze(-1)
+        return gamma.movedim(gamma.dim() - 1, 0).unsqueeze(-1)
 
     def gate_input(self, stages: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """What a gate reads: the stages, or each normalised to zero mean and unit variance over the hidden size.

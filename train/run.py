@@ -564,7 +564,9 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _label_smoothing(run_args.task, training_args, argv, recipe)
-    if model_args.model_name_or_path and not model_args.upcycle:  # upcycling takes block flags (from_residual)
+    if (
+        model_args.model_name_or_path and not model_args.upcycle
+    ):  # upcycling takes block flags (from_residual)
         check_saved_model_flags(model_args, run_args.task)
     if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
         # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
