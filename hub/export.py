@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     print(out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -475,7 +475,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
     with caplog.at_level(logging.WARNING, logger="train.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
-    assert "1 input line(s) longer than 128 tokens were truncated (the model's limit" in caplog.text
+    assert "1 input line(s) longer than 128 tokens were truncated (the model's trained length" in caplog.text
     assert "--max_source_length" in caplog.text
     assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
     caplog.clear()

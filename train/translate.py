@@ -298,10 +298,10 @@ def generate_texts(
     """Translate (summarise, correct, continue) ``texts`` in one call: the outputs, in input order.
 
     transformers 5 has no seq2seq pipelines; this is their stand-in, the decoder of ``ode-translate``. Inputs
-    are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the model's
-    limit in the folders this project saves) and never past the model's positions, with a warning counting the
-    lines cut. A causal LM's prompt loses its start, not the end it continues, and leaves ``max_new_tokens`` of
-    the positions to its continuation (the generation config's, else transformers' default of 20 new tokens).
+    are truncated to ``max_source_length`` tokens, by default the tokenizer's ``model_max_length`` (the length the
+    model was trained for, in the folders this project saves; its positions have no limit), with a warning counting
+    the lines cut. A causal LM's prompt loses its start, not the end it continues, and leaves ``max_new_tokens`` of
+    the trained length to its continuation (the generation config's, else transformers' default of 20 new tokens).
     Then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config (beam size,
     length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``,
     ...) override it. No texts, no outputs.
@@ -328,7 +328,8 @@ def generate_texts(
         new_tokens = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
         kwargs["max_new_tokens"] = new_tokens
         limit, model_limit = max(positions - new_tokens, 2), f"{model_limit} less max_new_tokens {new_tokens}"
-    length = min(max_source_length if max_source_length is not None else tokenizer.model_max_length, limit)
+    # an explicit max_source_length is the user's choice, past the trained length too (the positions have no limit)
+    length = max_source_length if max_source_length is not None else min(tokenizer.model_max_length, limit)
     with tokenizer_sides(tokenizer, truncation="left" if causal else "right"):
         encoded = tokenizer(texts, truncation=True, max_length=length)
     cut = sum(truncated_rows(encoded))
@@ -338,8 +339,8 @@ def generate_texts(
             cut, length,
             f"--max_source_length {max_source_length}" if length == max_source_length
             else model_limit if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
-            "raise --max_source_length to keep them whole" if length < limit
-            else "split long lines, or give --max_source_length to cut them shorter",
+            "raise --max_source_length to keep them whole"
+            + ("" if length < limit else " (past the trained length, which the model never saw in training)"),
         )  # fmt: skip
     return decode(tokenizer, generate_ids(model, encoded["input_ids"], **kwargs))
 
