@@ -12,8 +12,8 @@ changes no output (positions come from the attention mask).
 This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
-``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): about 1.5-2.5x
-faster there, hypotheses may differ slightly (docs/performance.md gives the measured BLEU change).
+``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.5-2.1x the
+float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly (docs/performance.md: the BLEU change).
 """
 
 from __future__ import annotations
