@@ -13,7 +13,7 @@ This is the decoder ``train.run`` scores its test split with: fp32 by default, a
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
 ``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.5-2.1x the
-float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly (docs/performance.md: the BLEU change).
+float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly from float32's.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def load_for_generation(
     model_name_or_path: str, device: str | torch.device = "cpu", quantize: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id. ``quantize="int8"``: the
-    Linear layers in int8 (``modeling_ode.quantization.quantize_int8``; CPU only), faster on a CPU at a small cost in
-    accuracy (docs/performance.md gives the BLEU change measured on Multi30k).
+    Linear layers in int8 (``modeling_ode.quantization.quantize_int8``; CPU only), faster on a CPU; hypotheses may
+    differ slightly from float32's (tests/test_quantization.py bounds how often).
 
     Raises:
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
@@ -370,7 +370,7 @@ def _parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; faster, BLEU within 0.3 on Multi30k: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only; 1.5-2.1x faster: docs/performance.md)",
     )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
