@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_ode, common
+from benchmarks.bench_translate import GOALS
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +189,38 @@ def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setti
         assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0 and train["compiled_graphs"] >= 1
         assert f"| {label} | {train['eager_step_s']:.3f} | {train['compiled_step_s']:.3f} |" in report
     assert results["command"].endswith("--quick --dropout") and not (tmp_path / "compile.md").exists()
+
+
+def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
+    """`benchmarks.bench_translate --quick` (in a child process: it sets threads and malloc): every system made
+    exactly the asked number of new tokens in every setting, speeds are sentences over the best round's seconds, the
+    goals are the ratios of those speeds, and CTranslate2's rows are there exactly when it is installed."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    command = [sys.executable, "-m", "benchmarks.bench_translate", "--quick", "--out-dir", str(tmp_path)]
+    subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True)
+    results = json.loads((tmp_path / "translate.json").read_text())
+    assert results["threads"] == 1 and results["machine"]["cpu_capability"]
+    has_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    expected = {"marian", "residual", "residual-int8", "rk2", "rk2-int8", "rk4", "rk4-int8"}
+    assert set(results["systems"]) == expected | ({"ct2", "ct2-int8"} if has_ct2 else set())
+    assert has_ct2 or any("not installed" in note for note in results["notes"])
+    for setting, speeds in results["sentences_per_s"].items():
+        sentences = results["settings"][setting]["sentences"]
+        for name, speed in speeds.items():
+            assert results["new_tokens"][setting][name] == results["setup"]["new_tokens"], (setting, name)
+            assert math.isclose(speed, sentences / min(results["seconds_all"][setting][name]))
+    for goal in results["goals"]:
+        if goal["ratio"] is not None:
+            system, over = next((s, o) for label, s, o, _, _ in GOALS if label == goal["goal"])
+            speeds = results["sentences_per_s"][goal["setting"]]
+            assert math.isclose(goal["ratio"], speeds[system] / speeds[over])
+            assert goal["met"] == (goal["ratio"] >= goal["at_least"])
+    assert results["profiles"]["batch1_greedy"][0]["self_ms"] > 0
+    report = (tmp_path / "translate.md").read_text()
+    assert report.startswith("# Translation speed on CPU") and "| residual-int8 |" in report

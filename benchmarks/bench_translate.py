@@ -1,0 +1,389 @@
+"""Translation speed on CPU, side by side in one run: HF MarianMT, the ODE Transformer (residual, RK2 and RK4
+encoder blocks) in float32, in dynamic int8 and compiled, and CTranslate2's Marian in float32 and int8.
+
+    .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k (~15 min, 2 cores)
+    .venv/bin/python -m benchmarks.bench_translate --quick        # tiny dims, a smoke run (tests/test_benchmarks.py)
+
+Every system translates the same random source sentences (random weights) into exactly `new_tokens` tokens
+(`min_new_tokens = max_new_tokens`; CTranslate2's `min_decoding_length = max_decoding_length`), in four settings:
+batch 16 / batch 1, beam 4 / greedy (batch 1: `batch1_sentences` sentences one at a time). Systems are interleaved:
+each round times every system once per setting, and a system's figure is its best round, in sentences per second.
+
+Systems: `marian` (MarianMTModel of the same dims, dynamic cache); `<model>` (float32, `generate` with its default
+dynamic cache); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, dynamic cache); `<model>-compiled`
+(with `--compile`: float32, static cache, the forward compiled with `fullgraph=True`; the residual model only); `ct2` / `ct2-int8` (the Marian model converted
+with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
+installed: `pip install '.[bench]'`). The goals of issue #43 are checked as ratios of one run, and a torch.profiler
+summary of the int8 residual model's decoding (top operators) says where its time goes.
+
+Writes <out-dir>/translate-<time stamp>.json and <out-dir>/translate.json/.md (the newest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import common
+from benchmarks.common import BASE_DIMS, TINY_DIMS
+from modeling_ode.quantization import quantize_int8
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("residual", "rk2", "rk4")
+SETTINGS = {  # name -> (batch size, beams)
+    "batch16_beam4": (16, 4),
+    "batch16_greedy": (16, 1),
+    "batch1_beam4": (1, 4),
+    "batch1_greedy": (1, 1),
+}
+FULL = {
+    "dims": BASE_DIMS,
+    "src_len": 20,
+    "new_tokens": 30,
+    "batch1_sentences": 4,
+    "rounds": 3,
+    # which models also run compiled (`--compile`): compiling takes 1-4 minutes per batch shape and source length on
+    # a 2-core CPU, so only the residual model (RK2 and RK4 compile the same way)
+    "compile": ("residual",),
+}
+QUICK = {
+    "dims": TINY_DIMS,
+    "src_len": 6,
+    "new_tokens": 3,
+    "batch1_sentences": 1,
+    "rounds": 1,
+    "compile": (),
+}
+# issue #43's goals: (name, system, over system, settings, at least)
+GOALS = (
+    ("residual int8 vs CTranslate2 int8, batch 16 beam 4", "residual-int8", "ct2-int8", ("batch16_beam4",), 1.0),
+    ("residual int8 vs CTranslate2 int8, batch 1", "residual-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
+    ("RK2 int8 vs residual int8", "rk2-int8", "residual-int8", tuple(SETTINGS), 0.9),
+    ("RK4 int8 vs residual int8", "rk4-int8", "residual-int8", tuple(SETTINGS), 0.75),
+)  # fmt: skip
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Systems: each is a function (input_ids, attention_mask, beams) -> generated ids, timed by the caller
+# ----------------------------------------------------------------------------------------------------------
+
+
+def torch_system(model: torch.nn.Module, new_tokens: int, **generate_kwargs):
+    def translate(input_ids: torch.Tensor, attention_mask: torch.Tensor, beams: int) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                num_beams=beams,
+                do_sample=False,
+                min_new_tokens=new_tokens,
+                max_new_tokens=new_tokens,
+                **generate_kwargs,
+            )
+
+    return translate
+
+
+def compiled_system(model: torch.nn.Module, new_tokens: int):
+    """The static cache with the decoding step compiled as one graph (benchmarks.bench_compile's recipe);
+    transformers' own auto-compile stays off."""
+    # every batch shape and source length is a recompile (after the first few, with dynamic sizes)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    return torch_system(model, new_tokens, cache_implementation="static", disable_compile=True)
+
+
+class _Vocabulary:
+    """What CTranslate2's Marian converter reads from a tokenizer: token strings by id, Marian's `<pad>` last (the
+    converter drops the last row, the pad embedding Marian's decoder starts from), EOS and UNK."""
+
+    eos_token, unk_token = "</s>", "<unk>"
+
+    def __init__(self, size: int):
+        self.tokens = ["<s>", "<pad0>", "</s>", "<unk>", *(f"w{i}" for i in range(4, size - 1)), "<pad>"]
+
+    def get_vocab(self) -> dict[str, int]:
+        return {token: index for index, token in enumerate(self.tokens)}
+
+
+def ct2_systems(marian: torch.nn.Module, dims: common.Dims, threads: int, folder: Path, new_tokens: int):
+    """{"ct2": ..., "ct2-int8": ...} from the Marian model's own weights, or a note why there are none."""
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        return {}, "ctranslate2 is not installed (pip install '.[bench]'): its rows are skipped"
+    vocabulary = _Vocabulary(dims.vocab_size)
+
+    class Converter(TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return vocabulary
+
+    marian.save_pretrained(folder / "marian")
+    Converter(str(folder / "marian")).convert(str(folder / "ct2"), force=True)
+    systems = {}
+    for name, compute_type in (("ct2", "float32"), ("ct2-int8", "int8")):
+        translator = ctranslate2.Translator(
+            str(folder / "ct2"),
+            device="cpu",
+            compute_type=compute_type,
+            intra_threads=threads,
+            inter_threads=1,
+        )
+
+        def translate(input_ids, attention_mask, beams, translator=translator):
+            tokens = [
+                [vocabulary.tokens[i] for i in row[mask.bool()].tolist()]
+                for row, mask in zip(input_ids, attention_mask)
+            ]
+            results = translator.translate_batch(
+                tokens,
+                beam_size=beams,
+                max_batch_size=len(tokens),
+                min_decoding_length=new_tokens,
+                max_decoding_length=new_tokens,
+            )
+            return [result.hypotheses[0] for result in results]
+
+        systems[name] = translate
+    return systems, f"ctranslate2 {ctranslate2.__version__}, Marian converted with TransformersConverter"
+
+
+def build_systems(setup: dict, threads: int, folder: Path, compile: bool) -> tuple[dict, list[str]]:
+    dims, new_tokens = setup["dims"], setup["new_tokens"]
+    torch.manual_seed(0)
+    marian = common.build_model("marian", dims).eval()
+    systems = {"marian": torch_system(marian, new_tokens)}
+    for name in MODELS:
+        torch.manual_seed(0)
+        model = common.build_model(name, dims).eval()
+        systems[name] = torch_system(model, new_tokens)
+        # int8 with the dynamic cache: in eager mode the static cache was slower at batch 1 (every step attends over
+        # and reorders the whole preallocated length), and fbgemm's packed weights cannot be compiled
+        systems[f"{name}-int8"] = torch_system(quantize_int8(copy.deepcopy(model)), new_tokens)
+        if compile and name in setup["compile"]:
+            systems[f"{name}-compiled"] = compiled_system(copy.deepcopy(model), new_tokens)
+    ct2, note = ct2_systems(marian, dims, threads, folder, new_tokens)
+    systems.update(ct2)
+    compiled = ", ".join(setup["compile"]) if compile else "none (run with --compile)"
+    notes = [note, f"compiled (static cache, forward compiled with fullgraph=True): {compiled}"]
+    return systems, notes
+
+
+def count_tokens(output, source_rows: int, beams: int) -> int:
+    """New tokens per sentence of one output: transformers' rows hold the start token first."""
+    if isinstance(output, torch.Tensor):
+        return output.shape[1] - 1
+    return len(output[0])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------------------
+
+
+def inputs_for(setting: str, setup: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The calls of one setting: one batch of 16, or `batch1_sentences` single sentences (the batch's first rows)."""
+    batch = common.make_batch(16, setup["src_len"], 1, setup["dims"].vocab_size)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if SETTINGS[setting][0] == 16:
+        return [(ids, mask)]
+    calls = []
+    for row in range(setup["batch1_sentences"]):
+        length = int(mask[row].sum())
+        calls.append((ids[row : row + 1, :length], mask[row : row + 1, :length]))
+    return calls
+
+
+def run_rounds(systems: dict, setup: dict) -> dict:
+    """Seconds per call set, every system in turn in each round; the first call of each (compiling, warming the
+    allocator) is not timed."""
+    times = {setting: {name: [] for name in systems} for setting in SETTINGS}
+    new_tokens = {setting: {} for setting in SETTINGS}
+    for setting, (_, beams) in SETTINGS.items():
+        calls = inputs_for(setting, setup)
+        for name, translate in systems.items():
+            begin = time.perf_counter()
+            output = translate(*calls[0], beams)
+            new_tokens[setting][name] = count_tokens(output, len(calls[0][0]), beams)
+            log(f"warm-up {setting} {name}: {time.perf_counter() - begin:.1f} s")
+    for round_index in range(setup["rounds"]):
+        for setting, (_, beams) in SETTINGS.items():
+            calls = inputs_for(setting, setup)
+            for name, translate in systems.items():
+                begin = time.perf_counter()
+                for ids, mask in calls:
+                    translate(ids, mask, beams)
+                times[setting][name].append(time.perf_counter() - begin)
+        log(f"round {round_index + 1} done")
+    return {"seconds_all": times, "new_tokens": new_tokens}
+
+
+def profile_top_ops(translate, setup: dict, setting: str, rows: int = 12) -> list[dict]:
+    """torch.profiler's operators with the most self CPU time in one call set: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    beams = SETTINGS[setting][1]
+    calls = inputs_for(setting, setup)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for ids, mask in calls:
+            translate(ids, mask, beams)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [
+        {
+            "op": e.key,
+            "self_ms": e.self_cpu_time_total / 1e3,
+            "share": e.self_cpu_time_total / total,
+            "calls": e.count,
+        }
+        for e in events[:rows]
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------
+
+
+def goals(results: dict) -> list[dict]:
+    out = []
+    speed = results["sentences_per_s"]
+    for label, system, over, settings, least in GOALS:
+        for setting in settings:
+            if system not in speed[setting] or over not in speed[setting]:
+                out.append({"goal": label, "setting": setting, "at_least": least, "ratio": None, "met": None})
+                continue
+            ratio = speed[setting][system] / speed[setting][over]
+            out.append(
+                {"goal": label, "setting": setting, "at_least": least, "ratio": ratio, "met": ratio >= least}
+            )
+    return out
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    load = m["load_average_at_start"][0]
+    lines = [
+        "# Translation speed on CPU (sentences/s)",
+        "",
+        f"`{results['command']}` on {m['cpu_model']} ({m['logical_cores']} logical cores, CPU capability "
+        f"{m['cpu_capability']}), {results['threads']} torch thread(s), torch {m['torch']}, transformers "
+        f"{m['transformers']}. Dims {results['dims']}; random weights; source {results['setup']['src_len']} tokens "
+        f"at most; exactly {results['setup']['new_tokens']} new tokens per sentence; batch 1 = "
+        f"{results['setup']['batch1_sentences']} sentences one at a time; best of {results['setup']['rounds']} "
+        "interleaved rounds.",
+        "",
+    ]
+    if load > 1.5:
+        lines += [f"**The machine had other load: load average {load:.2f} at the start.**", ""]
+    lines += [f"- {note}" for note in results["notes"]] + [""]
+    lines += ["| system | " + " | ".join(s.replace("_", ", ") for s in SETTINGS) + " |"]
+    lines += ["|---|" + "---:|" * len(SETTINGS)]
+    for name in results["systems"]:
+        cells = [f"{results['sentences_per_s'][s][name]:.2f}" for s in SETTINGS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Goals (ratios of this run)",
+        "",
+        "| goal | setting | ratio | goal | met |",
+        "|---|---|---:|---:|---|",
+    ]
+    for goal in results["goals"]:
+        ratio = "n/a" if goal["ratio"] is None else f"{goal['ratio']:.2f}"
+        met = {
+            None: "n/a",
+            True: "met",
+            False: f"**unmet** (short by {goal['at_least'] - (goal['ratio'] or 0):.2f})",
+        }
+        lines.append(
+            f"| {goal['goal']} | {goal['setting']} | {ratio} | >= {goal['at_least']} | {met[goal['met']]} |"
+        )
+    for setting, ops in results["profiles"].items():
+        lines += [
+            "",
+            f"## Profile: residual-int8, {setting.replace('_', ', ')} (torch.profiler, self CPU time)",
+            "",
+        ]
+        lines += ["| operator | self ms | share | calls |", "|---|---:|---:|---:|"]
+        lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_translate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny dims, one round: a smoke run")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch (and CTranslate2) threads; the issue's: 1"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also time the residual model compiled (minutes of compiling)"
+    )
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    machine = common.machine_info()  # the load average before this run adds its own
+    common.configure_process(args.threads, "keep-freed")
+    machine["torch_threads"] = torch.get_num_threads()
+    setup = QUICK if args.quick else FULL
+    begin = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench_translate_") as folder:
+        systems, notes = build_systems(setup, args.threads, Path(folder), args.compile and not args.quick)
+        log(f"systems: {', '.join(systems)}")
+        measured = run_rounds(systems, setup)
+        profiles = {
+            setting: profile_top_ops(systems["residual-int8"], setup, setting)
+            for setting in ("batch16_beam4", "batch1_greedy")
+        }
+    sentences = {
+        setting: len(inputs_for(setting, setup)) * (16 if SETTINGS[setting][0] == 16 else 1)
+        for setting in SETTINGS
+    }
+    results = {
+        "command": "python -m benchmarks.bench_translate"
+        + (" --quick" if args.quick else "")
+        + (" --compile" if args.compile else "")
+        + f" --threads {args.threads}",
+        "machine": machine,
+        "threads": args.threads,
+        "dims": setup["dims"].as_dict(),
+        "setup": {key: value for key, value in setup.items() if key != "dims"},
+        "settings": {
+            name: {"batch": b, "beams": k, "sentences": sentences[name]} for name, (b, k) in SETTINGS.items()
+        },
+        "systems": list(systems),
+        "notes": notes,
+        **measured,
+        "sentences_per_s": {
+            setting: {name: sentences[setting] / min(t) for name, t in per_system.items()}
+            for setting, per_system in measured["seconds_all"].items()
+        },
+        "profiles": profiles,
+        "wall_s": time.time() - begin,
+    }
+    results["goals"] = goals(results)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=1) + "\n"
+    (args.out_dir / f"translate-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    (args.out_dir / "translate.json").write_text(text)
+    report = markdown(results)
+    (args.out_dir / "translate.md").write_text(report)
+    print(report)
+    return results
+
+
+if __name__ == "__main__":
+    main()
