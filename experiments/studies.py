@@ -122,12 +122,17 @@ class Study:
             **self.flags(result["variant"], result["depth"], result["seed"], result["size"], source),
             **(overrides or {}),
         }
-        recorded = result["flags"]
+        recorded = {RENAMED_FLAGS.get(key, key): value for key, value in result["flags"].items()}
         return {
             key: (recorded.get(key), now.get(key))
             for key in sorted(set(recorded) | set(now))
             if str(recorded.get(key)) != str(now.get(key))
         }
+
+
+# Flags renamed since runs were recorded, with the same meaning: train.run's --label_smoothing (the model's loss) became
+# transformers' --label_smoothing_factor when the model's loss became plain cross entropy (issue 42).
+RENAMED_FLAGS = {"label_smoothing": "label_smoothing_factor"}
 
 
 def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:

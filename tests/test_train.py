@@ -116,12 +116,10 @@ def test_translation_multi30k(multi30k_run):
     )
     assert document["example"] == multi30k("test")["source"][0]
     generation = json.loads((output_dir / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (
-        2,
-        0.6,
-        48,
-    )
-    assert "max_length" not in generation
+    # BART's convention: max_length (the start token + --max_target_length 48), never max_new_tokens, which would
+    # override a user's max_length and Seq2SeqTrainer's generation_max_length
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (2, 0.6, 49)
+    assert "max_new_tokens" not in generation
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert any("eval_bleu" in entry for entry in state["log_history"])
     assert json.loads((output_dir / "test_results.json").read_text()) == {
