@@ -61,6 +61,9 @@ QUEUES = {
 }
 
 
+LOW_PRIORITY_SESSION = "(echo 19 > /proc/self/autogroup) 2>/dev/null"
+
+
 def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
     """The shell command of one lane: its steps one after another (a failed step does not stop the next)."""
     calls = [
@@ -69,7 +72,10 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
         + f"--parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
         for seeds, variants in lane
     ]
-    return "; ".join(calls)
+    # A lane starts a session of its own, and Linux's autogroup scheduling shares the CPU between sessions first:
+    # `nice` alone then orders processes within the lane only, and the lanes took as much CPU as a test run or a
+    # benchmark beside them. Lowering the session's own priority (where the kernel has autogroups) yields to them.
+    return f"{LOW_PRIORITY_SESSION}; " + "; ".join(calls)
 
 
 def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:

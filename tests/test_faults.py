@@ -183,7 +183,7 @@ def _kill_after_half_a_save(original):
         original(self, output_dir, _internal_call)
         if _internal_call:  # a checkpoint's save
             return
-        file = Path(self.args.output_dir) / "model.safetensors"
+        file = Path(output_dir or self.args.output_dir) / "model.safetensors"
         file.write_bytes(file.read_bytes()[:1000])
         raise Killed("final save")
 
@@ -225,6 +225,9 @@ def test_kill_in_an_end_phase_then_resume_gives_the_same_model(end_phase_run, tm
         patch.setattr(owner, name, replacement(getattr(owner, name)))
         with pytest.raises(Killed):
             train_run(out, *flags)
+    if phase == "final save":  # the cut-off file stayed in the staging folder, not where a model is read
+        assert not (out / "model.safetensors").exists()
+        assert (out / ".staging" / "final_model" / "model.safetensors").stat().st_size == 1000
     train_run(out, *flags, "--resume_from_checkpoint", "last")
     assert_bit_identical(weights(out), weights(full))
     checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
@@ -804,6 +807,29 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     model = train.run.load_trainable_model(model_args, run_args.task)
     assert model.config.d_model == 16 and model.config.dropout == 0.3
     assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
+
+
+def test_a_preset_with_a_saved_model_is_refused_where_it_would_be_ignored(tmp_path):
+    """#44: --preset with --model_name_or_path was neither read nor refused. A preset that matches the saved model
+    (or whose differing fields the flags set) passes; one that does not is refused, its fields named."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)  # the tiny preset with an RK2 encoder
+    flags = [*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
+             "--model_name_or_path", str(folder)]  # fmt: skip
+    parse_arguments(flags)  # TINY_RUN gives --preset tiny: the saved model's own
+    with pytest.raises(ValueError) as raised:
+        parse_arguments([*flags, "--preset", "base"])
+    assert str(raised.value).startswith(
+        "--preset base sets d_model 512 (saved: 16), decoder_attention_heads 8 (saved: 2), decoder_ffn_dim 2048 "
+        "(saved: 32), decoder_layers 6 (saved: 2), "
+    )
+    assert (
+        f"{folder} is a saved model, whose config.json fixes its shape and method; leave --preset out"
+        in str(raised.value)
+    )
+    shaped = ["--d_model", "16", "--encoder_ffn_dim", "32", "--decoder_ffn_dim", "32", "--encoder_layers", "2",
+              "--decoder_layers", "2", "--encoder_attention_heads", "2", "--decoder_attention_heads", "2"]  # fmt: skip
+    parse_arguments([*flags, "--preset", "base", *shaped])  # every differing field set (to the saved values)
 
 
 def _foreign_entries(folder: Path) -> Path:

@@ -55,8 +55,8 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys)
     assert lines[0] == f"worktree {tmp_path / 'tree'} at {q.commit}" and len(lines) == 1 + len(q.lanes)
     assert not (tmp_path / "tree").exists()  # a dry run creates nothing
     for line, lane in zip(lines[1:], q.lanes):
-        calls = line.split(": ", 1)[1].split("; ")
-        assert len(calls) == len(lane)
+        first, *calls = line.split(": ", 1)[1].split("; ")
+        assert first == queue.LOW_PRIORITY_SESSION and len(calls) == len(lane)
         for call, (seeds, variants) in zip(calls, lane):
             words = shlex.split(call)
             assert words[:6] == ["nice", "-n", "19", ".venv/bin/python", "-m", "experiments.run"]
@@ -132,3 +132,18 @@ def test_the_pinned_commits_runner_knows_every_flag_the_lanes_pass(name):
         word for lane in q.lanes for word in shlex.split(queue.lane_command(q, lane)) if word.startswith("--")
     }
     assert flags and all(f'"{flag}"' in source.stdout for flag in flags), flags
+
+
+def test_a_lane_lowers_its_own_sessions_priority():
+    """A lane runs in a session of its own; with autogroup scheduling the kernel shares the CPU between sessions
+    before it looks at `nice`, so each lane lowers its session's priority (the study then yields to the tests and
+    benchmarks of the session that started it)."""
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel has no autogroup scheduling: `nice` alone orders the lanes")
+    command = queue.lane_command(queue.QUEUES["multi30k_paired"], ())
+    assert command.startswith(queue.LOW_PRIORITY_SESSION + "; ")
+    shown = subprocess.run(
+        ["bash", "-c", f"{queue.LOW_PRIORITY_SESSION}; cat /proc/self/autogroup"],
+        capture_output=True, text=True, start_new_session=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout.rstrip().endswith("nice 19"), shown.stdout

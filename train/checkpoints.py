@@ -28,6 +28,7 @@ from pathlib import Path
 from .files import claim, replace_folder
 
 __all__ = [
+    "FINAL_MODEL_STAGING",
     "LOCK_FILES",
     "RUN_ID_FILE",
     "STAGING",
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 STAGING = ".staging"
 """Folder of ``OUTPUT_DIR`` in which checkpoints are written before they are renamed into place."""
+FINAL_MODEL_STAGING = "final_model"
+"""Folder of ``STAGING`` in which the run's final model is written before its files are renamed into place."""
 RUN_ID_FILE = "run_id.txt"
 TRAINER_STATE = "trainer_state.json"
 WEIGHTS = "model.safetensors"

@@ -28,9 +28,12 @@ train.translate`` and of plain ``model.generate`` on the saved folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -58,6 +61,7 @@ from transformers import (
 from modeling_ode import (
     PAPER_DECODING,
     PAPER_LABEL_SMOOTHING,
+    PRESETS,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
@@ -70,7 +74,9 @@ from . import metrics
 from .batching import seq2seq_lengths
 from .card import metrics_document, write_card
 from .checkpoints import (
+    FINAL_MODEL_STAGING,
     LOCK_FILES,
+    STAGING,
     TRAINER_STATE,
     WEIGHTS,
     check_checkpoint_pickles,
@@ -564,6 +570,8 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
     if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
         _refuse_to_delete_inputs(args=(model_args, data_args, run_args, training_args))
     _label_smoothing(run_args.task, training_args, argv, recipe)
+    if model_args.model_name_or_path and _given("preset", argv, recipe):
+        check_saved_model_preset(model_args, run_args.task)
     if (
         model_args.model_name_or_path and not model_args.upcycle
     ):  # upcycling takes block flags (from_residual)
@@ -930,6 +938,33 @@ def check_saved_model_flags(model_args: ModelArguments, task: str) -> None:
         raise ValueError(
             f"{flags}: {path} is a saved model, whose shape and method its config.json fixes; leave these flags out "
             "to fine-tune it as it is, or leave --model_name_or_path out to train a new model with them"
+        )
+
+
+def check_saved_model_preset(model_args: ModelArguments, task: str) -> None:
+    """Refuse a ``--preset`` (given, or in the recipe) that differs from the saved model of
+    ``--model_name_or_path`` in a field no flag sets: the saved config.json decides the model, so the preset would
+    be dropped without a word. The sizes the run sets from its tokenizer and data (vocabulary, positions) are not
+    compared; fields a flag sets are :func:`check_saved_model_flags`' to check.
+
+    Raises:
+        ValueError: the preset's differing fields, the saved values and the fix.
+    """
+    ODETransformerConfig.from_preset(model_args.preset)  # an unknown name is refused, the presets listed
+    preset = PRESETS[model_args.preset]
+    saved = ode_model_config(model_args.model_name_or_path)
+    flags = model_args.task_overrides(task)
+    sized_by_the_run = ("vocab_size", "max_position_embeddings")
+    differing = sorted(
+        key for key in preset
+        if key not in flags and key not in sized_by_the_run and saved.get(key) != preset[key]
+    )  # fmt: skip
+    if differing:
+        fields = ", ".join(f"{key} {preset[key]!r} (saved: {saved.get(key)!r})" for key in differing)
+        raise ValueError(
+            f"--preset {model_args.preset} sets {fields}: {model_args.model_name_or_path} is a saved model, whose "
+            "config.json fixes its shape and method; leave --preset out to fine-tune it as it is (dropout rates "
+            "are flags: --dropout, --attention_dropout, --activation_dropout)"
         )
 
 
@@ -1307,15 +1342,33 @@ def _restore_trained(trainer, checkpoint: str) -> dict:
 
 def save_final_model(trainer) -> None:
     """``trainer.save_model`` (weights, config, tokenizer), refusing a model with non-finite weights: it would
-    only translate to empty lines."""
+    only translate to empty lines.
+
+    The files are written into ``OUTPUT_DIR/.staging/final`` and each is then renamed over its namesake in
+    ``OUTPUT_DIR``: a kill or a full disk during the save leaves the old files (or none), never a cut-off
+    ``model.safetensors`` (``--resume_from_checkpoint last`` redoes the save; the staging folder is removed).
+    """
     bad = non_finite_tensors(trainer.model)
     if bad:
         raise FloatingPointError(
             f"the final model has non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
             f"not saved; train again with a lower --learning_rate (was {trainer.args.learning_rate:g})."
         )
-    with saving(trainer.args.output_dir):
-        trainer.save_model()
+    out = Path(trainer.args.output_dir)
+    staged = out / STAGING / FINAL_MODEL_STAGING
+    if trainer.args.should_save:
+        shutil.rmtree(staged, ignore_errors=True)  # left by a save that was interrupted
+    trainer.accelerator.wait_for_everyone()
+    with saving(out):
+        trainer.save_model(str(staged))  # every process takes part (FSDP gathers the weights)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        for file in sorted(staged.iterdir()):
+            os.replace(file, out / file.name)  # one rename per file: each is whole, old or new
+        staged.rmdir()
+        with contextlib.suppress(OSError):  # not empty: a checkpoint's staging, the next save clears it
+            staged.parent.rmdir()
+    trainer.accelerator.wait_for_everyone()
 
 
 def run(args: tuple) -> dict:
