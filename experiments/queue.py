@@ -35,6 +35,7 @@ class Queue:
     worktree: str  # the worktree's folder, next to this checkout
 
 
+_M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
 QUEUES = {
     # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
     # about the same time (an RK4 epoch takes about 3x a residual one here).
@@ -47,14 +48,25 @@ QUEUES = {
         ),
         worktree="exp_ptb",
     ),
-    # Issue 41: the Multi30k headline rows as one batch. Each lane runs whole seeds (all variants of a seed back to
-    # back, on one machine), seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4.
+    # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
+    # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
+    # seed 2 comes right after RK2 of seeds 0-1: issue 45's upcycling study starts from residual seeds 0-2.
     "multi30k_paired": Queue(
         study="multi30k_paired",
         commit="bea8704",
         lanes=(
-            (((0,), ()), ((2,), ()), ((4,), ("residual", "rk2", "rk4"))),
-            (((1,), ()), ((3,), ("residual", "rk2", "rk4"))),
+            (
+                ((0,), ("residual", "rk2")),
+                ((0,), _M30K_LATER_ROWS),
+                ((2,), ("rk2", *_M30K_LATER_ROWS)),
+                ((4,), ("residual", "rk2", "rk4")),
+            ),
+            (
+                ((1,), ("residual", "rk2")),
+                ((2,), ("residual",)),
+                ((1,), _M30K_LATER_ROWS),
+                ((3,), ("residual", "rk2", "rk4")),
+            ),
         ),
         worktree="exp_m30k",
     ),
