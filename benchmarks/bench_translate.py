@@ -1,7 +1,7 @@
 """Translation speed on CPU, side by side in one run: HF MarianMT, the ODE Transformer (residual, RK2 and RK4
 encoder blocks) in float32, in dynamic int8 and compiled, and CTranslate2's Marian in float32 and int8.
 
-    .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k (~15 min, 2 cores)
+    .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k (~20 min, 2 cores)
     .venv/bin/python -m benchmarks.bench_translate --quick        # tiny dims, a smoke run (tests/test_benchmarks.py)
 
 Every system translates the same random source sentences (random weights) into exactly `new_tokens` tokens
@@ -10,8 +10,9 @@ batch 16 / batch 1, beam 4 / greedy (batch 1: `batch1_sentences` sentences one a
 each round times every system once per setting, and a system's figure is its best round, in sentences per second.
 
 Systems: `marian` (MarianMTModel of the same dims, dynamic cache); `<model>` (float32, `generate` with its default
-dynamic cache); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, dynamic cache); `<model>-compiled`
-(with `--compile`: float32, static cache, the forward compiled with `fullgraph=True`; the residual model only); `ct2` / `ct2-int8` (the Marian model converted
+dynamic cache); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, dynamic cache); `<model>-int8-compiled`
+(int8 with `train.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
+greedy settings only, as transformers compiles no beam-search step); `ct2` / `ct2-int8` (the Marian model converted
 with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
 installed: `pip install '.[bench]'`). The goals of issue #43 are checked as ratios of one run, and a torch.profiler
 summary of the int8 residual model's decoding (top operators) says where its time goes.
@@ -34,6 +35,7 @@ import torch
 from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
 from modeling_ode.quantization import quantize_int8
+from train.translate import compile_decoding
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("residual", "rk2", "rk4")
@@ -43,15 +45,14 @@ SETTINGS = {  # name -> (batch size, beams)
     "batch1_beam4": (1, 4),
     "batch1_greedy": (1, 1),
 }
+GREEDY = tuple(setting for setting, (_, beams) in SETTINGS.items() if beams == 1)
 FULL = {
     "dims": BASE_DIMS,
     "src_len": 20,
     "new_tokens": 30,
     "batch1_sentences": 4,
     "rounds": 3,
-    # which models also run compiled (`--compile`): compiling takes 1-4 minutes per batch shape and source length on
-    # a 2-core CPU, so only the residual model (RK2 and RK4 compile the same way)
-    "compile": ("residual",),
+    "compile": MODELS,  # which int8 models also run compiled (10-60 s of compiling per batch shape)
 }
 QUICK = {
     "dims": TINY_DIMS,
@@ -67,6 +68,13 @@ GOALS = (
     ("residual int8 vs CTranslate2 int8, batch 1", "residual-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
     ("RK2 int8 vs residual int8", "rk2-int8", "residual-int8", tuple(SETTINGS), 0.9),
     ("RK4 int8 vs residual int8", "rk4-int8", "residual-int8", tuple(SETTINGS), 0.75),
+    ("residual ONNX int8 vs CTranslate2 int8, batch 16 beam 4", "residual-onnx-int8", "ct2-int8", ("batch16_beam4",), 1.0),
+    ("residual ONNX int8 vs CTranslate2 int8, batch 1", "residual-onnx-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
+    ("RK2 ONNX int8 vs residual ONNX int8", "rk2-onnx-int8", "residual-onnx-int8", tuple(SETTINGS), 0.9),
+    ("RK4 ONNX int8 vs residual ONNX int8", "rk4-onnx-int8", "residual-onnx-int8", tuple(SETTINGS), 0.75),
+    ("residual int8 compiled vs CTranslate2 int8, batch 1", "residual-int8-compiled", "ct2-int8", ("batch1_greedy",), 0.7),
+    ("RK2 int8 compiled vs residual int8 compiled", "rk2-int8-compiled", "residual-int8-compiled", GREEDY, 0.9),
+    ("RK4 int8 compiled vs residual int8 compiled", "rk4-int8-compiled", "residual-int8-compiled", GREEDY, 0.75),
 )  # fmt: skip
 
 
@@ -95,13 +103,9 @@ def torch_system(model: torch.nn.Module, new_tokens: int, **generate_kwargs):
     return translate
 
 
-def compiled_system(model: torch.nn.Module, new_tokens: int):
-    """The static cache with the decoding step compiled as one graph (benchmarks.bench_compile's recipe);
-    transformers' own auto-compile stays off."""
-    # every batch shape and source length is a recompile (after the first few, with dynamic sizes)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    model.forward = torch.compile(model.forward, fullgraph=True)
-    return torch_system(model, new_tokens, cache_implementation="static", disable_compile=True)
+def runs_in(system: str, setting: str) -> bool:
+    """Compiled systems run the greedy settings only: transformers' `generate` compiles no beam-search step."""
+    return not (system.endswith("-compiled") and SETTINGS[setting][1] > 1)
 
 
 class _Vocabulary:
@@ -160,7 +164,35 @@ def ct2_systems(marian: torch.nn.Module, dims: common.Dims, threads: int, folder
     return systems, f"ctranslate2 {ctranslate2.__version__}, Marian converted with TransformersConverter"
 
 
-def build_systems(setup: dict, threads: int, folder: Path, compile: bool) -> tuple[dict, list[str]]:
+def onnx_int8_system(model: torch.nn.Module, threads: int, folder: Path, new_tokens: int):
+    """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: seconds, where
+    dynamo takes minutes) decoded by `hub.onnx_export.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens, as it
+    has no `min_new_tokens`: its end-of-sentence id is one the model cannot write. None without the onnx extra."""
+    try:
+        import onnxruntime
+
+        from hub.onnx_export import ONNXSeq2SeqGenerator, export_onnx
+    except ImportError:
+        return None
+    export_onnx(model, folder, dynamo=False, quantize="int8")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    config = {
+        **model.generation_config.to_dict(),
+        "eos_token_id": model.config.vocab_size,
+        "forced_eos_token_id": None,
+    }
+    generator = ONNXSeq2SeqGenerator(folder, config, session_options=options)
+
+    def translate(input_ids, attention_mask, beams):
+        return generator.generate(
+            input_ids.numpy(), attention_mask.numpy(), num_beams=beams, max_new_tokens=new_tokens
+        )
+
+    return translate
+
+
+def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[str]]:
     dims, new_tokens = setup["dims"], setup["new_tokens"]
     torch.manual_seed(0)
     marian = common.build_model("marian", dims).eval()
@@ -172,18 +204,30 @@ def build_systems(setup: dict, threads: int, folder: Path, compile: bool) -> tup
         # int8 with the dynamic cache: in eager mode the static cache was slower at batch 1 (every step attends over
         # and reorders the whole preallocated length), and fbgemm's packed weights cannot be compiled
         systems[f"{name}-int8"] = torch_system(quantize_int8(copy.deepcopy(model)), new_tokens)
-        if compile and name in setup["compile"]:
-            systems[f"{name}-compiled"] = compiled_system(copy.deepcopy(model), new_tokens)
+        if name in setup["compile"]:
+            # the three models share one forward (dynamo's cache entries are per code object, guarded by model)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            compiled = compile_decoding(quantize_int8(copy.deepcopy(model)))
+            systems[f"{name}-int8-compiled"] = torch_system(compiled, new_tokens)
+        onnx_int8 = onnx_int8_system(model, threads, folder / f"{name}-onnx", new_tokens)
+        if onnx_int8 is not None:
+            systems[f"{name}-onnx-int8"] = onnx_int8
     ct2, note = ct2_systems(marian, dims, threads, folder, new_tokens)
     systems.update(ct2)
-    compiled = ", ".join(setup["compile"]) if compile else "none (run with --compile)"
-    notes = [note, f"compiled (static cache, forward compiled with fullgraph=True): {compiled}"]
+    notes = [
+        note,
+        f"int8 compiled (train.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
+        "onnx-int8: ode-export --onnx --quantize int8 (TorchScript exporter), decoded with ONNXSeq2SeqGenerator"
+        if "residual-onnx-int8" in systems
+        else "onnx, onnxscript or onnxruntime is not installed (pip install '.[onnx]'): the ONNX rows are skipped",
+    ]
     return systems, notes
 
 
 def count_tokens(output, source_rows: int, beams: int) -> int:
-    """New tokens per sentence of one output: transformers' rows hold the start token first."""
-    if isinstance(output, torch.Tensor):
+    """New tokens per sentence of one output: transformers' and the ONNX generator's rows hold the start token
+    first."""
+    if hasattr(output, "shape"):
         return output.shape[1] - 1
     return len(output[0])
 
@@ -209,11 +253,13 @@ def inputs_for(setting: str, setup: dict) -> list[tuple[torch.Tensor, torch.Tens
 def run_rounds(systems: dict, setup: dict) -> dict:
     """Seconds per call set, every system in turn in each round; the first call of each (compiling, warming the
     allocator) is not timed."""
-    times = {setting: {name: [] for name in systems} for setting in SETTINGS}
+    times = {setting: {name: [] for name in systems if runs_in(name, setting)} for setting in SETTINGS}
     new_tokens = {setting: {} for setting in SETTINGS}
     for setting, (_, beams) in SETTINGS.items():
         calls = inputs_for(setting, setup)
         for name, translate in systems.items():
+            if not runs_in(name, setting):
+                continue
             begin = time.perf_counter()
             output = translate(*calls[0], beams)
             new_tokens[setting][name] = count_tokens(output, len(calls[0][0]), beams)
@@ -222,6 +268,8 @@ def run_rounds(systems: dict, setup: dict) -> dict:
         for setting, (_, beams) in SETTINGS.items():
             calls = inputs_for(setting, setup)
             for name, translate in systems.items():
+                if not runs_in(name, setting):
+                    continue
                 begin = time.perf_counter()
                 for ids, mask in calls:
                     translate(ids, mask, beams)
@@ -292,7 +340,7 @@ def markdown(results: dict) -> str:
     lines += ["| system | " + " | ".join(s.replace("_", ", ") for s in SETTINGS) + " |"]
     lines += ["|---|" + "---:|" * len(SETTINGS)]
     for name in results["systems"]:
-        cells = [f"{results['sentences_per_s'][s][name]:.2f}" for s in SETTINGS]
+        cells = [f"{results['sentences_per_s'][s][name]:.2f}" if runs_in(name, s) else "-" for s in SETTINGS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -330,9 +378,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch (and CTranslate2) threads; the issue's: 1"
     )
-    parser.add_argument(
-        "--compile", action="store_true", help="also time the residual model compiled (minutes of compiling)"
-    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     machine = common.machine_info()  # the load average before this run adds its own
@@ -341,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
     setup = QUICK if args.quick else FULL
     begin = time.time()
     with tempfile.TemporaryDirectory(prefix="bench_translate_") as folder:
-        systems, notes = build_systems(setup, args.threads, Path(folder), args.compile and not args.quick)
+        systems, notes = build_systems(setup, args.threads, Path(folder))
         log(f"systems: {', '.join(systems)}")
         measured = run_rounds(systems, setup)
         profiles = {
@@ -355,7 +400,6 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "command": "python -m benchmarks.bench_translate"
         + (" --quick" if args.quick else "")
-        + (" --compile" if args.compile else "")
         + f" --threads {args.threads}",
         "machine": machine,
         "threads": args.threads,

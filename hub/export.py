@@ -10,7 +10,8 @@
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
-                               (hub/onnx_export.py: their inputs, outputs and decoding with onnxruntime)
+                               (hub/onnx_export.py: their inputs, outputs and decoding with onnxruntime);
+                               `--quantize int8` writes them with int8 products
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
 classes (`register_for_auto_class`), so every saved folder carries them. This module adds what an upload
@@ -37,7 +38,14 @@ from modeling_ode import (
 from ode_transformer.cli import program_name, report_user_error
 
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
-from .onnx_export import EXPORT_PACKAGES, check_exportable, export_onnx, require
+from .onnx_export import (
+    EXPORT_PACKAGES,
+    ONNX_QUANTIZE_CHOICES,
+    RUNTIME_PACKAGES,
+    check_exportable,
+    export_onnx,
+    require,
+)
 
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
@@ -138,6 +146,7 @@ def export_for_hub(
     overwrite: bool = False,
     onnx: bool = False,
     onnx_dynamo: bool = True,
+    onnx_quantize: str | None = None,
 ) -> Path:
     """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
 
@@ -154,6 +163,8 @@ def export_for_hub(
         onnx: also write the ONNX graphs into ``out_dir/onnx`` (an encoder-decoder only; needs the `onnx` extra).
         onnx_dynamo: export them with ``torch.onnx.export(..., dynamo=True)`` (torch's default), else with the
             TorchScript exporter.
+        onnx_quantize: "int8": the graphs with int8 products (``hub.onnx_export.quantize_graph_int8``; needs
+            onnxruntime too), the fastest way to translate on a CPU (docs/performance.md).
     Returns: out_dir.
 
     The folder is written as ``OUT_DIR.incomplete`` and renamed to ``out_dir`` once complete
@@ -166,13 +177,16 @@ def export_for_hub(
     out_dir = Path(out_dir)
     if source_dir is not None and out_dir.resolve() == source_dir.resolve():
         raise ValueError("out_dir must differ from the model folder.")
+    if onnx_quantize and not onnx:
+        raise ValueError("onnx_quantize (--quantize) quantises the ONNX graphs: add --onnx")
     if onnx:
-        require(EXPORT_PACKAGES, "ONNX export (`--onnx`)")
+        require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if onnx_quantize else ()), "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     with claim_output(out_dir, "OUT_DIR"):
         return _export(
-            model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite, onnx, onnx_dynamo
-        )
+            model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite, onnx, onnx_dynamo,
+            onnx_quantize,
+        )  # fmt: skip
 
 
 def _export(
@@ -185,6 +199,7 @@ def _export(
     overwrite: bool,
     onnx: bool,
     onnx_dynamo: bool,
+    onnx_quantize: str | None,
 ) -> Path:
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")  # again, now that no other export writes it
     if metrics is None and source_dir is not None and (source_dir / METRICS_FILENAME).is_file():
@@ -206,7 +221,7 @@ def _export(
         else:
             write_model_card(staged, metrics, repo_id)
         if onnx:
-            export_onnx(model, staged / "onnx", dynamo=onnx_dynamo)
+            export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
     return out_dir
 
 
@@ -235,7 +250,16 @@ def main(argv: list[str] | None = None) -> None:
         default="dynamo",
         help="torch.onnx.export's exporter: dynamo (torch.export, the default) or the older TorchScript one",
     )
+    parser.add_argument(
+        "--quantize",
+        choices=ONNX_QUANTIZE_CHOICES,
+        default=None,
+        help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
+        "with hub.onnx_export.ONNXSeq2SeqGenerator (docs/performance.md)",
+    )
     args = parser.parse_args(argv)
+    if args.quantize and not args.onnx:
+        parser.error("--quantize quantises the ONNX graphs: add --onnx")
     try:
         out = export_for_hub(
             args.model_dir,
@@ -246,11 +270,14 @@ def main(argv: list[str] | None = None) -> None:
             args.overwrite,
             onnx=args.onnx,
             onnx_dynamo=args.onnx_exporter == "dynamo",
+            onnx_quantize=args.quantize,
         )
     except (FileExistsError, InUseError) as error:  # an occupied or busy OUT_DIR: one line, as argparse's
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     except ModuleNotFoundError as error:
-        if error.name not in EXPORT_PACKAGES:  # `require` names the onnx extra; anything else is a real bug
+        if (
+            error.name not in EXPORT_PACKAGES + RUNTIME_PACKAGES
+        ):  # `require` names the onnx extra; anything else is a real bug
             raise
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     print(out)

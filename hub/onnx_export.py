@@ -47,10 +47,12 @@ __all__ = [
     "ENCODER",
     "GRAPHS",
     "ONNX_OPSET",
+    "ONNX_QUANTIZE_CHOICES",
     "ONNXSeq2SeqGenerator",
     "cache_names",
     "check_exportable",
     "export_onnx",
+    "quantize_graph_int8",
     "require",
 ]
 
@@ -63,6 +65,7 @@ ENCODER, DECODER, DECODER_WITH_PAST = (
 GRAPHS = (ENCODER, DECODER, DECODER_WITH_PAST)
 EXPORT_PACKAGES = ("onnx", "onnxscript")  # torch.onnx.export needs them (the dynamo exporter both)
 RUNTIME_PACKAGES = ("onnxruntime",)
+ONNX_QUANTIZE_CHOICES = ("int8",)
 
 
 def require(packages: Sequence[str], purpose: str) -> None:
@@ -266,6 +269,7 @@ def export_onnx(
     dynamo: bool = True,
     opset: int = ONNX_OPSET,
     graphs: Sequence[str] = GRAPHS,
+    quantize: str | None = None,
 ) -> dict[str, float]:
     """Write the ONNX graphs of an `ODETransformerForConditionalGeneration` into `out_dir` (created).
 
@@ -276,11 +280,16 @@ def export_onnx(
         dynamo: `torch.onnx.export(..., dynamo=True)` (torch.export, torch's default) or the TorchScript exporter.
         opset: the ONNX opset.
         graphs: which of `GRAPHS` to write.
+        quantize: "int8" writes the graphs with int8 weights (:func:`quantize_graph_int8`; needs onnxruntime).
     Returns: the seconds each graph's export took, by file name.
     """
     import torch
 
-    require(EXPORT_PACKAGES, "ONNX export")
+    require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if quantize else ()), "ONNX export")
+    if quantize not in (None, *ONNX_QUANTIZE_CHOICES):
+        raise ValueError(
+            f"quantize {quantize!r}: choose one of {list(ONNX_QUANTIZE_CHOICES)}, or None (float32)"
+        )
     check_exportable(model)
     if model.dtype != torch.float32:  # bf16 or fp16 weights: the graphs are float32, exported from a copy
         model = copy.deepcopy(model).float()
@@ -298,10 +307,55 @@ def export_onnx(
             spec = specs[name]
             start = time.perf_counter()
             _export_graph(spec, out_dir / name, dynamo, opset)
+            if quantize:
+                quantize_graph_int8(out_dir / name, model)
             seconds[name] = time.perf_counter() - start
     finally:
         model.train(was_training)
     return seconds
+
+
+def quantize_graph_int8(path: Path, model) -> None:
+    """Rewrite the graph at `path` with dynamic int8 products, as `modeling_ode.quantization` does in PyTorch:
+    onnxruntime's `quantize_dynamic` with int8 weights per output channel, the activations quantised per call to 7
+    bits (`reduce_range`: without AVX-512 VNNI the int8 kernels sum pairs in 16 bits, which full-range inputs
+    saturate). Only products with a weight are quantised (`MatMulConstBOnly`: attention's Q K^T and its weighted
+    sum stay float), and the ODE gates' products stay float (found by their weights, whatever the exporter named
+    the nodes)."""
+    import logging
+
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from modeling_ode.ode import StageGate
+
+    gates = [m.weight.detach().float().numpy() for m in model.modules() if isinstance(m, StageGate)]
+    graph = onnx.load(str(path)).graph
+    weights = {init.name: init for init in graph.initializer}
+
+    def is_gate(name: str) -> bool:
+        if name not in weights or len(weights[name].dims) != 2:
+            return False
+        array = numpy_helper.to_array(weights[name])
+        return any(array.shape == w.shape[::-1] and np.array_equal(array, w.T) for w in gates)
+
+    gate_nodes = [
+        n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and any(map(is_gate, n.input))
+    ]
+    quantized = path.with_name(f".{path.stem}.int8{path.suffix}")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process the graph (shape inference) is for static shapes
+    try:
+        quantize_dynamic(
+            path, quantized, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
+            op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=gate_nodes,
+            extra_options={"MatMulConstBOnly": True},
+        )  # fmt: skip
+    finally:
+        root.setLevel(level)
+    quantized.replace(path)
 
 
 def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> None:

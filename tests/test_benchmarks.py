@@ -207,9 +207,12 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
     results = json.loads((tmp_path / "translate.json").read_text())
     assert results["threads"] == 1 and results["machine"]["cpu_capability"]
     has_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    has_onnx = all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime"))
     expected = {"marian", "residual", "residual-int8", "rk2", "rk2-int8", "rk4", "rk4-int8"}
-    assert set(results["systems"]) == expected | ({"ct2", "ct2-int8"} if has_ct2 else set())
-    assert has_ct2 or any("not installed" in note for note in results["notes"])
+    expected |= {"ct2", "ct2-int8"} if has_ct2 else set()
+    expected |= {"residual-onnx-int8", "rk2-onnx-int8", "rk4-onnx-int8"} if has_onnx else set()
+    assert set(results["systems"]) == expected
+    assert has_ct2 or any("ctranslate2 is not installed" in note for note in results["notes"])
     for setting, speeds in results["sentences_per_s"].items():
         sentences = results["settings"][setting]["sentences"]
         for name, speed in speeds.items():

@@ -310,6 +310,38 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     np.testing.assert_array_equal(generator.generate(batch["input_ids"], batch["attention_mask"]), expected)
 
 
+def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, capsys):
+    import onnx
+
+    from hub.export import main
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "model"), str(tmp_path / "plain"), "--quantize", "int8"])
+    assert "--quantize quantises the ONNX graphs: add --onnx" in capsys.readouterr().err
+    assert not (tmp_path / "plain").exists()
+    out = tmp_path / "export"
+    assert (
+        main(
+            [
+                str(tmp_path / "model"),
+                str(out),
+                "--onnx",
+                "--onnx-exporter",
+                "torchscript",
+                "--quantize",
+                "int8",
+            ]
+        )
+        == 0
+    )
+    for graph in GRAPHS:
+        assert "MatMulInteger" in {
+            node.op_type for node in onnx.load(str(out / "onnx" / graph)).graph.node
+        }, graph
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(GRAPHS)  # no temporary file left
+
+
 def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capsys):
     import importlib.util
 

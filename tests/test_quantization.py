@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as nnf
@@ -140,3 +141,76 @@ def test_unknown_quantisation_and_gpu_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         translate.main([str(tmp_path), "--quantize", "int4"])
     assert exit_info.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_compiled_decoding_gives_the_eager_tokens_in_float32_and_int8(trained):
+    """`compile_decoding` (static cache, each greedy step compiled by transformers' generate, on a CPU): the
+    compiled graph sums in another order than eager kernels, so the same near-tie bound as int8 vs float32 holds,
+    in float32 and in int8 (whose products the compiler sees as one opaque operator)."""
+    ids, mask, _ = reverse_batch(64, torch.Generator().manual_seed(2))
+    settings = {"num_beams": 1, "max_new_tokens": 9, "pad_token_id": PAD}
+    for model in (copy.deepcopy(trained), quantize_int8(copy.deepcopy(trained))):
+        compiled = translate.compile_decoding(copy.deepcopy(model))
+        assert compiled.generation_config.cache_implementation == "static"
+        with torch.no_grad():
+            expected = model.generate(ids, attention_mask=mask, **settings)
+            got = compiled.generate(ids, attention_mask=mask, **settings)
+        assert getattr(compiled, "_compiled_call", None) is not None  # the steps ran compiled, not eager
+        assert got.shape == expected.shape
+        differing = (got != expected).any(dim=1).float().mean().item()
+        assert differing <= MAX_DIFFERING, f"{differing:.0%} of the compiled sequences differ from eager"
+
+
+def test_ode_translate_compile_refuses_beam_search(tmp_path, capsys):
+    save_tiny_folder(tmp_path, weight_scale=3)  # its generation config: beam 2
+    (tmp_path / "in.txt").write_text("the dog runs\n")
+    with pytest.raises(
+        ValueError, match=r"--compile speeds up greedy decoding only, and .* decodes with 2 beams"
+    ):
+        translate.main([str(tmp_path), "--input", str(tmp_path / "in.txt"), "--compile", "--no_progress"])
+    translate.main(
+        [str(tmp_path), "--input", str(tmp_path / "in.txt"), "--compile", "--num_beams", "1", "--no_progress"]
+    )
+    model, tokenizer = save_tiny_folder(tmp_path / "again", weight_scale=3)
+    with torch.no_grad():
+        expected = model.generate(**tokenizer(["the dog runs"], return_tensors="pt"), num_beams=1)
+    assert capsys.readouterr().out == tokenizer.decode(expected[0], skip_special_tokens=True).strip() + "\n"
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(trained, exporter, tmp_path):
+    """`export_onnx(..., quantize="int8")` (`ode-export --onnx --quantize int8`): onnxruntime's int8 products in the
+    graphs, the gates' products float (found by their weights), and the same bound on differing sequences as int8
+    in PyTorch, decoded by the project's onnxruntime generator."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from hub.onnx_export import DECODER_WITH_PAST, ENCODER, ONNXSeq2SeqGenerator, export_onnx
+
+    export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8")
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(tmp_path / DECODER_WITH_PAST)).graph.node}
+    encoder = onnx.load(str(tmp_path / ENCODER)).graph
+    weights = {init.name: onnx.numpy_helper.to_array(init) for init in encoder.initializer}
+    gates = [m.weight.detach().numpy().T for m in trained.modules() if isinstance(m, StageGate)]
+    assert len(gates) == trained.config.encoder_layers
+    for gate in gates:  # a float initializer holding the gate's weights, read by a float product
+        names = {n for n, w in weights.items() if w.shape == gate.shape and np.array_equal(w, gate)}
+        assert any(node.op_type in ("MatMul", "Gemm") and names & set(node.input) for node in encoder.node)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    generator = ONNXSeq2SeqGenerator(tmp_path, trained.generation_config, session_options=options)
+    ids, mask, _ = reverse_batch(64, torch.Generator().manual_seed(1))
+    for beams in (1, 4):
+        with torch.no_grad():
+            expected = trained.generate(
+                ids, attention_mask=mask, num_beams=beams, max_new_tokens=9, pad_token_id=PAD
+            )
+        got = torch.from_numpy(
+            generator.generate(ids.numpy(), mask.numpy(), num_beams=beams, max_new_tokens=9)
+        )
+        width = max(got.shape[1], expected.shape[1])  # a differing sequence may end later than all the others
+        got, expected = (nnf.pad(x, (0, width - x.shape[1]), value=PAD) for x in (got, expected))
+        differing = (got != expected).any(dim=1).float().mean().item()
+        assert differing <= MAX_DIFFERING, (
+            f"{differing:.0%} of the int8 sequences differ from float32 ({beams} beams)"
+        )

@@ -13,7 +13,9 @@ This is the decoder ``train.run`` scores its test split with: fp32 by default, a
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
 ``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.5-2.1x the
-float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly from float32's.
+float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly from float32's. ``--compile`` decodes
+with a static cache and each decoding step compiled (:func:`compile_decoding`): less Python per token, after
+seconds to a minute of compiling per new batch shape, so it pays for many sentences in small batches.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import (
     AutoTokenizer,
+    CompileConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -108,11 +111,15 @@ def check_model_folder(model_name_or_path: str) -> None:
 
 
 def load_for_generation(
-    model_name_or_path: str, device: str | torch.device = "cpu", quantize: str | None = None
+    model_name_or_path: str,
+    device: str | torch.device = "cpu",
+    quantize: str | None = None,
+    compile: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (in eval mode, on ``device``) and tokenizer of a saved folder or Hub id. ``quantize="int8"``: the
     Linear layers in int8 (``modeling_ode.quantization.quantize_int8``; CPU only), faster on a CPU; hypotheses may
-    differ slightly from float32's (tests/test_quantization.py bounds how often).
+    differ slightly from float32's (tests/test_quantization.py bounds how often). ``compile``: decoding steps
+    compiled (:func:`compile_decoding`).
 
     Raises:
         FileNotFoundError: a local folder is missing, or holds no tokenizer (path and fix named).
@@ -124,7 +131,24 @@ def load_for_generation(
         raise ValueError(f"quantize {quantize!r}: {problem}")
     tokenizer = load_model_tokenizer(model_name_or_path)
     model = load_saved_model(model_name_or_path).to(device).eval()
-    return (quantize_int8(model) if quantize else model), tokenizer
+    if quantize:
+        quantize_int8(model)
+    return (compile_decoding(model) if compile else model), tokenizer
+
+
+def compile_decoding(model: PreTrainedModel) -> PreTrainedModel:
+    """``model`` set to decode with a static (preallocated) cache and its decoding step compiled by transformers'
+    own ``generate`` compilation (``CompileConfig``: one graph per step, ``fullgraph``), on a CPU too, where
+    transformers compiles only when told. The first step after the encoder runs eager. Each new batch shape and
+    source length costs a compile (seconds to a minute; after the first, dims become dynamic); then a step runs
+    with little Python around its operators: at batch 1 with int8 weights about 1.5x the eager speed
+    (docs/performance.md). Float32 and int8 (``modeling_ode.quantization``) both compile.
+    """
+    compile_config = CompileConfig(fullgraph=True, mode="default")  # "reduce-overhead" is CUDA graphs
+    compile_config._compile_all_devices = True  # transformers' switch for compiling off the GPU
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.compile_config = compile_config
+    return model
 
 
 def quantize_problem(quantize: str, device: str) -> str | None:
@@ -416,6 +440,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="int8: Linear layers in dynamic int8 (CPU only; 1.5-2.1x faster: docs/performance.md)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="static cache and compiled decoding steps (pays for many sentences in small batches: "
+        "docs/performance.md)",
+    )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -451,12 +481,21 @@ def main(argv: list[str] | None = None) -> None:
 
 def _translate_file(args: argparse.Namespace) -> list[str]:
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
-    model, tokenizer = load_for_generation(args.model, args.device, quantize=args.quantize)
+    model, tokenizer = load_for_generation(
+        args.model, args.device, quantize=args.quantize, compile=args.compile
+    )
     overrides = {
         key: value
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
+    beams = overrides.get("num_beams", model.generation_config.num_beams)
+    if args.compile and beams > 1:
+        raise ValueError(
+            f"--compile speeds up greedy decoding only, and {args.model} decodes with {beams} beams: transformers "
+            "compiles no beam-search step, and the static cache that compiling needs is slower there; add "
+            "--num_beams 1, or leave out --compile"
+        )
     return generate_texts(
         model, tokenizer, texts, args.max_source_length,
         batch_size=args.batch_size, bf16=args.bf16, progress=not args.no_progress, **overrides,
