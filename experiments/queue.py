@@ -33,6 +33,7 @@ class Queue:
     commit: str  # every run of the study so far trained from this commit; the rest must too
     lanes: tuple[tuple[Step, ...], ...]  # one runner per lane, one thread each
     worktree: str  # the worktree's folder, next to this checkout
+    extra: tuple[str, ...] = ()  # flags every `experiments.run` call of the lanes passes (e.g. --source)
 
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
@@ -70,6 +71,17 @@ QUEUES = {
         ),
         worktree="exp_m30k",
     ),
+    # Issue 45: each seed's residual model of multi30k_paired fine-tuned as it is, or upcycled to RK2 / RK4 encoder
+    # blocks, from the first commit with the upcycling code and this queue. Seed 2 needs residual-3-seed2 of
+    # multi30k_paired (queued there after RK2 of seeds 0-1); a run whose source is missing fails, trains nothing,
+    # and runs when the queue is started again.
+    "multi30k_upcycle": Queue(
+        study="multi30k_upcycle",
+        commit="a669376",
+        lanes=((((0,), ()), ((2,), ())), (((1,), ()),)),
+        worktree="exp_upcycle",
+        extra=("--source", "../exp_m30k/runs/experiments/multi30k_paired/cpu/residual-3-seed{seed}"),
+    ),
 }
 
 
@@ -82,6 +94,7 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
         f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
         + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
         + f"--parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
+        + "".join(f" {shlex.quote(flag)}" for flag in queue.extra)
         for seeds, variants in lane
     ]
     # A lane starts a session of its own, and Linux's autogroup scheduling shares the CPU between sessions first:
