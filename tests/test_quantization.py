@@ -185,17 +185,23 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from hub.onnx_export import DECODER_WITH_PAST, ENCODER, ONNXSeq2SeqGenerator, export_onnx
+    from hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, ONNXSeq2SeqGenerator, export_onnx
 
-    export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8")
-    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(tmp_path / DECODER_WITH_PAST)).graph.node}
+    # dynamo (a minute per graph) exports the encoder only, where this model's gates are: the gates are found by
+    # their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs
+    graphs = (ENCODER,) if exporter == "dynamo" else (ENCODER, DECODER, DECODER_WITH_PAST)
+    export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8", graphs=graphs)
     encoder = onnx.load(str(tmp_path / ENCODER)).graph
+    assert "MatMulInteger" in {n.op_type for n in encoder.node}
     weights = {init.name: onnx.numpy_helper.to_array(init) for init in encoder.initializer}
     gates = [m.weight.detach().numpy().T for m in trained.modules() if isinstance(m, StageGate)]
     assert len(gates) == trained.config.encoder_layers
     for gate in gates:  # a float initializer holding the gate's weights, read by a float product
         names = {n for n, w in weights.items() if w.shape == gate.shape and np.array_equal(w, gate)}
         assert any(node.op_type in ("MatMul", "Gemm") and names & set(node.input) for node in encoder.node)
+    if exporter == "dynamo":
+        return
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(tmp_path / DECODER_WITH_PAST)).graph.node}
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     generator = ONNXSeq2SeqGenerator(tmp_path, trained.generation_config, session_options=options)
