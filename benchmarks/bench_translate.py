@@ -164,10 +164,13 @@ def ct2_systems(marian: torch.nn.Module, dims: common.Dims, threads: int, folder
     return systems, f"ctranslate2 {ctranslate2.__version__}, Marian converted with TransformersConverter"
 
 
-def onnx_int8_system(model: torch.nn.Module, threads: int, folder: Path, new_tokens: int):
+def onnx_int8_system(
+    model: torch.nn.Module, threads: int, folder: Path, new_tokens: int, profile: bool = False
+):
     """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: seconds, where
     dynamo takes minutes) decoded by `hub.onnx_export.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens, as it
-    has no `min_new_tokens`: its end-of-sentence id is one the model cannot write. None without the onnx extra."""
+    has no `min_new_tokens`: its end-of-sentence id is one the model cannot write. None without the onnx extra.
+    `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
     try:
         import onnxruntime
 
@@ -177,6 +180,8 @@ def onnx_int8_system(model: torch.nn.Module, threads: int, folder: Path, new_tok
     export_onnx(model, folder, dynamo=False, quantize="int8")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    if profile:
+        options.enable_profiling, options.profile_file_prefix = True, str(folder / "profile")
     config = {
         **model.generation_config.to_dict(),
         "eos_token_id": model.config.vocab_size,
@@ -189,7 +194,30 @@ def onnx_int8_system(model: torch.nn.Module, threads: int, folder: Path, new_tok
             input_ids.numpy(), attention_mask.numpy(), num_beams=beams, max_new_tokens=new_tokens
         )
 
+    translate.generator = generator
     return translate
+
+
+def onnx_profile_top_ops(threads: int, folder: Path, setup: dict, setting: str, rows: int = 12) -> list[dict]:
+    """onnxruntime's profile of the residual model's int8 graphs over one call set: kernel time per operator type,
+    summed over the graphs' nodes (where the ONNX path's time goes)."""
+    torch.manual_seed(0)  # the weights of build_systems' residual model
+    model = common.build_model("residual", setup["dims"]).eval()
+    translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True)
+    beams = SETTINGS[setting][1]
+    for ids, mask in inputs_for(setting, setup):
+        translate(ids, mask, beams)
+    per_op: dict[str, list[float]] = {}
+    for session in translate.generator.sessions.values():
+        for event in json.loads(Path(session.end_profiling()).read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                per_op.setdefault(event["args"]["op_name"], []).append(event["dur"])
+    total = sum(sum(times) for times in per_op.values())
+    ranked = sorted(per_op.items(), key=lambda item: sum(item[1]), reverse=True)[:rows]
+    return [
+        {"op": op, "self_ms": sum(times) / 1e3, "share": sum(times) / total, "calls": len(times)}
+        for op, times in ranked
+    ]
 
 
 def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[str]]:
@@ -367,6 +395,15 @@ def markdown(results: dict) -> str:
         ]
         lines += ["| operator | self ms | share | calls |", "|---|---:|---:|---:|"]
         lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
+    for setting, ops in results["onnx_profiles"].items():
+        lines += [
+            "",
+            f"## Profile: residual-onnx-int8, {setting.replace('_', ', ')} (onnxruntime's profiler, kernel time by "
+            "operator type)",
+            "",
+        ]
+        lines += ["| operator | ms | share | nodes run |", "|---|---:|---:|---:|"]
+        lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
     return "\n".join(lines) + "\n"
 
 
@@ -393,6 +430,15 @@ def main(argv: list[str] | None = None) -> dict:
             setting: profile_top_ops(systems["residual-int8"], setup, setting)
             for setting in ("batch16_beam4", "batch1_greedy")
         }
+        onnx_profiles = (
+            {
+                "batch16_beam4": onnx_profile_top_ops(
+                    args.threads, Path(folder) / "profile", setup, "batch16_beam4"
+                )
+            }
+            if "residual-onnx-int8" in systems
+            else {}
+        )
     sentences = {
         setting: len(inputs_for(setting, setup)) * (16 if SETTINGS[setting][0] == 16 else 1)
         for setting in SETTINGS
@@ -416,6 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
             for setting, per_system in measured["seconds_all"].items()
         },
         "profiles": profiles,
+        "onnx_profiles": onnx_profiles,
         "wall_s": time.time() - begin,
     }
     results["goals"] = goals(results)

@@ -225,5 +225,9 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
             assert math.isclose(goal["ratio"], speeds[system] / speeds[over])
             assert goal["met"] == (goal["ratio"] >= goal["at_least"])
     assert results["profiles"]["batch1_greedy"][0]["self_ms"] > 0
+    if has_onnx:  # onnxruntime's own profile of the int8 graphs: operator types by kernel time
+        ops = results["onnx_profiles"]["batch16_beam4"]
+        assert ops[0]["self_ms"] > 0 and 0 < sum(o["share"] for o in ops) <= 1 + 1e-9
+        assert "MatMulInteger" in {o["op"] for o in ops} or "DynamicQuantizeMatMul" in {o["op"] for o in ops}
     report = (tmp_path / "translate.md").read_text()
     assert report.startswith("# Translation speed on CPU") and "| residual-int8 |" in report
