@@ -387,23 +387,15 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {goal['goal']} | {goal['setting']} | {ratio} | >= {goal['at_least']} | {met[goal['met']]} |"
         )
-    for setting, ops in results["profiles"].items():
-        lines += [
-            "",
-            f"## Profile: residual-int8, {setting.replace('_', ', ')} (torch.profiler, self CPU time)",
-            "",
-        ]
-        lines += ["| operator | self ms | share | calls |", "|---|---:|---:|---:|"]
-        lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
-    for setting, ops in results["onnx_profiles"].items():
-        lines += [
-            "",
-            f"## Profile: residual-onnx-int8, {setting.replace('_', ', ')} (onnxruntime's profiler, kernel time by "
-            "operator type)",
-            "",
-        ]
-        lines += ["| operator | ms | share | nodes run |", "|---|---:|---:|---:|"]
-        lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
+    profiles = (  # (results key, system, profiler, the columns for time and count)
+        ("profiles", "residual-int8", "torch.profiler, self CPU time", "self ms", "calls"),
+        ("onnx_profiles", "residual-onnx-int8", "onnxruntime's profiler, kernel time by operator type", "ms", "nodes run"),
+    )  # fmt: skip
+    for key, system, profiler, time_column, count_column in profiles:
+        for setting, ops in results[key].items():
+            lines += ["", f"## Profile: {system}, {setting.replace('_', ', ')} ({profiler})", ""]
+            lines += [f"| operator | {time_column} | share | {count_column} |", "|---|---:|---:|---:|"]
+            lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
     return "\n".join(lines) + "\n"
 
 

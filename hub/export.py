@@ -275,9 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     except (FileExistsError, InUseError) as error:  # an occupied or busy OUT_DIR: one line, as argparse's
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     except ModuleNotFoundError as error:
-        if (
-            error.name not in EXPORT_PACKAGES + RUNTIME_PACKAGES
-        ):  # `require` names the onnx extra; anything else is a real bug
+        # `require` names the onnx extra for its packages; any other missing module is a real bug
+        if error.name not in EXPORT_PACKAGES + RUNTIME_PACKAGES:
             raise
         raise SystemExit(report_user_error(__spec__.name, error)) from None
     print(out)

@@ -1344,7 +1344,7 @@ def save_final_model(trainer) -> None:
     """``trainer.save_model`` (weights, config, tokenizer), refusing a model with non-finite weights: it would
     only translate to empty lines.
 
-    The files are written into ``OUTPUT_DIR/.staging/final`` and each is then renamed over its namesake in
+    The files are written into ``OUTPUT_DIR/.staging/final_model`` and each is then renamed over its namesake in
     ``OUTPUT_DIR``: a kill or a full disk during the save leaves the old files (or none), never a cut-off
     ``model.safetensors`` (``--resume_from_checkpoint last`` redoes the save; the staging folder is removed).
     """

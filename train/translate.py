@@ -12,7 +12,7 @@ changes no output (positions come from the attention mask).
 This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
-``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.5-2.1x the
+``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.4-2.1x the
 float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly from float32's. ``--compile`` decodes
 with a static cache and each decoding step compiled (:func:`compile_decoding`): less Python per token, after
 seconds to a minute of compiling per new batch shape, so it pays for many sentences in small batches.
@@ -141,8 +141,8 @@ def compile_decoding(model: PreTrainedModel) -> PreTrainedModel:
     own ``generate`` compilation (``CompileConfig``: one graph per step, ``fullgraph``), on a CPU too, where
     transformers compiles only when told. The first step after the encoder runs eager. Each new batch shape and
     source length costs a compile (seconds to a minute; after the first, dims become dynamic); then a step runs
-    with little Python around its operators: at batch 1 with int8 weights about 1.5x the eager speed
-    (docs/performance.md). Float32 and int8 (``modeling_ode.quantization``) both compile.
+    with little Python around its operators: with int8 weights 1.1-1.2x the eager speed in
+    ``benchmarks.bench_translate``, 1.5x for one sentence length (docs/performance.md). Float32 and int8 (``modeling_ode.quantization``) both compile.
     """
     compile_config = CompileConfig(fullgraph=True, mode="default")  # "reduce-overhead" is CUDA graphs
     compile_config._compile_all_devices = True  # transformers' switch for compiling off the GPU
@@ -438,7 +438,7 @@ def _parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; 1.5-2.1x faster: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only; 1.4-2.1x faster: docs/performance.md)",
     )
     parser.add_argument(
         "--compile",
