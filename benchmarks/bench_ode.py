@@ -545,7 +545,9 @@ def main(argv: list[str] | None = None) -> dict:
         help="glibc malloc policy of every process (see benchmarks/common.py: configure_process)",
     )
     parser.add_argument(
-        "--device", default="cpu", help="cpu, or cuda / cuda:N (bench_ode has not run on CUDA yet)"
+        "--device",
+        default="cpu",
+        help="cpu, or cuda / cuda:N (run on an H200 by make gpu-check: docs/performance.md)",
     )
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)

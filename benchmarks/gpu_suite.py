@@ -1,10 +1,12 @@
-"""One GPU check, planned to fit in about 25 minutes on one H100/H200, everything in one results folder.
+"""One GPU check, planned to fit in one 8-minute command on one H100/H200, everything in one results folder.
 
     .venv/bin/python -m benchmarks.gpu_suite               # on a GPU machine (make gpu-check)
     .venv/bin/python -m benchmarks.gpu_suite --dry-run     # print the plan and the commands, run nothing
+    .venv/bin/python -m benchmarks.gpu_suite --only tests-bfloat16 bench-marian-base   # a rerun of some steps
 
 Steps, each a subprocess with a time limit (a step over its limit is stopped and recorded as timed out, so the
-suite ends on time whatever happens):
+suite ends on time whatever happens). The checks (1 and 3) time nothing, so they share the GPU and run at once;
+the benchmark (2) runs after them, alone:
 
 1. the device-agnostic tests (model, cache, generation, dropout, padding, torch.compile graph capture;
    tests/conftest.py's `device` and `dtype` fixtures) on the GPU in fp32, then in bf16, without the tests marked
@@ -29,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ode_transformer.wording import counted
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TEST_SUBSET = [
@@ -48,8 +52,9 @@ TRAINING_OVERRIDES = {
     "max_eval_samples": "200",
     "max_test_samples": "100",
 }
-# Seconds per step: 2 x 150 (tests) + 360 (benchmark) + 6 studies x 140 = 1,500 s = 25 minutes at most.
-TEST_LIMIT_S, BENCH_LIMIT_S, TRAINING_LIMIT_S = 150, 360, 140
+# Seconds per step. The checks run at once (the longest, 180 s), then the benchmark: 180 + 300 = 480 s, 8 minutes
+# at most, so a GPU lent for 15 minutes holds the suite, its start and a rerun of a step or two.
+TEST_LIMIT_S, BENCH_LIMIT_S, TRAINING_LIMIT_S = 150, 300, 180
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,13 @@ class Step:
     command: list[str]
     limit_s: int
     env: dict[str, str] = field(default_factory=dict)
+    timed: bool = False  # a timing runs alone, after the checks; a check shares the GPU with the others
+
+
+def planned_seconds(steps: list[Step]) -> int:
+    """The suite's longest run: the checks at once, then each timing."""
+    checks = [step.limit_s for step in steps if not step.timed]
+    return max(checks, default=0) + sum(step.limit_s for step in steps if step.timed)
 
 
 def short_runs() -> list[tuple[str, str, int, int]]:
@@ -100,6 +112,7 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
                 "bench-marian-base",
             ],
             BENCH_LIMIT_S,
+            timed=True,
         )
     )
     for study, variant, seed, depth in short_runs():
@@ -125,18 +138,43 @@ def device_name(device: str) -> str:
     return f"{device} (not available here)"
 
 
-def run_step(step: Step, folder: Path) -> dict:
-    """Runs one step with its log in the folder; stops it at its limit."""
-    started = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": str(REPO), **step.env}
+def start_step(step: Step, folder: Path) -> tuple[subprocess.Popen, float]:
+    """Starts one step with its log in the folder."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # the user's paths stay
+    env = {**os.environ, "PYTHONPATH": path, **step.env}
     with open(folder / f"{step.name}.log", "w") as log:
-        try:
-            rc = subprocess.run(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=step.limit_s).returncode  # fmt: skip
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            rc, timed_out = None, True
+        process = subprocess.Popen(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return process, time.monotonic()
+
+
+def finish_step(step: Step, process: subprocess.Popen, started: float) -> dict:
+    """Waits for a started step until its limit; one over its limit is stopped and recorded as timed out."""
+    try:
+        rc, timed_out = process.wait(timeout=max(0.0, started + step.limit_s - time.monotonic())), False
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        rc, timed_out = None, True
     return {**asdict(step), "rc": rc, "timed_out": timed_out, "seconds": round(time.monotonic() - started, 1)}
+
+
+def run_steps(steps: list[Step], folder: Path, summary: dict) -> None:
+    """The checks at once, then the timings one by one; summary.json is rewritten as each step ends."""
+
+    def record(result: dict) -> None:
+        summary["steps"].append(result)
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(
+            f"{time.strftime('%H:%M:%S')} {result['name']}: rc {result['rc']}, {result['seconds']} s",
+            flush=True,
+        )
+
+    checks = [step for step in steps if not step.timed]
+    running = [(step, *start_step(step, folder)) for step in checks]
+    for step, process, started in running:
+        record(finish_step(step, process, started))
+    for step in (step for step in steps if step.timed):
+        record(finish_step(step, *start_step(step, folder)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,26 +188,35 @@ def main(argv: list[str] | None = None) -> int:
         "--out-dir", type=Path, default=RESULTS, help="where the gpu-<time stamp> folder goes"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
+    parser.add_argument(
+        "--only", nargs="+", metavar="STEP", help="run these steps of the plan only (a rerun)"
+    )
     args = parser.parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = args.out_dir / f"gpu-{stamp}"
     steps = plan(folder, args.device, stamp)
+    if args.only:
+        unknown = sorted(set(args.only) - {step.name for step in steps})
+        if unknown:
+            parser.error(
+                f"--only: no step named {', '.join(unknown)}; the steps: {', '.join(s.name for s in steps)}"
+            )
+        steps = [step for step in steps if step.name in args.only]
     print(f"results folder: {folder}")
-    print(f"{len(steps)} steps, at most {sum(s.limit_s for s in steps) / 60:.0f} minutes:")
+    print(
+        f"{counted(len(steps), 'step')}, at most {planned_seconds(steps) / 60:.0f} minutes (the checks at once, then the timings):"
+    )
     for step in steps:
         env = " ".join(f"{key}={value}" for key, value in step.env.items())
-        print(f"  [{step.name}] limit {step.limit_s} s: {env + ' ' if env else ''}{' '.join(step.command)}")
+        kind = "timing" if step.timed else "check"
+        print(
+            f"  [{step.name}] {kind}, limit {step.limit_s} s: {env + ' ' if env else ''}{' '.join(step.command)}"
+        )
     if args.dry_run:
         return 0
     folder.mkdir(parents=True)
     summary = {"device": args.device, "device_name": device_name(args.device), "started": stamp, "steps": []}
-    for step in steps:
-        summary["steps"].append(run_step(step, folder))
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        result = summary["steps"][-1]
-        print(
-            f"{time.strftime('%H:%M:%S')} {step.name}: rc {result['rc']}, {result['seconds']} s", flush=True
-        )
+    run_steps(steps, folder, summary)
     return 0 if all(s["rc"] == 0 for s in summary["steps"]) else 1
 
 

@@ -153,7 +153,39 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
         assert "--size paper --device cuda" in out
     assert all(folder in line for line in out.splitlines() if "--results" in line)
     steps = gpu_suite.plan(Path(folder), "cuda", "stamp")
-    assert sum(step.limit_s for step in steps) <= 25 * 60
+    assert [step.name for step in steps if step.timed] == ["bench-marian-base"], "only the benchmark times"
+    # The checks at once, then the benchmark: one device command (10 minutes at most) holds the suite.
+    assert (
+        gpu_suite.planned_seconds(steps)
+        == max(s.limit_s for s in steps if not s.timed) + gpu_suite.BENCH_LIMIT_S
+    )
+    assert gpu_suite.planned_seconds(steps) <= 8 * 60
+
+
+def test_gpu_suite_runs_the_checks_at_once_then_the_timings_and_stops_a_step_at_its_limit(tmp_path, capsys):
+    """Check "a" ends only once check "b" has run, so it passes only if the two run at once; the timing step sleeps
+    past its limit and is recorded as timed out. `--only` runs the named steps and refuses an unknown one."""
+    from benchmarks import gpu_suite
+
+    flag, python = tmp_path / "flag", sys.executable
+    steps = [
+        gpu_suite.Step("a", [python, "-c", f"import pathlib, time\nwhile not pathlib.Path({str(flag)!r}).exists(): time.sleep(0.05)"], 60),
+        gpu_suite.Step("b", [python, "-c", f"import pathlib; pathlib.Path({str(flag)!r}).touch()"], 60),
+        gpu_suite.Step("t", [python, "-c", "import time; time.sleep(60)"], 1, timed=True),
+    ]  # fmt: skip
+    summary: dict = {"steps": []}
+    gpu_suite.run_steps(steps, tmp_path, summary)
+    assert [(s["name"], s["rc"], s["timed_out"]) for s in summary["steps"]] == [
+        ("a", 0, False),
+        ("b", 0, False),
+        ("t", None, True),
+    ]
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert gpu_suite.main(["--dry-run", "--out-dir", str(tmp_path), "--only", "tests-float32"]) == 0
+    assert "1 step, " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gpu_suite.main(["--dry-run", "--out-dir", str(tmp_path), "--only", "tests-fp32"])
+    assert "no step named tests-fp32" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ from modeling_ode.modeling_ode_transformer import FastDropout, fast_dropout
 N = 1 << 20
 
 
-def keep_rate(p: float) -> float:
-    return 1 - round(p * 2**16) / 2**16
+def keep_rate(p: float, device: torch.device) -> float:
+    """The CPU path rounds the drop rate to a multiple of 2^-16; other devices run nnf.dropout's exact rate."""
+    return 1 - round(p * 2**16) / 2**16 if torch.device(device).type == "cpu" else 1 - p
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -21,9 +22,13 @@ def test_drop_rate_and_scale(p, device):
     x = torch.randn(N, device=device)
     out = fast_dropout(x, p, training=True)
     kept = out != 0
-    q = keep_rate(p)
+    q = keep_rate(p, device)
     assert abs(kept.float().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / N)  # 5 binomial sigmas
-    assert torch.equal(out[kept], x[kept] * (1 / q))  # kept values scaled by the exact keep rate
+    # Kept values scaled by the exact keep rate: bit for bit on the CPU path; within float32 rounding (1.3e-6,
+    # far below the 7e-6 between 1 / 0.9 and the CPU path's 1 / (1 - 6554 / 2^16)) in a device's fused kernel.
+    torch.testing.assert_close(
+        out[kept], x[kept] * (1 / q), rtol=0 if x.device.type == "cpu" else 1.3e-6, atol=0
+    )
     ones = fast_dropout(torch.ones(N, device=device), p, training=True)
     assert abs(ones.mean().item() - 1) < 5 * math.sqrt((1 - q) / q / N)  # E[dropout(x)] = x
 
@@ -47,7 +52,7 @@ def test_gradient_is_the_same_mask_and_only_a_boolean_mask_is_saved(device):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = fast_dropout(x, 0.25, training=True)
     out.backward(torch.ones_like(out))
-    scale = 1 / keep_rate(0.25)
+    scale = 1 / keep_rate(0.25, device)
     assert torch.equal(x.grad, (out != 0).float() * scale)
     assert [t.dtype for t in saved] == [torch.bool]  # 1 byte per element, not nnf.dropout's float noise
 
@@ -83,4 +88,4 @@ def test_bf16_autocast_keeps_dtype(device):
     out = fast_dropout(x, 0.1, training=True)
     assert out.dtype == torch.bfloat16
     kept = out != 0
-    assert torch.equal(out[kept], x[kept] * (1 / keep_rate(0.1)))
+    assert torch.equal(out[kept], x[kept] * (1 / keep_rate(0.1, device)))
