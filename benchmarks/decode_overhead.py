@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import common
-from benchmarks.common import BASE_DIMS
+from benchmarks.common import BASE_DIMS, TINY_DIMS
 
 NEW_TOKENS = 32
 
@@ -54,14 +54,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny dims (what tests/test_benchmarks.py runs)")
     args = parser.parse_args(argv)
-    device = args.device
-    batch = common.make_batch(16, 32, 1, BASE_DIMS.vocab_size, seed=1, device=device)
+    device, dims = args.device, TINY_DIMS if args.quick else BASE_DIMS
+    batch = common.make_batch(16, 32, 1, dims.vocab_size, seed=1, device=device)
     source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     models = {}
     for name in ("marian", "residual"):
         torch.manual_seed(0)
-        models[name] = common.build_model(name, BASE_DIMS).to(device).eval()
+        models[name] = common.build_model(name, dims).to(device).eval()
     with torch.inference_mode():
         for model in models.values():  # warm-up
             generate(model, source, 1)

@@ -130,6 +130,23 @@ def test_flop_count_formula():
     assert common.train_flops("marian", dims, 2, 8, 8) == residual
 
 
+def test_decode_overhead_counts_each_models_operators_and_times_each_step(capsys):
+    """`benchmarks.decode_overhead --quick` on the CPU: a step time per model and beam width, and one profile of a
+    greedy generate per model with its aten operators counted (no CUDA kernels, no sync report off the GPU)."""
+    import re
+
+    from benchmarks import decode_overhead
+
+    decode_overhead.main(["--device", "cpu", "--quick", "--reps", "1"])
+    out = capsys.readouterr().out
+    for name in ("marian", "residual"):
+        assert re.search(rf"^{name} beams 1: \d+\.\d\d ms/step$", out, re.MULTILINE)
+        assert re.search(rf"^{name} beams 4: \d+\.\d\d ms/step$", out, re.MULTILINE)
+        counts = re.search(rf"^== {name}: (\d+) CUDA kernels, (\d+) aten ops", out, re.MULTILINE)
+        assert counts and counts[1] == "0" and int(counts[2]) > 32  # more than one operator per new token
+    assert "syncs" not in out
+
+
 def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
     """`python -m benchmarks.gpu_suite --dry-run` (make gpu-check ARGS=--dry-run) works on CPU: the tests in fp32
     and bf16 on the GPU, the MarianMT benchmark, one short paper-size run per study; one results folder."""
