@@ -1,9 +1,9 @@
 """Aggregate a study: ``python -m experiments.report STUDY [--size cpu|paper]``; write the study document:
 ``python -m experiments.report --write-docs``.
 
-Reads every ``results/<study>/<size>/*.json`` and writes beside them ``README.md`` (a markdown table:
-mean +- std over seeds for each variant and depth, the paper's number beside ours, the gap to the
-baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
+Reads every ``results/<study>/<size>/*.json`` (``<size>_<batch>`` for a second batch, ``--batch``) and writes
+beside them ``README.md`` (a markdown table: mean +- std over seeds for each variant and depth, the paper's number
+beside ours, the gap to the baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
 
 Noise: a variant's run is paired with the baseline's run of the same seed, and only where both ran at the same
 code commit, on the same device (CPU model and capability) and in the same precision; a pair that is not is
@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, Study, describe_changes, run_id
+from experiments.studies import STUDIES, Study, batch_folder, describe_changes, run_id
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DOCS_TEMPLATE = RESULTS.parent / "docs" / "templates" / "results.md"
@@ -295,14 +295,17 @@ def _cell(stats: dict[str, Any], digits: int) -> str:
     )
 
 
-def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
+def markdown(
+    study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = (), batch: str | None = None
+) -> str:
     """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`)."""
+    selection = f"--size {size}" + ("" if batch is None else f" --batch {batch}")
     primary = study.metrics[0]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
     head += ["last train loss", "steps", "min/run"]
     lines = [
-        f"# {study.name} ({size})",
+        f"# {study.name} ({batch_folder(size, batch)})",
         "",
         study.description,
         "",
@@ -328,7 +331,7 @@ def markdown(study: Study, size: str, rows: list[dict[str, Any]], notes: list[st
         "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
         f"table; 'beyond noise': p < {ALPHA}.",
         *dropped_pairs(rows, primary.name),
-        f"Produced by `python -m experiments.run {study.name} --size {size}` and `python -m experiments.report {study.name} --size {size}`.",
+        f"Produced by `python -m experiments.run {study.name} {selection}` and `python -m experiments.report {study.name} {selection}`.",
         *notes,
     ]
     if any(row["resumed"] for row in rows):
@@ -400,19 +403,22 @@ def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]]
     plt.close(fig)
 
 
-def report(study: Study, size: str, results_dir: Path = RESULTS) -> list[dict[str, Any]]:
-    """Write README.md, summary.json and summary.png for one study and size; returns the rows."""
-    folder = results_dir / study.name / size
+def report(
+    study: Study, size: str, results_dir: Path = RESULTS, batch: str | None = None
+) -> list[dict[str, Any]]:
+    """Write README.md, summary.json and summary.png for one study and size (and batch); returns the rows."""
+    folder = results_dir / study.name / batch_folder(size, batch)
     results = load_results(folder)
     if not results:
+        again = f"--size {size}" + ("" if batch is None else f" --batch {batch}")
         raise FileNotFoundError(
-            f"no results in {folder}: run `python -m experiments.run {study.name} --size {size}` first"
+            f"no results in {folder}: run `python -m experiments.run {study.name} {again}` first"
         )
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
     (folder / "README.md").write_text(
-        markdown(study, size, rows, provenance(study, results)), encoding="utf-8"
+        markdown(study, size, rows, provenance(study, results), batch), encoding="utf-8"
     )
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     plot(study, rows, results, folder / "summary.png")
@@ -471,6 +477,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
     parser.add_argument("--size", default="cpu")
+    parser.add_argument(
+        "--batch", metavar="LABEL", help="a second batch of the size (experiments.run --batch)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument(
         "--write-docs", action="store_true", help="write results/README.md (the study document)"
@@ -482,8 +491,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")
-    report(STUDIES[args.study], args.size, args.results)
-    print((args.results / args.study / args.size / "README.md").read_text(encoding="utf-8"))
+    report(STUDIES[args.study], args.size, args.results, args.batch)
+    print(
+        (args.results / args.study / batch_folder(args.size, args.batch) / "README.md").read_text(
+            encoding="utf-8"
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, ExtraTest, Study, describe_changes, run_id
+from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, describe_changes, run_id
 from train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,16 +63,21 @@ class Run:
     depth: int
     seed: int
     source: str | None = None  # --source: the study's source model template, if it fine-tunes one
+    batch: str | None = None  # --batch: a second batch of the size, run elsewhere (studies.batch_folder)
 
     @property
     def id(self) -> str:
         return run_id(self.variant, self.depth, self.seed)
 
+    @property
+    def folder(self) -> str:
+        return batch_folder(self.size, self.batch)
+
     def result_path(self, results: Path) -> Path:
-        return results / self.study.name / self.size / f"{self.id}.json"
+        return results / self.study.name / self.folder / f"{self.id}.json"
 
     def work_dir(self, work: Path) -> Path:
-        return work / self.study.name / self.size / self.id
+        return work / self.study.name / self.folder / self.id
 
 
 def plan(
@@ -82,9 +87,10 @@ def plan(
     variants: list[str],
     depths: list[int],
     source: str | None = None,
+    batch: str | None = None,
 ) -> list[Run]:
     """All runs of a study, seed-major: every variant and depth of the first seed comes first."""
-    return [Run(study, size, v, d, s, source) for s in seeds for d in depths for v in variants]
+    return [Run(study, size, v, d, s, source, batch) for s in seeds for d in depths for v in variants]
 
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
@@ -273,7 +279,7 @@ def gate_diagnostic_command(run: Run, out: Path, flags: dict, args: argparse.Nam
 
     if not any(flags.get(f"{side}_ode_coefficients") in GATED_MODES for side in ("encoder", "decoder")):
         return None
-    gates = args.results / run.study.name / run.size / "diagnostics" / "gates.json"
+    gates = args.results / run.study.name / run.folder / "diagnostics" / "gates.json"
     gates.parent.mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "experiments.block_diagnostic", str(out), "--json", str(gates),
             "--data-root", str(args.data_root)]  # fmt: skip
@@ -374,8 +380,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="studies that fine-tune trained models (multi30k_upcycle): the model folder each run starts from, "
         "{seed} standing for the run's seed (default: the study's own, under runs/experiments/)",
     )
+    parser.add_argument(
+        "--batch",
+        metavar="LABEL",
+        help="a second batch of the study at this size, run on another machine or precision (a GPU, say): its "
+        "results and checkpoints go to <size>_<LABEL>, e.g. results/multi30k_paired/cpu_h200, and pair among "
+        "themselves only",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)
+    try:
+        batch_folder(args.size, args.batch)
+    except ValueError as error:
+        parser.error(f"--batch: {error}")
     if any("=" not in item for item in args.set):
         parser.error("--set takes KEY=VALUE, e.g. --set max_steps=10")
     args.set = dict(item.split("=", 1) for item in args.set)
@@ -408,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         args.only or list(study.variants),
         args.depths or list(study.depths),
         args.source,
+        args.batch,
     )
     if args.dry_run:
         for run in runs:

@@ -12,6 +12,7 @@ The paper's numbers (``paper``) are keyed by ``(variant, depth)`` and printed be
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +145,20 @@ def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
 def run_id(variant: str, depth: int, seed: int) -> str:
     """The file stem of one run's result: ``<variant>-<depth>-seed<k>``."""
     return f"{variant}-{depth}-seed{seed}"
+
+
+BATCH_LABEL = re.compile(r"[A-Za-z0-9]+")
+
+
+def batch_folder(size: str, batch: str | None = None) -> str:
+    """The folder of one batch of a study at a size, under ``results/<study>/`` and the work folder: ``cpu``, or
+    ``cpu_h200`` for a second batch of the same recipe run elsewhere (another device or precision). The report
+    compares runs within one folder only, so a batch never pairs with another batch's runs."""
+    if batch is None:
+        return size
+    if not BATCH_LABEL.fullmatch(batch):
+        raise ValueError(f"batch label {batch!r}: letters and digits only, e.g. h200")
+    return f"{size}_{batch}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -321,6 +321,40 @@ def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():
     assert "*" not in plain.replace("**", "")
 
 
+def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path, capsys):
+    """`--batch h200`: the runs' results and checkpoints go to `cpu_h200`, beside the first batch's `cpu`, and the
+    report of that folder is titled and reproduced with the label; a label that would blur the folder name is refused."""
+    study = STUDIES["multi30k"]
+    run = runner.plan(study, "cpu", [0], ["residual"], [3], batch="h200")[0]
+    assert run.result_path(tmp_path) == tmp_path / "multi30k" / "cpu_h200" / "residual-3-seed0.json"
+    assert run.work_dir(tmp_path) == tmp_path / "multi30k" / "cpu_h200" / "residual-3-seed0"
+    assert runner.plan(study, "cpu", [0], ["residual"], [3])[0].result_path(tmp_path).parent.name == "cpu"
+    folder = tmp_path / "multi30k" / "cpu_h200"
+    folder.mkdir(parents=True)
+    for variant, seed, bleu in [
+        ("residual", 0, 30.0),
+        ("residual", 1, 31.0),
+        ("rk4", 0, 31.0),
+        ("rk4", 1, 32.5),
+    ]:
+        record = {
+            **fake_result(variant, seed, bleu),
+            "size": "cpu",
+            "config": {"vocab_size": 8000},
+            "data": {"files": {}},
+        }
+        (folder / f"{variant}-3-seed{seed}.json").write_text(json.dumps(record))
+    rows = report_module.report(study, "cpu", tmp_path, batch="h200")
+    assert {row["variant"] for row in rows} == {"residual", "rk4"}
+    table = (folder / "README.md").read_text()
+    assert table.startswith("# multi30k (cpu_h200)")
+    assert "`python -m experiments.report multi30k --size cpu --batch h200`" in table
+    assert not (tmp_path / "multi30k" / "cpu").exists()
+    with pytest.raises(SystemExit):
+        runner.parse_args(["multi30k", "--batch", "h200_2"])
+    assert "--batch: batch label 'h200_2': letters and digits only" in capsys.readouterr().err
+
+
 def test_unknown_variant_or_size_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(["ptb", "--only", "rk5"])
