@@ -161,6 +161,12 @@ def batch_folder(size: str, batch: str | None = None) -> str:
     return f"{size}_{batch}"
 
 
+def size_and_batch(folder: str) -> tuple[str, str | None]:
+    """:func:`batch_folder` read back: ``cpu_h200`` -> ``("cpu", "h200")``, ``cpu`` -> ``("cpu", None)``."""
+    size, _, batch = folder.partition("_")
+    return size, batch or None
+
+
 # --------------------------------------------------------------------------------------------
 # Model variants. The paper's F is G(LN(y)); the authors' code evaluates the whole pre-norm layer
 # (F includes the layer's residual): `ode_function_includes_residual`.

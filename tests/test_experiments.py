@@ -11,7 +11,7 @@ import torch
 
 from experiments import report as report_module
 from experiments import run as runner
-from experiments.studies import STUDIES, run_id
+from experiments.studies import STUDIES, run_id, size_and_batch
 from tests.tiny_folder import save_tiny_folder
 from train.files import read_lines
 from train.metrics import gleu_score
@@ -328,6 +328,7 @@ def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path
     run = runner.plan(study, "cpu", [0], ["residual"], [3], batch="h200")[0]
     assert run.result_path(tmp_path) == tmp_path / "multi30k" / "cpu_h200" / "residual-3-seed0.json"
     assert run.work_dir(tmp_path) == tmp_path / "multi30k" / "cpu_h200" / "residual-3-seed0"
+    assert size_and_batch(run.folder) == ("cpu", "h200") and size_and_batch("cpu") == ("cpu", None)
     assert runner.plan(study, "cpu", [0], ["residual"], [3])[0].result_path(tmp_path).parent.name == "cpu"
     folder = tmp_path / "multi30k" / "cpu_h200"
     folder.mkdir(parents=True)

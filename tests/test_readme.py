@@ -184,13 +184,14 @@ def test_each_study_readme_is_what_the_report_writes_from_its_json(tmp_path):
     import shutil
 
     from experiments.report import report
-    from experiments.studies import STUDIES
+    from experiments.studies import STUDIES, size_and_batch
 
     for folder in sorted(REPO.glob("results/*/*/README.md")):
         study, size = folder.parent.parent.name, folder.parent.name
         copy = tmp_path / study / size
         shutil.copytree(folder.parent, copy, ignore=shutil.ignore_patterns("README.md", "summary.*"))
-        report(STUDIES[study], size, tmp_path)
+        recipe, batch = size_and_batch(size)  # cpu, or cpu_h200: a second batch of the cpu recipe
+        report(STUDIES[study], recipe, tmp_path, batch)
         assert (copy / "README.md").read_text() == folder.read_text(), folder
         assert (copy / "summary.json").read_text() == (folder.parent / "summary.json").read_text(), folder
 
