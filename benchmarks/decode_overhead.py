@@ -33,7 +33,14 @@ def sync_sites(model: torch.nn.Module, source: dict) -> collections.Counter:
     """Where one greedy generate synchronises with the GPU: the innermost three frames outside torch."""
     sites: collections.Counter = collections.Counter()
 
-    def record(*_args, **_kwargs) -> None:
+    show = warnings.showwarning
+
+    def record(message, category, *args, **kwargs) -> None:
+        if "synchroniz" not in str(
+            message
+        ):  # torch's sync debug warning; any other warning is shown as usual
+            show(message, category, *args, **kwargs)
+            return
         frames = [f for f in traceback.extract_stack()[:-2] if "site-packages/torch" not in f.filename][-3:]
         sites[" <- ".join(f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in reversed(frames))] += 1
 

@@ -9,25 +9,28 @@ suite ends on time whatever happens). The checks (1 and 3) time nothing, so they
 the benchmark (2) runs after them, alone:
 
 1. the device-agnostic tests (model, cache, generation, dropout, padding, torch.compile graph capture;
-   tests/conftest.py's `device` and `dtype` fixtures) on the GPU in fp32, then in bf16, without the tests marked
+   tests/conftest.py's `device` and `dtype` fixtures) on the GPU in fp32 and in bf16, without the tests marked
    slow (test_compile.py's inductor and `train.run --torch_compile` tests, which run on the CPU);
 2. the benchmark against MarianMT at the paper's base size (benchmarks/bench_ode.py);
 3. one short paper-size training run per study that has a paper size (experiments/run.py), with the first
    ODE variant, seed and depth of the study, a few hundred steps and a small test set.
 
-Writes ``benchmarks/results/gpu-<time stamp>/``: ``summary.json`` (the device, and per step its command, exit
-status, seconds and whether it timed out), one ``<step>.log`` per step, the tests' JUnit XML, the benchmark's
+Writes ``benchmarks/results/gpu-<time stamp>/``: ``summary.json`` (the device, and per step, in the order the steps
+ended, its command, exit status, seconds and whether it timed out), one ``<step>.log`` per step, the tests' JUnit XML, the benchmark's
 JSON/markdown/plot and the studies' result files (``experiments/``). Checkpoints go to ``runs/`` (git-ignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,28 +141,30 @@ def device_name(device: str) -> str:
     return f"{device} (not available here)"
 
 
-def start_step(step: Step, folder: Path) -> tuple[subprocess.Popen, float]:
-    """Starts one step with its log in the folder."""
+def run_step(step: Step, folder: Path) -> dict:
+    """Runs one step with its log in the folder, in a process group of its own: at its limit, or when it ends, every
+    process it started (pytest's workers, experiments.run's train.run) is stopped with it, so none lingers on the GPU
+    while the timings run."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # the user's paths stay
     env = {**os.environ, "PYTHONPATH": path, **step.env}
+    started = time.monotonic()
     with open(folder / f"{step.name}.log", "w") as log:
-        process = subprocess.Popen(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    return process, time.monotonic()
-
-
-def finish_step(step: Step, process: subprocess.Popen, started: float) -> dict:
-    """Waits for a started step until its limit; one over its limit is stopped and recorded as timed out."""
+        process = subprocess.Popen(
+            step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
-        rc, timed_out = process.wait(timeout=max(0.0, started + step.limit_s - time.monotonic())), False
+        rc, timed_out = process.wait(timeout=step.limit_s), False
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
         rc, timed_out = None, True
+    with contextlib.suppress(ProcessLookupError):  # the group may have ended with its leader
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
     return {**asdict(step), "rc": rc, "timed_out": timed_out, "seconds": round(time.monotonic() - started, 1)}
 
 
 def run_steps(steps: list[Step], folder: Path, summary: dict) -> None:
-    """The checks at once, then the timings one by one; summary.json is rewritten as each step ends."""
+    """The checks at once, then the timings one by one; each step is recorded as it ends, and summary.json
+    rewritten."""
 
     def record(result: dict) -> None:
         summary["steps"].append(result)
@@ -170,11 +175,11 @@ def run_steps(steps: list[Step], folder: Path, summary: dict) -> None:
         )
 
     checks = [step for step in steps if not step.timed]
-    running = [(step, *start_step(step, folder)) for step in checks]
-    for step, process, started in running:
-        record(finish_step(step, process, started))
+    with ThreadPoolExecutor(max_workers=max(len(checks), 1)) as pool:
+        for done in as_completed([pool.submit(run_step, step, folder) for step in checks]):
+            record(done.result())
     for step in (step for step in steps if step.timed):
-        record(finish_step(step, *start_step(step, folder)))
+        record(run_step(step, folder))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -491,6 +491,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")
+    try:
+        batch_folder(args.size, args.batch)
+    except ValueError as error:
+        parser.error(f"--batch: {error}")
     report(STUDIES[args.study], args.size, args.results, args.batch)
     print(
         (args.results / args.study / batch_folder(args.size, args.batch) / "README.md").read_text(

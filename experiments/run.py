@@ -184,6 +184,7 @@ def collect(
     return {
         "study": run.study.name,
         "size": run.size,
+        "batch": run.batch,
         "variant": run.variant,
         "variant_label": run.study.variants[run.variant].label,
         "depth": run.depth,
@@ -385,7 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="LABEL",
         help="a second batch of the study at this size, run on another machine or precision (a GPU, say): its "
         "results and checkpoints go to <size>_<LABEL>, e.g. results/multi30k_paired/cpu_h200, and pair among "
-        "themselves only",
+        "themselves only (a study that fine-tunes, multi30k_upcycle, takes that batch's models with --source)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)

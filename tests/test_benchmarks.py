@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,24 +181,31 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
 
 
 def test_gpu_suite_runs_the_checks_at_once_then_the_timings_and_stops_a_step_at_its_limit(tmp_path, capsys):
-    """Check "a" ends only once check "b" has run, so it passes only if the two run at once; the timing step sleeps
-    past its limit and is recorded as timed out. `--only` runs the named steps and refuses an unknown one."""
+    """Check "a" ends only once check "b" has run, so it passes only if the two run at once, and each is recorded
+    as it ends, with its own seconds; the timing step sleeps past its limit and is recorded as timed out, and the
+    process it started is stopped with it (else it would write its file 3 s later). `--only` runs the named steps
+    and refuses an unknown one."""
     from benchmarks import gpu_suite
 
-    flag, python = tmp_path / "flag", sys.executable
+    flag, orphan, python = tmp_path / "flag", tmp_path / "orphan", sys.executable
+    child = f"import pathlib, time; time.sleep(3); pathlib.Path({str(orphan)!r}).touch()"
     steps = [
-        gpu_suite.Step("a", [python, "-c", f"import pathlib, time\nwhile not pathlib.Path({str(flag)!r}).exists(): time.sleep(0.05)"], 60),
+        gpu_suite.Step("a", [python, "-c", f"import pathlib, time\nwhile not pathlib.Path({str(flag)!r}).exists(): time.sleep(0.05)\ntime.sleep(0.5)"], 60),
         gpu_suite.Step("b", [python, "-c", f"import pathlib; pathlib.Path({str(flag)!r}).touch()"], 60),
-        gpu_suite.Step("t", [python, "-c", "import time; time.sleep(60)"], 1, timed=True),
+        gpu_suite.Step("t", [python, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"], 1, timed=True),
     ]  # fmt: skip
     summary: dict = {"steps": []}
     gpu_suite.run_steps(steps, tmp_path, summary)
     assert [(s["name"], s["rc"], s["timed_out"]) for s in summary["steps"]] == [
-        ("a", 0, False),
         ("b", 0, False),
+        ("a", 0, False),
         ("t", None, True),
     ]
+    seconds = {s["name"]: s["seconds"] for s in summary["steps"]}
+    assert seconds["b"] < seconds["a"]
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    time.sleep(4)
+    assert not orphan.exists(), "the timed-out step's own process outlived it"
     assert gpu_suite.main(["--dry-run", "--out-dir", str(tmp_path), "--only", "tests-float32"]) == 0
     assert "1 step, " in capsys.readouterr().out
     with pytest.raises(SystemExit):
