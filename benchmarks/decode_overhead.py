@@ -36,9 +36,8 @@ def sync_sites(model: torch.nn.Module, source: dict) -> collections.Counter:
     show = warnings.showwarning
 
     def record(message, category, *args, **kwargs) -> None:
-        if "synchroniz" not in str(
-            message
-        ):  # torch's sync debug warning; any other warning is shown as usual
+        # torch's sync debug warning is counted; any other warning is shown as usual
+        if "synchroniz" not in str(message):
             show(message, category, *args, **kwargs)
             return
         frames = [f for f in traceback.extract_stack()[:-2] if "site-packages/torch" not in f.filename][-3:]

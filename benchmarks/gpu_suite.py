@@ -16,8 +16,9 @@ the benchmark (2) runs after them, alone:
    ODE variant, seed and depth of the study, a few hundred steps and a small test set.
 
 Writes ``benchmarks/results/gpu-<time stamp>/``: ``summary.json`` (the device, and per step, in the order the steps
-ended, its command, exit status, seconds and whether it timed out), one ``<step>.log`` per step, the tests' JUnit XML, the benchmark's
-JSON/markdown/plot and the studies' result files (``experiments/``). Checkpoints go to ``runs/`` (git-ignored).
+ended, its command, exit status, seconds and whether it timed out), one ``<step>.log`` per step, the tests' JUnit
+XML, the benchmark's JSON/markdown/plot and the studies' result files (``experiments/``). Checkpoints go to
+``runs/`` (git-ignored).
 """
 
 from __future__ import annotations

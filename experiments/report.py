@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, Study, batch_folder, describe_changes, run_id
+from experiments.studies import STUDIES, Study, batch_folder, batch_label, describe_changes, run_id
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DOCS_TEMPLATE = RESULTS.parent / "docs" / "templates" / "results.md"
@@ -295,11 +295,15 @@ def _cell(stats: dict[str, Any], digits: int) -> str:
     )
 
 
+def selection(size: str, batch: str | None) -> str:
+    """The flags of experiments.run and experiments.report that name one batch: ``--size cpu [--batch h200]``."""
+    return f"--size {size}" + ("" if batch is None else f" --batch {batch}")
+
+
 def markdown(
     study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = (), batch: str | None = None
 ) -> str:
     """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`)."""
-    selection = f"--size {size}" + ("" if batch is None else f" --batch {batch}")
     primary = study.metrics[0]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
@@ -331,7 +335,8 @@ def markdown(
         "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
         f"table; 'beyond noise': p < {ALPHA}.",
         *dropped_pairs(rows, primary.name),
-        f"Produced by `python -m experiments.run {study.name} {selection}` and `python -m experiments.report {study.name} {selection}`.",
+        f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}` and "
+        f"`python -m experiments.report {study.name} {selection(size, batch)}`.",
         *notes,
     ]
     if any(row["resumed"] for row in rows):
@@ -410,9 +415,8 @@ def report(
     folder = results_dir / study.name / batch_folder(size, batch)
     results = load_results(folder)
     if not results:
-        again = f"--size {size}" + ("" if batch is None else f" --batch {batch}")
         raise FileNotFoundError(
-            f"no results in {folder}: run `python -m experiments.run {study.name} {again}` first"
+            f"no results in {folder}: run `python -m experiments.run {study.name} {selection(size, batch)}` first"
         )
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
@@ -478,7 +482,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
     parser.add_argument("--size", default="cpu")
     parser.add_argument(
-        "--batch", metavar="LABEL", help="a second batch of the size (experiments.run --batch)"
+        "--batch",
+        type=batch_label,
+        metavar="LABEL",
+        help="a second batch of the size (experiments.run --batch)",
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument(
@@ -491,16 +498,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")
-    try:
-        batch_folder(args.size, args.batch)
-    except ValueError as error:
-        parser.error(f"--batch: {error}")
     report(STUDIES[args.study], args.size, args.results, args.batch)
-    print(
-        (args.results / args.study / batch_folder(args.size, args.batch) / "README.md").read_text(
-            encoding="utf-8"
-        )
-    )
+    folder = args.results / args.study / batch_folder(args.size, args.batch)
+    print((folder / "README.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, describe_changes, run_id
+from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, batch_label, describe_changes, run_id
 from train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -383,6 +383,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--batch",
+        type=batch_label,
         metavar="LABEL",
         help="a second batch of the study at this size, run on another machine or precision (a GPU, say): its "
         "results and checkpoints go to <size>_<LABEL>, e.g. results/multi30k_paired/cpu_h200, and pair among "
@@ -390,10 +391,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)
-    try:
-        batch_folder(args.size, args.batch)
-    except ValueError as error:
-        parser.error(f"--batch: {error}")
     if any("=" not in item for item in args.set):
         parser.error("--set takes KEY=VALUE, e.g. --set max_steps=10")
     args.set = dict(item.split("=", 1) for item in args.set)

@@ -12,6 +12,7 @@ The paper's numbers (``paper``) are keyed by ``(variant, depth)`` and printed be
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,15 +151,19 @@ def run_id(variant: str, depth: int, seed: int) -> str:
 BATCH_LABEL = re.compile(r"[A-Za-z0-9]+")
 
 
+def batch_label(label: str) -> str:
+    """A batch's label, letters and digits only (:func:`size_and_batch` splits the folder name at its ``_``); the
+    ``--batch`` argument type of experiments.run and experiments.report."""
+    if not BATCH_LABEL.fullmatch(label):
+        raise argparse.ArgumentTypeError(f"batch label {label!r}: letters and digits only, e.g. h200")
+    return label
+
+
 def batch_folder(size: str, batch: str | None = None) -> str:
     """The folder of one batch of a study at a size, under ``results/<study>/`` and the work folder: ``cpu``, or
     ``cpu_h200`` for a second batch of the same recipe run elsewhere (another device or precision). The report
     compares runs within one folder only, so a batch never pairs with another batch's runs."""
-    if batch is None:
-        return size
-    if not BATCH_LABEL.fullmatch(batch):
-        raise ValueError(f"batch label {batch!r}: letters and digits only, e.g. h200")
-    return f"{size}_{batch}"
+    return size if batch is None else f"{size}_{batch_label(batch)}"
 
 
 def size_and_batch(folder: str) -> tuple[str, str | None]:
