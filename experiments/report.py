@@ -126,6 +126,51 @@ def paired_comparison(
     }
 
 
+def compare_with_reference(
+    study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]], reference: list[dict[str, Any]]
+) -> None:
+    """Add to each row of a study with a ``reference`` its comparison with the reference study's row (the runs of
+    ``reference``, from the same batch): paired by seed, commit, device and precision as the baseline is, the
+    primary metric only, Holm-corrected across these comparisons."""
+    other_study, counterparts = study.reference
+    metric = study.metrics[0].name
+    compared = []
+    for row in rows:
+        if (counterpart := counterparts.get(row["variant"])) is None:
+            continue
+        runs = [r for r in results if (r["variant"], r["depth"]) == (row["variant"], row["depth"])]
+        theirs = {
+            r["seed"]: r for r in reference if (r["variant"], r["depth"]) == (counterpart, row["depth"])
+        }
+        row["reference"] = {"study": other_study, "variant": counterpart,
+                            **paired_comparison(runs, theirs, metric)}  # fmt: skip
+        compared.append(row["reference"])
+    for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
+        comparison["p_holm"] = p_holm
+        comparison["verdict"] = verdict(comparison, study.metrics[0].digits)
+
+
+def reference_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown of :func:`compare_with_reference`'s comparisons (none where the study has no reference)."""
+    compared = [row for row in rows if "reference" in row]
+    if not compared:
+        return []
+    metric = study.metrics[0].name
+    lines = [
+        "",
+        f"Against the rows of `{study.reference[0]}` in the same batch ({metric}, paired as above, Holm-corrected "
+        "across these rows):",
+        "",
+        f"| variant | compared with | {metric} vs it | dropped pairs |",
+        "|---|---|---|---|",
+    ]
+    for row in compared:
+        ref = row["reference"]
+        dropped = "; ".join(f"seed {d['seed']}: {d['why']}" for d in ref["dropped"])
+        lines.append(f"| {row['label']} | {ref['variant']} | {ref['verdict']} | {dropped} |")
+    return [*lines, ""]
+
+
 def verdict(comparison: dict[str, Any], digits: int = 2) -> str:
     """``+1.23 (p 0.012, beyond noise)`` / ``(p 0.310, within noise)`` / ``(1 pair: untested)``, from the
     Holm-corrected p-value; ``no comparable pair`` when every pair was dropped."""
@@ -270,7 +315,8 @@ def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
     ]
     changed = defaultdict(list)  # the same changes -> the runs that have them
     for r in results:
-        if changes := study.flag_changes(r):
+        # the model a fine-tuning run started from is its input (--source), not a flag of the study
+        if changes := study.flag_changes(r, source=source_template(study, r)):
             changed[describe_changes(changes)].append(run_id(r["variant"], r["depth"], r["seed"]))
     for changes, runs in sorted(changed.items()):
         lines.append(f"Flags the study has changed since {', '.join(runs)} ran: {changes}.")
@@ -300,10 +346,34 @@ def selection(size: str, batch: str | None) -> str:
     return f"--size {size}" + ("" if batch is None else f" --batch {batch}")
 
 
+def source_template(study: Study, result: dict[str, Any]) -> str | None:
+    """The ``--source`` a fine-tuning run was given: the model folder it started from, its seed written as
+    ``{seed}`` (None for a study that trains from scratch)."""
+    if study.source is None:
+        return None
+    return result["flags"]["model_name_or_path"].replace(f"seed{result['seed']}", "seed{seed}")
+
+
+def run_options(study: Study, results: list[dict[str, Any]]) -> str:
+    """The options of experiments.run, beyond the batch's, that the runs were made with: `` --device cuda`` for
+    runs on a GPU, `` --source PATH`` for runs started from models other than the study's own."""
+    options = [f"--device {device}" for device in sorted({r["device"]["device"] for r in results} - {"cpu"})]
+    options += [
+        f"--source {t}" for t in sorted({source_template(study, r) for r in results} - {study.source})
+    ]
+    return "".join(f" {option}" for option in options)
+
+
 def markdown(
-    study: Study, size: str, rows: list[dict[str, Any]], notes: list[str] = (), batch: str | None = None
+    study: Study,
+    size: str,
+    rows: list[dict[str, Any]],
+    notes: list[str] = (),
+    batch: str | None = None,
+    options: str = "",
 ) -> str:
-    """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`)."""
+    """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`); ``options``:
+    the runs' own options of experiments.run (:func:`run_options`)."""
     primary = study.metrics[0]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
@@ -335,7 +405,8 @@ def markdown(
         "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
         f"table; 'beyond noise': p < {ALPHA}.",
         *dropped_pairs(rows, primary.name),
-        f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}` and "
+        *reference_table(study, rows),
+        f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}{options}` and "
         f"`python -m experiments.report {study.name} {selection(size, batch)}`.",
         *notes,
     ]
@@ -421,8 +492,13 @@ def report(
     seq2seq = any(r.get("test_hypotheses") for r in results)
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
+    if study.reference is not None:
+        compare_with_reference(
+            study, rows, results, load_results(results_dir / study.reference[0] / batch_folder(size, batch))
+        )
     (folder / "README.md").write_text(
-        markdown(study, size, rows, provenance(study, results), batch), encoding="utf-8"
+        markdown(study, size, rows, provenance(study, results), batch, run_options(study, results)),
+        encoding="utf-8",
     )
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     plot(study, rows, results, folder / "summary.png")

@@ -74,6 +74,9 @@ class Study:
     # A study that fine-tunes trained models: the folder each run starts from (``--model_name_or_path``), relative
     # to the repository root, ``{seed}`` standing for the run's seed; ``experiments.run --source`` gives another.
     source: str | None = None
+    # Rows of another study that each variant is also compared with, paired by seed within the same batch (size
+    # and --batch): ``(study, {variant: its variant there})``, e.g. an upcycled RK2 row against RK2 from scratch.
+    reference: tuple[str, dict[str, str]] | None = None
 
     def source_path(self, seed: int, source: str | None = None) -> str | None:
         """The model folder a run of ``seed`` starts from: ``source`` (else the study's own) with the seed filled in;
@@ -553,6 +556,7 @@ MULTI30K_UPCYCLE = Study(
     metrics=(Metric("BLEU"), Metric("chrF")),
     baseline="residual_ft",
     source="runs/experiments/multi30k_paired/cpu/residual-3-seed{seed}",
+    reference=("multi30k_paired", {"residual_ft": "residual", "rk2_up": "rk2", "rk4_up": "rk4"}),
 )
 
 # --------------------------------------------------------------------------------------------

@@ -249,7 +249,7 @@ def test_paired_t_test_and_holm_by_hand():
 def fake_result(variant: str, seed: int, bleu: float, device: str = "AMD EPYC", commit: str = "abc") -> dict:
     return {"variant": variant, "depth": 3, "seed": seed, "metrics": {"BLEU": bleu, "chrF": 50.0},
             "wall_time_s": 60.0, "steps": 10, "training_curve": [], "flags": {"bf16": False},
-            "git": {"commit": commit, "dirty": False}, "device": {"name": device, "capability": "AVX2"},
+            "git": {"commit": commit, "dirty": False}, "device": {"device": "cpu", "name": device, "capability": "AVX2"},
             "precision": {"precision": "fp32"}}  # fmt: skip
 
 
@@ -285,6 +285,35 @@ def test_gap_is_paired_by_seed_commit_device_and_precision():
         "baseline's run." in table
     )
     assert "Holm-corrected across the rows of this table; 'beyond noise': p < 0.05" in table
+
+
+def test_an_upcycled_row_is_also_paired_with_its_from_scratch_row_by_hand():
+    """multi30k_upcycle's rows against multi30k_paired's of the same batch: paired by seed (a run of another device
+    is dropped and named), the paired t-test by hand (df 1: Cauchy, p = 1 - 2 atan(t) / pi; df 2: p = 1 -
+    t / sqrt(2 + t^2)), Holm across these comparisons."""
+    study = STUDIES["multi30k_upcycle"]
+    ours = [fake_result("residual_ft", s, b) for s, b in ((0, 35.0), (1, 34.0), (2, 36.0))]
+    ours += [fake_result("rk2_up", s, b) for s, b in ((0, 36.0), (1, 35.0), (2, 37.0))]
+    scratch = [fake_result("residual", s, b) for s, b in ((0, 34.0), (1, 34.0), (2, 35.0))]
+    scratch += [
+        fake_result("rk2", 0, 35.0),
+        fake_result("rk2", 1, 35.5),
+        fake_result("rk2", 2, 36.0, device="H200"),
+    ]
+    rows = report_module.aggregate(study, ours, references=None)
+    report_module.compare_with_reference(study, rows, ours, scratch)
+    residual, rk2 = (row["reference"] for row in rows)
+    assert (residual["variant"], residual["pairs"], rk2["variant"], rk2["pairs"]) == ("residual", 3, "rk2", 2)
+    assert residual["gap"] == pytest.approx(2 / 3) and rk2["gap"] == pytest.approx(0.25)  # (1.0 - 0.5) / 2
+    assert residual["p"] == pytest.approx(1 - 2 / math.sqrt(6))  # t = (2/3) / (sqrt(1/3) / sqrt(3)) = 2
+    assert rk2["p"] == pytest.approx(
+        1 - 2 * math.atan(1 / 3) / math.pi
+    )  # t = 0.25 / (1.5 / sqrt(2) / sqrt(2))
+    assert residual["p_holm"] == pytest.approx(2 * residual["p"])  # the smaller p, times the 2 comparisons
+    assert rk2["p_holm"] == pytest.approx(rk2["p"])
+    assert rk2["dropped"] == [{"seed": 2, "why": "device AMD EPYC here, H200 in the baseline's run"}]
+    table = "\n".join(report_module.reference_table(study, rows))
+    assert "| RK2-block upcycled from residual (learnable gamma from (1, 0)) | rk2 | +0.25 (p " in table
 
 
 def test_holm_runs_across_the_rows_of_a_table():
@@ -420,6 +449,28 @@ def test_provenance_names_commits_changed_flags_and_mixed_vocabularies_and_refus
     )
     with pytest.raises(ValueError, match="2 different versions of the data files"):
         report_module.provenance(ptb, [*same, _run_record("92924fb" + "0" * 33, 9972, train_sha="b" * 64)])
+
+
+def test_a_batchs_own_device_and_source_are_named_in_its_command_not_reported_as_changed_flags():
+    """A fine-tuning run's --source is its input, not a flag of the study: the table's command names it (and
+    --device for GPU runs) instead of listing the model path as a flag the study has changed."""
+    study = STUDIES["multi30k_upcycle"]
+
+    def record(seed: int, device: str, source: str | None = None, **flags) -> dict:
+        return {"variant": "rk2_up", "depth": 3, "seed": seed, "size": "cpu", "device": {"device": device},
+                "data": {"files": {}}, "git": {"commit": "cf12255" + "0" * 33, "dirty": False}, "config": {"vocab_size": 8000},
+                "flags": {**study.flags("rk2_up", 3, seed, "cpu", source), **flags}}  # fmt: skip
+
+    gpu = [record(seed, "cuda", "/models/residual-seed{seed}") for seed in (0, 1)]
+    assert report_module.source_template(study, gpu[1]) == "/models/residual-seed{seed}"
+    assert report_module.run_options(study, gpu) == " --device cuda --source /models/residual-seed{seed}"
+    assert report_module.run_options(study, [record(0, "cpu")]) == ""  # the study's own source, on the CPU
+    assert report_module.provenance(study, gpu) == ["Code: commit cf12255 (2 runs)."]
+    stale = record(0, "cuda", "/models/residual-seed{seed}", learning_rate=1.0)
+    rate = study.flags("rk2_up", 3, 0, "cpu")["learning_rate"]
+    assert report_module.provenance(study, [stale])[1] == (
+        f"Flags the study has changed since rk2_up-3-seed0 ran: learning_rate 1.0 -> {rate}."
+    )
 
 
 def test_a_result_made_with_other_flags_is_kept_and_reported_stale(tmp_path, monkeypatch, capsys):
