@@ -140,6 +140,10 @@ SUMMARY_NAMES = {
     "authors' gate": ("RK2-block (learnable gamma), authors' code: one gate, code F",),
     "authors' scalars": ("RK2-block (learnable scalars), authors' code: one pair, code F",),
     "LN gate": ("RK2-block (learnable gamma), gate reads LN(F_i)",),
+    "12 residual layers": ("Residual, 12 encoder layers (RK4's encoder FLOPs)",),
+    "residual fine-tuned": ("Residual, fine-tuned N updates",),
+    "RK2 upcycled": ("RK2-block upcycled from residual (learnable gamma from (1, 0))",),
+    "RK4 upcycled": ("RK4-block upcycled from residual (learnable gamma from (1, 0, 0, 0))",),
 }
 NAMED = re.compile(
     "(?<![\\w-])("
