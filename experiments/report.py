@@ -87,15 +87,16 @@ def comparable(result: dict[str, Any]) -> tuple:
     return commit, device.get("name"), device.get("capability"), precision
 
 
-def describe_mismatch(ours: dict[str, Any], baseline: dict[str, Any]) -> str:
-    """Why two runs are not paired: the parts of :func:`comparable` that differ."""
+def describe_mismatch(ours: dict[str, Any], baseline: dict[str, Any], whose: str = "the baseline's") -> str:
+    """Why two runs are not paired: the parts of :func:`comparable` that differ (``whose``: the other run's
+    owner, as the message names it)."""
     names = ("commit", "device", "CPU capability", "precision")
 
     def shown(name: str, value: Any) -> str:
         return str(value)[:7] if name == "commit" and value else str(value)
 
     parts = [
-        f"{name} {shown(name, a)} here, {shown(name, b)} in the baseline's run"
+        f"{name} {shown(name, a)} here, {shown(name, b)} in {whose} run"
         for name, a, b in zip(names, comparable(ours), comparable(baseline))
         if a != b
     ]
@@ -103,7 +104,10 @@ def describe_mismatch(ours: dict[str, Any], baseline: dict[str, Any]) -> str:
 
 
 def paired_comparison(
-    runs: list[dict[str, Any]], baseline: dict[int, dict[str, Any]], metric: str
+    runs: list[dict[str, Any]],
+    baseline: dict[int, dict[str, Any]],
+    metric: str,
+    whose: str = "the baseline's",
 ) -> dict[str, Any]:
     """The variant's runs paired with the baseline's of the same seed, commit, device and precision: the mean
     gap over the pairs, their number, the paired t-test's p-value (Holm-corrected later, across the table) and
@@ -112,9 +116,9 @@ def paired_comparison(
     for run in runs:
         other = baseline.get(run["seed"])
         if other is None:
-            dropped.append({"seed": run["seed"], "why": "no baseline run of this seed"})
+            dropped.append({"seed": run["seed"], "why": f"no run of this seed among {whose} runs"})
         elif comparable(run) != comparable(other):
-            dropped.append({"seed": run["seed"], "why": describe_mismatch(run, other)})
+            dropped.append({"seed": run["seed"], "why": describe_mismatch(run, other, whose)})
         else:
             pairs.append((run["metrics"][metric], other["metrics"][metric]))
     ours, theirs = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -142,8 +146,9 @@ def compare_with_reference(
         theirs = {
             r["seed"]: r for r in reference if (r["variant"], r["depth"]) == (counterpart, row["depth"])
         }
+        whose = f"{other_study}'s {counterpart}"
         row["reference"] = {"study": other_study, "variant": counterpart,
-                            **paired_comparison(runs, theirs, metric)}  # fmt: skip
+                            **paired_comparison(runs, theirs, metric, whose)}  # fmt: skip
         compared.append(row["reference"])
     for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
         comparison["p_holm"] = p_holm

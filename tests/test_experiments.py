@@ -311,9 +311,19 @@ def test_an_upcycled_row_is_also_paired_with_its_from_scratch_row_by_hand():
     )  # t = 0.25 / (1.5 / sqrt(2) / sqrt(2))
     assert residual["p_holm"] == pytest.approx(2 * residual["p"])  # the smaller p, times the 2 comparisons
     assert rk2["p_holm"] == pytest.approx(rk2["p"])
-    assert rk2["dropped"] == [{"seed": 2, "why": "device AMD EPYC here, H200 in the baseline's run"}]
+    assert rk2["dropped"] == [{"seed": 2, "why": "device AMD EPYC here, H200 in multi30k_paired's rk2 run"}]
     table = "\n".join(report_module.reference_table(study, rows))
     assert "| RK2-block upcycled from residual (learnable gamma from (1, 0)) | rk2 | +0.25 (p " in table
+    report_module.compare_with_reference(
+        study, rows, ours, []
+    )  # the reference batch has not run: said per seed
+    assert rows[0]["reference"]["dropped"][0] == {
+        "seed": 0, "why": "no run of this seed among multi30k_paired's residual runs"
+    }  # fmt: skip
+    for name, other in ((name, s.reference) for name, s in STUDIES.items() if s.reference):
+        assert set(other[1]) <= set(STUDIES[name].variants) and set(other[1].values()) <= set(
+            STUDIES[other[0]].variants
+        ), name
 
 
 def test_holm_runs_across_the_rows_of_a_table():
