@@ -7,9 +7,17 @@
 #     paired   multi30k_paired: residual, RK2, RK4, seeds 0-4, $PAIRED_PARALLEL at once (6)
 #     upcycle  multi30k_upcycle, seeds 0-2, from this batch's residual models once seeds 0-2 of them exist
 #     rest     multi30k_paired: the other four rows, seeds 0-2, $REST_PARALLEL at once (6)
-# All write the batch "h200" (results/<study>/cpu_h200). A later call on the same warm machine resumes what a
-# deadline stopped (runs/ is kept there); copy results/ back first, as they travel with the checkout.
+# Phases run at the same time. All write the batch $BATCH (default h200: results/<study>/cpu_h200); name the card.
+# A later call on the same warm machine resumes what a deadline stopped (runs/ is kept there, with the models the
+# upcycle phase starts from); copy results/ back first, as they travel with the checkout.
 set -u
+usage="usage: bash experiments/gpu_batch.sh SECONDS paired|upcycle|rest ... (see its header)"
+[[ $# -ge 2 && $1 =~ ^[0-9]+$ ]] || { echo "$usage" >&2; exit 2; }
+for phase in "${@:2}"; do
+  [[ $phase =~ ^(paired|upcycle|rest)$ ]] || { echo "unknown phase $phase; $usage" >&2; exit 2; }
+done
+: "${OUT:?the device tool sets OUT, the folder whose files come back}"
+BATCH=${BATCH:-h200}
 T0=$(date +%s)
 DEADLINE=$((T0 + $1))
 shift
@@ -23,12 +31,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > /tmp/logs
   sleep 10
 done) &
 UTIL=$!
+trap 'kill $UTIL 2>/dev/null' EXIT
+# timeout signals its whole process group, so a run that the deadline cuts short stops with its train.run
 RUN="python3 -m experiments.run"
-PAIRED=results/multi30k_paired/cpu_h200
+PAIRED=results/multi30k_paired/cpu_$BATCH
+JOBS=()
 for phase in "$@"; do
   case $phase in
     paired)
-      timeout "$(left)" $RUN multi30k_paired --device cuda --batch h200 --seeds 0 1 2 3 4 --only residual rk2 rk4 \
+      timeout "$(left)" $RUN multi30k_paired --device cuda --batch $BATCH --seeds 0 1 2 3 4 --only residual rk2 rk4 \
         --parallel "${PAIRED_PARALLEL:-6}" --threads 2 > /tmp/logs/paired.log 2>&1 &
       JOBS+=($!) ;;
     upcycle)
@@ -37,21 +48,18 @@ for phase in "$@"; do
          [ "$(left)" -le 1 ] && exit 0
          sleep 5
        done
-       timeout "$(left)" $RUN multi30k_upcycle --device cuda --batch h200 --seeds 0 1 2 --parallel 3 --threads 1 \
-         --source 'runs/experiments/multi30k_paired/cpu_h200/residual-3-seed{seed}' > /tmp/logs/upcycle.log 2>&1) &
+       timeout "$(left)" $RUN multi30k_upcycle --device cuda --batch $BATCH --seeds 0 1 2 --parallel 3 --threads 1 \
+         --source "runs/experiments/multi30k_paired/cpu_$BATCH/residual-3-seed{seed}" > /tmp/logs/upcycle.log 2>&1) &
       JOBS+=($!) ;;
     rest)
-      timeout "$(left)" $RUN multi30k_paired --device cuda --batch h200 --seeds 0 1 2 \
+      timeout "$(left)" $RUN multi30k_paired --device cuda --batch $BATCH --seeds 0 1 2 \
         --only rk2_gated_authors rk2_gated_tableau residual_x2 residual_x4 \
         --parallel "${REST_PARALLEL:-6}" --threads 2 > /tmp/logs/rest.log 2>&1 &
       JOBS+=($!) ;;
-    *) echo "unknown phase $phase: paired, upcycle or rest" >&2; exit 2 ;;
   esac
 done
-for job in "${JOBS[@]}"; do wait "$job"; done
-kill $UTIL
-pkill -f -- "--output_dir $PWD/runs/"  # this checkout's runs that the deadline cut short, and no one else's
+for job in "${JOBS[@]}"; do wait "$job"; echo "phase job $job: exit $? (124: the deadline)"; done
 echo "elapsed $(($(date +%s) - T0)) s"
 tail -n 3 /tmp/logs/*.log
-find runs -name "*.log" | tar czf "$OUT/batch.tgz" -T - results/multi30k_paired/cpu_h200 results/multi30k_upcycle /tmp/logs 2>/dev/null
+find runs -name "*.log" | tar czf "$OUT/batch.tgz" -T - "results/multi30k_paired/cpu_$BATCH" "results/multi30k_upcycle/cpu_$BATCH" /tmp/logs 2>/dev/null
 ls -la "$OUT"

@@ -691,7 +691,7 @@ def test_truncated_gz_and_comma_in_a_path_are_named(tmp_path):
 # --------------------------------------------------------------------------------------------
 # 9. Round three (issue #44): a full disk, Ctrl-C, a second writer, foreign code in a model folder
 
-# Ctrl-C as a terminal delivers it: a suite started in the background (nohup, `cmd &` without job control)
+# Ctrl-C as a terminal delivers it: a suite started in the background without job control (`cmd &` in a script)
 # hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
 CLI = (
     "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
