@@ -138,14 +138,13 @@ def compare_with_reference(
     primary metric only, Holm-corrected across these comparisons."""
     other_study, counterparts = study.reference
     metric = study.metrics[0].name
+    ours, reference_cells = runs_by_cell(results), runs_by_cell(reference)
     compared = []
     for row in rows:
         if (counterpart := counterparts.get(row["variant"])) is None:
             continue
-        runs = [r for r in results if (r["variant"], r["depth"]) == (row["variant"], row["depth"])]
-        theirs = {
-            r["seed"]: r for r in reference if (r["variant"], r["depth"]) == (counterpart, row["depth"])
-        }
+        runs = ours[(row["variant"], row["depth"])]
+        theirs = {r["seed"]: r for r in reference_cells.get((counterpart, row["depth"]), [])}
         whose = f"{other_study}'s {counterpart}"
         row["reference"] = {"study": other_study, "variant": counterpart,
                             **paired_comparison(runs, theirs, metric, whose)}  # fmt: skip
@@ -242,14 +241,20 @@ def add_derived_metrics(study: Study, results: list[dict[str, Any]]) -> None:
             result["metrics"][metric.name] = math.exp(math.log(per_token) * (words + sentences) / words)
 
 
+def runs_by_cell(results: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """The runs of each (variant, depth), in the order given."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        cells[(result["variant"], result["depth"])].append(result)
+    return cells
+
+
 def aggregate(
     study: Study, results: list[dict[str, Any]], references: list[str] | None
 ) -> list[dict[str, Any]]:
     """One row per (variant, depth) present in ``results``, in the study's order (derived metrics filled in)."""
     add_derived_metrics(study, results)
-    by_cell: dict[tuple[str, int], list[dict]] = defaultdict(list)
-    for result in results:
-        by_cell[(result["variant"], result["depth"])].append(result)
+    by_cell = runs_by_cell(results)
     rows = []
     for depth in study.depths:
         for variant in study.variants:

@@ -314,9 +314,8 @@ def test_an_upcycled_row_is_also_paired_with_its_from_scratch_row_by_hand():
     assert rk2["dropped"] == [{"seed": 2, "why": "device AMD EPYC here, H200 in multi30k_paired's rk2 run"}]
     table = "\n".join(report_module.reference_table(study, rows))
     assert "| RK2-block upcycled from residual (learnable gamma from (1, 0)) | rk2 | +0.25 (p " in table
-    report_module.compare_with_reference(
-        study, rows, ours, []
-    )  # the reference batch has not run: said per seed
+    # the reference batch has not run: said per seed
+    report_module.compare_with_reference(study, rows, ours, [])
     assert rows[0]["reference"]["dropped"][0] == {
         "seed": 0, "why": "no run of this seed among multi30k_paired's residual runs"
     }  # fmt: skip
