@@ -34,6 +34,7 @@ class Queue:
     lanes: tuple[tuple[Step, ...], ...]  # one runner per lane, one thread each
     worktree: str  # the worktree's folder, next to this checkout
     extra: tuple[str, ...] = ()  # flags every `experiments.run` call of the lanes passes (e.g. --source)
+    batch: str | None = None  # experiments.run --batch: the runs go to results/<study>/cpu_<batch>
 
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
@@ -48,6 +49,25 @@ QUEUES = {
             (((0,), ("rk4", "rk2_gated")), ((2,), ("rk4",))),
         ),
         worktree="exp_ptb",
+    ),
+    # Issue 54: ptb_paper as one batch on a CPU with native bf16, seeds 0-2 of all five rows at one commit (seed 0
+    # again: its first run's record shows neither precision nor CPU capability). Residual and RK4 come first, each
+    # lane alternating them, so that the two rows the issue asks three seeds of finish first.
+    "ptb_paper_bf16": Queue(
+        study="ptb_paper",
+        commit="c013fee",
+        lanes=(
+            (
+                ((0,), ("residual",)), ((1,), ("rk4",)), ((2,), ("residual",)),
+                ((0, 1, 2), ("rk2",)), ((2,), ("rk2_gated",)),
+            ),
+            (
+                ((0,), ("rk4",)), ((1,), ("residual",)), ((2,), ("rk4",)),
+                ((0, 1, 2), ("rk2_ones",)), ((0, 1), ("rk2_gated",)),
+            ),
+        ),
+        worktree="exp_ptb_bf16",
+        batch="bf16",
     ),
     # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
     # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
@@ -94,6 +114,7 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
         f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
         + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
         + f"--parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
+        + (f" --batch {queue.batch}" if queue.batch else "")
         + "".join(f" {shlex.quote(flag)}" for flag in queue.extra)
         for seeds, variants in lane
     ]
@@ -140,7 +161,7 @@ def running(study: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.queue", description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=sorted(QUEUES))
+    parser.add_argument("queue", choices=sorted(QUEUES), help="a queue: a study's name, or a batch of it")
     parser.add_argument(
         "--tree", type=Path, help="the worktree (default: the queue's, next to this checkout)"
     )
@@ -148,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dry-run", action="store_true", help="print the worktree and the lanes' commands only"
     )
     args = parser.parse_args(argv)
-    queue = QUEUES[args.study]
+    queue = QUEUES[args.queue]
     tree = (args.tree or REPO.parent / queue.worktree).resolve()
     commands = [lane_command(queue, lane) for lane in queue.lanes]
     if args.dry_run:

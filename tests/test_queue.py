@@ -10,7 +10,7 @@ import pytest
 
 from experiments import queue, run
 from experiments.report import load_results
-from experiments.studies import STUDIES
+from experiments.studies import STUDIES, batch_folder
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -33,7 +33,7 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
     assert len(runs) == len(set(runs)), "two lanes (or steps) would train the same run"
     if name == "ptb_paper":  # issue 32: seed 0 of every block, seeds 1-2 of residual and RK4
         wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
-    elif name == "multi30k_upcycle":  # issue 45: seeds 0-2 of every row
+    elif name in ("ptb_paper_bf16", "multi30k_upcycle"):  # issues 54, 45: seeds 0-2 of every row
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
     else:  # issue 41: seeds 0-2 of every row, seeds 3-4 of residual, RK2 and RK4
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
@@ -45,15 +45,17 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
 def test_finished_runs_come_from_the_queues_commit(name):
     """The pinned commit is the one the committed results record: a lane must not train on other code."""
     q = queue.QUEUES[name]
-    commits = {result["git"]["commit"] for result in load_results(RESULTS / q.study / "cpu")}
+    folder = RESULTS / q.study / batch_folder("cpu", q.batch)
+    commits = {result["git"]["commit"] for result in load_results(folder)} if folder.exists() else set()
     assert all(commit.startswith(q.commit) for commit in commits), commits
-    assert commits or name == "multi30k_upcycle"  # queued, nothing finished yet
+    assert commits or name in ("multi30k_upcycle", "ptb_paper_bf16")  # queued, nothing finished yet
 
 
-def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys):
-    assert queue.main(["ptb_paper", "--dry-run", "--tree", str(tmp_path / "tree")]) == 0
+@pytest.mark.parametrize("name", ["ptb_paper", "ptb_paper_bf16"])
+def test_dry_run_prints_each_lanes_valid_experiments_run_calls(name, tmp_path, capsys):
+    assert queue.main([name, "--dry-run", "--tree", str(tmp_path / "tree")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    q = queue.QUEUES["ptb_paper"]
+    q = queue.QUEUES[name]
     assert lines[0] == f"worktree {tmp_path / 'tree'} at {q.commit}" and len(lines) == 1 + len(q.lanes)
     assert not (tmp_path / "tree").exists()  # a dry run creates nothing
     for line, lane in zip(lines[1:], q.lanes):
@@ -66,6 +68,7 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(tmp_path, capsys)
             assert (args.study, tuple(args.seeds), tuple(args.only)) == (q.study, seeds, variants)
             assert (args.parallel, args.threads) == (1, 1)
             assert args.results == RESULTS  # finished runs land in this checkout, whatever the worktree
+            assert args.batch == q.batch
 
 
 def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_path):
