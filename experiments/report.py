@@ -8,8 +8,13 @@ beside ours, the gap to the baseline and whether it is more than noise), ``summa
 Noise: a variant's run is paired with the baseline's run of the same seed, and only where both ran at the same
 code commit, on the same device (CPU model and capability) and in the same precision; a pair that is not is
 dropped and listed under the table. The gap is the mean over the pairs; its p-value is a paired t-test over them,
-Holm-corrected across the rows of the table, and "beyond noise" means p < 0.05. For translation, sacreBLEU's
-paired bootstrap (1,000 resamples) of each pair on the same test set gives a p-value per seed.
+Holm-corrected across the rows of the table, and "beyond noise" means p < 0.05; the gap's 95% confidence interval is
+the paired t interval over the same differences (not Holm-adjusted). For translation, sacreBLEU's paired bootstrap
+(1,000 resamples) of each pair on the same test set gives a p-value per seed, signed by that seed's gap.
+
+Power: under the table, each tested row's smallest gap that the paired t-test detects with 80% power at the seeds
+run, and the seeds it needs to detect the paper's gap and the observed one, at alpha 0.05 and at Holm's first
+step (alpha / the number of tested rows), all from the row's observed sd of the per-seed differences.
 
 ``--write-docs`` writes ``results/README.md``, the study document the project README links to: the prose of
 ``docs/templates/results.md`` with each ``<!-- table: results/STUDY/SIZE -->`` marker replaced by the table of
@@ -37,6 +42,11 @@ TABLE_MARKER = re.compile(r"^<!-- table: (results/[\w.]+/\w+) -->$", re.MULTILIN
 GATE_MARKER = re.compile(r"^<!-- gates: (results/[\w./]+\.json) -->$", re.MULTILINE)
 BOOTSTRAP_SAMPLES = 1000
 ALPHA = 0.05  # a Holm-corrected paired p below this is "beyond noise"
+POWER = 0.8  # the power a study's seeds are sized for
+MAX_SEEDS = 1000  # seeds_needed stops here: a gap that needs more is, for these studies, not measurable
+# Secondary metrics whose verdict stands beside the primary one's: chrF scores the same test set as BLEU, and a
+# verdict that holds in one and not the other is worth seeing.
+VERDICT_ALSO = ("chrF",)
 
 
 def load_results(folder: Path) -> list[dict[str, Any]]:
@@ -62,6 +72,54 @@ def paired_t_test(ours: list[float], baseline: list[float]) -> float | None:
         return None
     p_value = float(ttest_rel(ours, baseline).pvalue)
     return None if math.isnan(p_value) else p_value
+
+
+def confidence_interval(differences: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The paired t interval of the mean difference: mean +- t(1 - (1 - level) / 2, n - 1) * sd / sqrt(n); None
+    below two differences."""
+    from scipy.stats import t
+
+    if len(differences) < 2:
+        return None
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    half = float(t.ppf(1 - (1 - level) / 2, len(differences) - 1)) * sd / math.sqrt(len(differences))
+    return mean - half, mean + half
+
+
+def t_test_power(gap: float, sd: float, n: int, alpha: float) -> float:
+    """Power of a two-sided paired t-test over ``n`` pairs whose differences have standard deviation ``sd``, for a
+    true mean difference ``gap``: exact, from the noncentral t distribution (scipy.stats.nct), df n - 1,
+    noncentrality gap * sqrt(n) / sd."""
+    from scipy.stats import nct, t
+
+    df = n - 1
+    critical = float(t.ppf(1 - alpha / 2, df))
+    noncentrality = abs(gap) * math.sqrt(n) / sd
+    wrong_side = float(nct.cdf(-critical, df, noncentrality))
+    # scipy's nct returns NaN for this far tail once it is below ~1e-20 (a large noncentrality): it is then 0
+    return float(nct.sf(critical, df, noncentrality)) + (0.0 if math.isnan(wrong_side) else wrong_side)
+
+
+def detectable_gap(sd: float, n: int, alpha: float, power: float = POWER) -> float:
+    """The smallest gap the paired t-test over ``n`` pairs detects with ``power`` at ``alpha`` (two-sided)."""
+    from scipy.optimize import brentq
+
+    high = sd
+    while t_test_power(high, sd, n, alpha) < power:  # power grows with the gap: bracket it, then solve
+        high *= 2
+    return float(brentq(lambda gap: t_test_power(gap, sd, n, alpha) - power, 0.0, high, xtol=1e-9 * sd))
+
+
+def seeds_needed(gap: float, sd: float, alpha: float, power: float = POWER) -> int | None:
+    """The fewest pairs (seeds) with which the paired t-test detects ``gap`` with ``power`` at ``alpha``, given
+    differences of standard deviation ``sd``; None when it takes more than MAX_SEEDS."""
+    if gap == 0 or t_test_power(gap, sd, MAX_SEEDS, alpha) < power:
+        return None
+    low, high = 1, MAX_SEEDS  # power grows with n: bisect for the first n that reaches it (low never does)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if t_test_power(gap, sd, middle, alpha) >= power else (middle, high)
+    return high
 
 
 def holm(p_values: list[float | None]) -> list[float | None]:
@@ -112,7 +170,7 @@ def paired_comparison(
     """The variant's runs paired with the baseline's of the same seed, commit, device and precision: the mean
     gap over the pairs, their number, the paired t-test's p-value (Holm-corrected later, across the table) and
     every pair that had to be dropped, with why."""
-    pairs, dropped = [], []
+    pairs, dropped, differences = [], [], {}
     for run in runs:
         other = baseline.get(run["seed"])
         if other is None:
@@ -121,11 +179,17 @@ def paired_comparison(
             dropped.append({"seed": run["seed"], "why": describe_mismatch(run, other, whose)})
         else:
             pairs.append((run["metrics"][metric], other["metrics"][metric]))
+            differences[run["seed"]] = pairs[-1][0] - pairs[-1][1]
     ours, theirs = [p[0] for p in pairs], [p[1] for p in pairs]
+    p_value = paired_t_test(ours, theirs)
     return {
         "pairs": len(pairs),
-        "gap": statistics.fmean(a - b for a, b in pairs) if pairs else None,
-        "p": paired_t_test(ours, theirs),
+        "gap": statistics.fmean(differences.values()) if pairs else None,
+        "p": p_value,
+        "differences": differences,
+        "sd": statistics.stdev(differences.values()) if len(pairs) > 1 else None,
+        # only where the t-test ran: identical differences have no spread to make an interval of
+        "ci95": None if p_value is None else confidence_interval(list(differences.values())),
         "dropped": dropped,
     }
 
@@ -176,8 +240,9 @@ def reference_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def verdict(comparison: dict[str, Any], digits: int = 2) -> str:
-    """``+1.23 (p 0.012, beyond noise)`` / ``(p 0.310, within noise)`` / ``(1 pair: untested)``, from the
-    Holm-corrected p-value; ``no comparable pair`` when every pair was dropped."""
+    """``+1.23 (p 0.012, beyond noise; 95% CI [+0.40, +2.06])`` / ``(p 0.310, within noise; 95% CI [...])`` /
+    ``(1 pair: untested)``, from the Holm-corrected p-value; ``no comparable pair`` when every pair was dropped.
+    The interval follows every tested gap, so that "within noise" always says how large a gap it leaves open."""
     if comparison["gap"] is None:
         return "no comparable pair"
     gap = f"{comparison['gap']:+.{digits}f}"
@@ -185,7 +250,11 @@ def verdict(comparison: dict[str, Any], digits: int = 2) -> str:
         n = comparison["pairs"]
         return f"{gap} ({n} pair{'s' if n != 1 else ''}: untested)"
     beyond = comparison["p_holm"] < ALPHA
-    return f"{gap} (p {comparison['p_holm']:.3f}, {'beyond' if beyond else 'within'} noise)"
+    low, high = comparison["ci95"]
+    return (
+        f"{gap} (p {comparison['p_holm']:.3f}, {'beyond' if beyond else 'within'} noise; "
+        f"95% CI [{low:+.{digits}f}, {high:+.{digits}f}])"
+    )
 
 
 def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: list[str]) -> float:
@@ -282,6 +351,7 @@ def aggregate(
                 if variant != base_name:
                     row[metric.name]["paired"] = paired_comparison(runs, baseline, metric.name)
             row["paper"] = study.paper.get((variant, depth))
+            row["paper_gap"] = paper_gap(study, variant, depth)
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
             row["resumed"] = any(
                 r.get("resumed", False) for r in runs
@@ -303,10 +373,44 @@ def aggregate(
             rows.append(row)
     for metric in study.metrics:  # Holm across the rows of the table, metric by metric
         compared = [row[metric.name]["paired"] for row in rows if "paired" in row[metric.name]]
+        tested = sum(c["p"] is not None for c in compared)
         for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
             comparison["p_holm"] = p_holm
             comparison["verdict"] = verdict(comparison, metric.digits)
+        for row in rows:
+            if "paired" in row[metric.name]:
+                row[metric.name]["paired"]["power"] = power_analysis(row[metric.name]["paired"], row, tested)
     return rows
+
+
+def paper_gap(study: Study, variant: str, depth: int) -> float | None:
+    """The paper's gap of a variant over its baseline: from the paper's own column where it has both numbers,
+    else the gap the study records from the paper's other setting (``Study.paper_gap``)."""
+    ours, base = study.paper.get((variant, depth)), study.paper.get((study.baseline_of(variant), depth))
+    if ours is not None and base is not None:
+        return ours - base
+    return study.paper_gap.get(variant)
+
+
+def power_analysis(comparison: dict[str, Any], row: dict[str, Any], tested: int) -> dict[str, Any] | None:
+    """What the row's seeds can detect, from its observed sd of the per-seed differences (None for a row that
+    was not tested): at alpha 0.05 and at Holm's first step over the table's ``tested`` rows (alpha / tested, the
+    bar the row's smallest p must pass), the gap detectable with 80% power at the pairs run, and the seeds needed
+    for the paper's gap and for the observed one."""
+    if comparison.get("p_holm") is None:
+        return None
+    sd, n = comparison["sd"], comparison["pairs"]
+    alphas = {"alpha": ALPHA, "holm_first_step": ALPHA / tested}
+    return {
+        "holm_first_step_alpha": alphas["holm_first_step"],
+        "detectable": {name: detectable_gap(sd, n, alpha) for name, alpha in alphas.items()},
+        "seeds_for_paper_gap": None
+        if row["paper_gap"] is None
+        else {name: seeds_needed(row["paper_gap"], sd, alpha) for name, alpha in alphas.items()},
+        "seeds_for_observed_gap": {
+            name: seeds_needed(comparison["gap"], sd, alpha) for name, alpha in alphas.items()
+        },
+    }
 
 
 def provenance(study: Study, results: list[dict[str, Any]]) -> list[str]:
@@ -385,7 +489,9 @@ def markdown(
     """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`); ``options``:
     the runs' own options of experiments.run (:func:`run_options`)."""
     primary = study.metrics[0]
-    head = ["variant", "depth", "seeds", *(m.name for m in study.metrics), f"{primary.name} vs baseline"]
+    also = [m for m in study.metrics[1:] if m.name in VERDICT_ALSO]
+    head = ["variant", "depth", "seeds", *(m.name for m in study.metrics)]
+    head += [f"{m.name} vs baseline" for m in (primary, *also)]
     head += ["paper", "bootstrap p (per seed)"] if any("bootstrap_p" in r for r in rows) else ["paper"]
     head += ["last train loss", "steps", "min/run"]
     lines = [
@@ -399,11 +505,14 @@ def markdown(
     for row in rows:
         cells = [row["label"], str(row["depth"]), str(len(row["seeds"]))]
         cells += [_cell(row[m.name], m.digits) for m in study.metrics]
-        paired = row[primary.name].get("paired")
-        cells.append(paired["verdict"] if paired else "baseline" if row["variant"] == row["baseline"] else "")
+        for metric in (primary, *also):
+            paired = row[metric.name].get("paired")
+            cells.append(
+                paired["verdict"] if paired else "baseline" if row["variant"] == row["baseline"] else ""
+            )
         cells.append("" if row["paper"] is None else f"{row['paper']:.2f}")
         if "bootstrap p (per seed)" in head:
-            cells.append(" / ".join(f"{p:.3f}" for p in row.get("bootstrap_p", {}).values()))
+            cells.append(signed_bootstrap(row, primary.name))
         minutes = f"{row['wall_time_min']:.1f}" + (" *" if row["resumed"] else "")
         cells += ["" if row["train_loss"] is None else f"{row['train_loss']:.3f}", str(row["steps"]), minutes]
         lines.append("| " + " | ".join(cells) + " |")
@@ -413,8 +522,21 @@ def markdown(
         f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
         "(under the same factor where variants are BLOCK.FACTOR), the mean over pairs of runs of the same seed, code "
         "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
-        f"table; 'beyond noise': p < {ALPHA}.",
+        f"table; 'beyond noise': p < {ALPHA}; 95% CI: the paired t interval of the gap over the same seeds (not "
+        "Holm-adjusted, so it can exclude 0 where the Holm p does not)."
+        + (
+            f" {', '.join(m.name for m in also)}: the same, for that metric (Holm across its own column)."
+            if also
+            else ""
+        )
+        + (
+            " Bootstrap p: sacreBLEU's paired bootstrap of each seed's pair on the test set, signed by that seed's "
+            f"{primary.name} gap (+: the variant scored higher, -: lower)."
+            if "bootstrap p (per seed)" in head
+            else ""
+        ),
         *dropped_pairs(rows, primary.name),
+        *power_table(study, rows),
         *reference_table(study, rows),
         f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}{options}` and "
         f"`python -m experiments.report {study.name} {selection(size, batch)}`.",
@@ -425,6 +547,55 @@ def markdown(
             "min/run *: a run of the row resumed from a checkpoint; its minutes count only the attempt that finished."
         )
     return "\n".join(lines) + "\n"
+
+
+def signed_bootstrap(row: dict[str, Any], metric: str) -> str:
+    """The row's bootstrap p per seed, each signed by its seed's gap: ``+0.010`` a win, ``-0.406`` a loss (a p
+    alone reads as a win for a seed that lost)."""
+    differences = row[metric].get("paired", {}).get("differences", {})
+    cells = []
+    for seed, p in row.get("bootstrap_p", {}).items():
+        gap = differences[seed]
+        cells.append(f"{'+' if gap > 0 else '-' if gap < 0 else ''}{p:.3f}")
+    return " / ".join(cells)
+
+
+def _seeds(needed: dict[str, int | None]) -> str:
+    return " / ".join(f"> {MAX_SEEDS}" if n is None else str(n) for n in needed.values())
+
+
+def power_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """The power lines of the tested rows (:func:`power_analysis`), as a table under the study's; none where no
+    row was tested."""
+    metric = study.metrics[0]
+    tested = [row for row in rows if row[metric.name].get("paired", {}).get("power")]
+    if not tested:
+        return []
+    holm_alpha = tested[0][metric.name]["paired"]["power"]["holm_first_step_alpha"]
+    digits = metric.digits
+    lines = [
+        "",
+        f"Power of the paired t-test ({metric.name}), from each row's observed sd of the per-seed differences: the gap "
+        f"it detects with {POWER:.0%} power at the seeds run, and the seeds it needs for the paper's gap and for the "
+        f"observed one; each at alpha {ALPHA} / at Holm's first step over the {len(tested)} tested "
+        f"row{'s' if len(tested) != 1 else ''} (alpha "
+        f"{holm_alpha:.4f}).",
+        "",
+        "| variant | depth | pairs | sd of differences | detectable gap | paper's gap | seeds for it | observed gap "
+        "| seeds for it |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in tested:
+        paired = row[metric.name]["paired"]
+        power = paired["power"]
+        detectable = " / ".join(f"{gap:.{digits}f}" for gap in power["detectable"].values())
+        paper = "" if row["paper_gap"] is None else f"{row['paper_gap']:+.{digits}f}"
+        paper_seeds = "" if power["seeds_for_paper_gap"] is None else _seeds(power["seeds_for_paper_gap"])
+        lines.append(
+            f"| {row['label']} | {row['depth']} | {paired['pairs']} | {paired['sd']:.{digits}f} | {detectable} | "
+            f"{paper} | {paper_seeds} | {paired['gap']:+.{digits}f} | {_seeds(power['seeds_for_observed_gap'])} |"
+        )
+    return [*lines, ""]
 
 
 def dropped_pairs(rows: list[dict[str, Any]], metric: str) -> list[str]:

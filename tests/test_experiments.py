@@ -271,7 +271,10 @@ def test_gap_is_paired_by_seed_commit_device_and_precision():
     # seeds 1-2: gap +1.5, paired p 0.205 (see above), the only tested row so Holm leaves it
     gated = rows["rk2_gated"]["BLEU"]["paired"]
     assert gated["p_holm"] == pytest.approx(1 - 2 * math.atan(3) / math.pi)
-    assert gated["verdict"] == "+1.50 (p 0.205, within noise)"
+    # the interval of diffs 1, 2: 1.5 +- t(0.975, 1) * sqrt(0.5) / sqrt(2), t(0.975, 1) = tan(0.475 pi) (Cauchy)
+    half = math.tan(0.475 * math.pi) * 0.5
+    assert gated["ci95"] == pytest.approx((1.5 - half, 1.5 + half))
+    assert gated["verdict"] == f"+1.50 (p 0.205, within noise; 95% CI [{1.5 - half:+.2f}, {1.5 + half:+.2f}])"
     rk2 = rows["rk2"]["BLEU"]["paired"]
     assert rk2["pairs"] == 0 and rk2["verdict"] == "no comparable pair"
     assert [d["why"] for d in rk2["dropped"]] == [
@@ -323,6 +326,81 @@ def test_an_upcycled_row_is_also_paired_with_its_from_scratch_row_by_hand():
         assert set(other[1]) <= set(STUDIES[name].variants) and set(other[1].values()) <= set(
             STUDIES[other[0]].variants
         ), name
+
+
+def test_the_interval_of_three_differences_by_hand():
+    """Differences 1, 2, 3: mean 2, sd 1; with 2 degrees of freedom the t CDF is 1/2 + t / (2 sqrt(2 + t^2)), so its
+    0.975 quantile is 0.95 sqrt(2 / (1 - 0.95^2)), and the interval is 2 +- that / sqrt(3)."""
+    half = 0.95 * math.sqrt(2 / (1 - 0.95**2)) / math.sqrt(3)
+    assert report_module.confidence_interval([1.0, 2.0, 3.0]) == pytest.approx((2 - half, 2 + half))
+    assert report_module.confidence_interval([1.0]) is None
+    results = [fake_result("residual", s, 30.0) for s in range(3)]
+    results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((1.0, 2.0, 3.0))]
+    rk4 = report_module.aggregate(STUDIES["multi30k"], results, references=None)[1]["BLEU"]["paired"]
+    assert rk4["differences"] == pytest.approx({0: 1.0, 1: 2.0, 2: 3.0}) and rk4["sd"] == pytest.approx(1.0)
+    assert (
+        rk4["verdict"]
+        == f"+2.00 (p {rk4['p_holm']:.3f}, within noise; 95% CI [{2 - half:+.2f}, {2 + half:+.2f}])"
+    )
+
+
+def test_power_lines_by_hand_and_by_simulation():
+    """The paired t-test's power from the noncentral t: the textbook sample sizes (a two-sided one-sample t-test at
+    alpha 0.05 and 80% power needs 34 pairs for an effect of half an sd, 15 for 0.8 sd), the smallest such n (one
+    fewer falls short), a detectable gap that a simulation of the test detects 80% of the time, and the table's
+    lines: at alpha 0.05 and at Holm's first step over the table's tested rows."""
+    import numpy as np
+    from scipy.stats import t
+
+    assert (
+        report_module.seeds_needed(0.5, 1.0, 0.05) == 34 and report_module.seeds_needed(0.8, 1.0, 0.05) == 15
+    )
+    n = report_module.seeds_needed(1.14, 1.0, 0.05 / 2)
+    assert (
+        report_module.t_test_power(1.14, 1.0, n, 0.025)
+        >= 0.8
+        > report_module.t_test_power(1.14, 1.0, n - 1, 0.025)
+    )
+    assert report_module.seeds_needed(0.001, 1.0, 0.05) is None  # beyond MAX_SEEDS
+    gap = report_module.detectable_gap(0.45, 5, 0.05)
+    assert report_module.t_test_power(gap, 0.45, 5, 0.05) == pytest.approx(0.8)
+    differences = np.random.default_rng(0).normal(gap, 0.45, size=(40000, 5))
+    statistic = differences.mean(1) / (differences.std(1, ddof=1) / math.sqrt(5))
+    assert np.mean(np.abs(statistic) > t.ppf(0.975, 4)) == pytest.approx(0.8, abs=0.01)
+    # residual 30 on seeds 0-2; rk4 (paper gap +1.14) +1 / +2 / +3 (sd 1); rk2_gated +0.5 / +0.5 / +1.5 (sd 0.577)
+    results = [fake_result("residual", s, 30.0) for s in range(3)]
+    results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((1.0, 2.0, 3.0))]
+    results += [fake_result("rk2_gated", s, 30.0 + d) for s, d in enumerate((0.5, 0.5, 1.5))]
+    rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    power = rows[1]["BLEU"]["paired"]["power"]  # rk2_gated comes first in the study's order
+    assert power["holm_first_step_alpha"] == pytest.approx(0.025)
+    assert power["detectable"]["alpha"] == pytest.approx(
+        report_module.detectable_gap(1 / math.sqrt(3), 3, 0.05)
+    )
+    table = report_module.markdown(STUDIES["multi30k"], "cpu", rows)
+    rk4 = rows[2]["BLEU"]["paired"]["power"]
+    detectable = [report_module.detectable_gap(1.0, 3, a) for a in (0.05, 0.025)]
+    paper = [report_module.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.025)]
+    observed = [report_module.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.025)]
+    assert list(rk4["detectable"].values()) == pytest.approx(detectable)
+    assert list(rk4["seeds_for_paper_gap"].values()) == paper
+    assert (
+        f"| RK4-block | 3 | 3 | 1.00 | {detectable[0]:.2f} / {detectable[1]:.2f} | +1.14 | {paper[0]} / {paper[1]} | "
+        f"+2.00 | {observed[0]} / {observed[1]} |" in table
+    )
+    assert "each at alpha 0.05 / at Holm's first step over the 2 tested rows (alpha 0.0250)" in table
+
+
+def test_a_bootstrap_p_carries_the_sign_of_its_seeds_gap():
+    """sacreBLEU's p alone reads as a win for a seed that lost: the table signs each by that seed's gap."""
+    results = [fake_result("residual", s, 30.0) for s in range(3)]
+    results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((0.5, -0.25, 1.0))]
+    rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    rows[1]["bootstrap_p"] = {0: 0.2, 1: 0.01, 2: 0.406}
+    assert report_module.signed_bootstrap(rows[1], "BLEU") == "+0.200 / -0.010 / +0.406"
+    table = report_module.markdown(STUDIES["multi30k"], "cpu", rows)
+    assert "| +0.200 / -0.010 / +0.406 |" in table and "signed by that seed's BLEU gap" in table
+    assert "| BLEU vs baseline | chrF vs baseline |" in table  # chrF's verdict beside BLEU's
 
 
 def test_holm_runs_across_the_rows_of_a_table():
