@@ -200,6 +200,7 @@ def test_each_study_readme_is_what_the_report_writes_from_its_json(tmp_path):
         assert (copy / "summary.json").read_text() == (folder.parent / "summary.json").read_text(), folder
 
 
+@pytest.mark.both_cpus
 def test_the_documented_fsdp_flags_parse(tmp_path):
     """docs/distributed.md's Trainer route (`--fsdp --fsdp_config fsdp.json`, the JSON as printed there) parses
     into an FSDP1 config that wraps the model's layers (`--fsdp true` had been documented, which transformers
@@ -246,3 +247,126 @@ def test_the_demo_figures_are_those_of_its_committed_runs():
         f"{bf16['bleu']:.2f}" in README.read_text()
         and f"{bf16['wall_seconds'] / 60:.1f} min" in README.read_text()
     )
+
+
+# Words that claim an order, a gain or its absence: a sentence may use them only about a gap its own test supports
+# (Holm p < 0.05). "No gain" of a gap within noise is as much a claim as a gain: it is "not measured".
+CLAIM = re.compile(
+    r"\b(?:beats?|ahead|no gain|gains nothing|no better|helps? every)\b|the paper's order|order[^.;]*\bis the paper's",
+    re.IGNORECASE,
+)
+# Claims that no table tests at all (the report compares means, not spreads): never supported.
+UNTESTED_CLAIM = re.compile(r"\b(?:steadier|more stable across seeds)\b", re.IGNORECASE)
+
+
+def _unsupported_gaps() -> dict[str, list[str]]:
+    """For each committed study table, the ways the prose can name a gap that is not beyond noise (untested, or
+    Holm p >= 0.05): its signed figure as the table prints it (``+0.35``), the same unsigned after "by"
+    (``by 12.24``) and its Holm p (``p 0.634``)."""
+    from experiments.studies import STUDIES
+
+    figures: dict[str, list[str]] = {}
+    for path in sorted(REPO.glob("results/*/*/summary.json")):
+        digits = {m.name: m.digits for m in STUDIES[path.parent.parent.name].metrics}
+        for row in json.loads(path.read_text()):
+            comparisons = [(row[name].get("paired"), d) for name, d in digits.items()]
+            comparisons.append((row.get("reference"), digits[next(iter(digits))]))
+            for comparison, d in comparisons:
+                if not comparison or comparison["gap"] is None:
+                    continue
+                p_holm = comparison.get("p_holm")
+                if p_holm is not None and p_holm < 0.05:
+                    continue
+                gap = comparison["gap"]
+                names = [f"{gap:+.{d}f}", f"by {abs(gap):.{d}f}"]
+                if p_holm is not None:
+                    names.append(f"p {p_holm:.3f}")
+                figures.setdefault(f"{path.parent.relative_to(REPO)} {row['variant']}", []).extend(names)
+    return figures
+
+
+def _blocks(text: str) -> list[str]:
+    """The prose in units a claim belongs to: paragraphs, each list item on its own, each table line on its own."""
+    blocks: list[str] = []
+    current: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        starts = line.startswith(("- ", "|", "#")) or not line.strip()
+        if starts and current:
+            blocks.append(" ".join(current))
+            current = []
+        if line.startswith(("|", "#")):
+            blocks.append(line)
+        elif line.strip():
+            current.append(line.strip())
+    return blocks
+
+
+def _claims_beyond_their_test(text: str, gaps: dict[str, list[str]]) -> list[str]:
+    found = []
+    for block in _blocks(text):
+        found += [
+            f"{claim.group(0)!r}, which no table tests: {block[:160]}..."
+            for claim in UNTESTED_CLAIM.finditer(block)
+        ]
+        for claim in CLAIM.finditer(block):
+            rows = [
+                row
+                for row, names in gaps.items()
+                if any(re.search(rf"(?<![\w.]){re.escape(n)}(?![\d])", block) for n in names)
+            ]
+            if rows:
+                found.append(f"{claim.group(0)!r} beside {', '.join(rows)}: {block[:160]}...")
+    return found
+
+
+def test_no_sentence_claims_an_order_or_gain_its_test_does_not_support():
+    """The prose about the studies (the README's summary, results/README.md and each study's README) uses "beats",
+    "ahead", "the paper's order", "no gain", "steadier" ... only in a paragraph, list item or table line that
+    names no gap short of Holm p < 0.05 (issue 54): such a gap is "not measured", with its interval."""
+    gaps = _unsupported_gaps()
+    assert len(gaps) >= 20  # the check reads the tables' own rows
+    readme = README.read_text()
+    texts = {
+        "README.md": readme[readme.index("## Reproduction results") : readme.index("## Performance")],
+        "results/README.md": STUDY_DOC.read_text(),
+    }
+    texts |= {str(path.relative_to(REPO)): path.read_text() for path in REPO.glob("results/*/*/README.md")}
+    found = [
+        f"{name}: {claim}" for name, text in texts.items() for claim in _claims_beyond_their_test(text, gaps)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_claim_check_catches_an_unsupported_order_and_passes_a_supported_one():
+    gaps = {"results/x/cpu rk4": ["+0.35", "by 0.35", "p 0.634"], "results/x/cpu rk2": ["+7.24", "by 7.24"]}
+    assert _claims_beyond_their_test(
+        "- RK4 +0.35 (p 0.634). The order RK4 > RK2 > residual is the paper's.", gaps
+    )
+    assert _claims_beyond_their_test("Every RK block beats residual: RK2 by 7.24 (1 pair).", gaps)
+    assert _claims_beyond_their_test("| x | RK4 ahead (+0.35) |", gaps)
+    assert not _claims_beyond_their_test("- RK4 +0.35 (p 0.634): not measured, 95% CI [-0.21, +0.90].", gaps)
+    assert not _claims_beyond_their_test("- RK2 +7.240 ahead.\n\nRK4 +0.35 (p 0.634).", gaps)
+    assert _claims_beyond_their_test(
+        "- **RK blocks are steadier across seeds:** std 0.24 against 0.65.", gaps
+    )
+
+
+def test_within_noise_always_comes_with_its_interval():
+    """A gap "within noise" is not measured, and how much it leaves open is its interval: every "within noise" of the
+    prose (the README's summary, results/README.md outside its tables) has a 95% CI beside it, in the same
+    paragraph or list item and within a few lines of text."""
+    readme = README.read_text()
+    texts = {
+        "README.md": readme[readme.index("## Reproduction results") : readme.index("## Performance")],
+        "results/README.md": "\n".join(
+            line for line in STUDY_DOC.read_text().splitlines() if not line.startswith("|")
+        ),
+    }
+    bare = []
+    for name, text in texts.items():
+        for block in _blocks(text):
+            for match in re.finditer(r"within (?:seed )?noise", block, re.IGNORECASE):
+                near = block[max(0, match.start() - 250) : match.end() + 250]
+                if "95% CI [" not in near:
+                    bare.append(f"{name}: ...{block[max(0, match.start() - 80) : match.end() + 40]}...")
+    assert not bare, "\n".join(bare)
