@@ -4,6 +4,7 @@
 # The test modules fetched from the transformers sdist (tests/hf_common.py) mark some tests with markers that
 # transformers' own conftest.py registers; register them here too so that collection does not warn.
 _TRANSFORMERS_TEST_MARKERS = {
+    "both_cpus": "runs on a mocked AVX2-only CPU and again on one with native bf16 (tests/mocked_cpus.py)",
     "accelerate_tests": "transformers common tests: needs accelerate on an accelerator",
     "flash_attn_test": "transformers common tests: needs Flash Attention 2",
     "flash_attn_3_test": "transformers common tests: needs Flash Attention 3",
@@ -57,3 +58,33 @@ def dtype() -> torch.dtype:
     if name not in TEST_DTYPES:
         raise pytest.UsageError(f"ODE_TEST_DTYPE={name!r}; one of {', '.join(TEST_DTYPES)}")
     return TEST_DTYPES[name]
+
+
+# --- the CPU the tests see (tests/mocked_cpus.py) ------------------------------------------------------------------
+# Every test sees an AVX2-only CPU, whatever the machine: `--precision auto` then trains in fp32 everywhere, and the
+# suite takes the same paths on any CI machine. Session-wide, so module-scoped training fixtures see it too; child
+# processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which train.precision honours.
+# `@pytest.mark.both_cpus` runs a test once more on a CPU with native bf16 (the `cpu_kind` parameter).
+from mocked_cpus import CPUS, pretend  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def avx2_only_cpu():
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pretend(monkeypatch, *CPUS["avx2"])
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        yield
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("both_cpus"):
+        metafunc.parametrize("cpu_kind", ["avx2", "native_bf16"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def cpu_kind(request, monkeypatch) -> str:
+    """The kind of CPU this test sees: `avx2` unless a `both_cpus` test is running as `native_bf16`."""
+    kind = getattr(request, "param", "avx2")
+    if kind != "avx2":
+        pretend(monkeypatch, *CPUS[kind])
+    return kind

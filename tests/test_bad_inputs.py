@@ -317,6 +317,7 @@ RUN_ARGUMENT_CASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize(
     ("flags", "fragment"), [c[1:] for c in RUN_ARGUMENT_CASES], ids=[c[0] for c in RUN_ARGUMENT_CASES]
 )
@@ -327,6 +328,7 @@ def test_run_arguments_that_would_fail_after_training_are_refused_first(tmp_path
         parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b", *flags])
 
 
+@pytest.mark.both_cpus
 def test_the_early_config_check_uses_the_run_vocabulary(tmp_path):
     """The config is checked in parse_arguments with the tokenizer's vocabulary size, not the preset's: a source
     vocabulary equal to --vocab_size is valid (shared embeddings) and had been refused there."""

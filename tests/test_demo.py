@@ -24,6 +24,7 @@ TINY_MODEL = [
 ]  # fmt: skip
 
 
+@pytest.mark.both_cpus
 def test_demo_defaults_are_a_step_budget():
     """``make demo`` trains the recipe's number of updates whatever the machine's speed: no time budget."""
     demo_args, passthrough = parse_demo_arguments([])
@@ -43,6 +44,7 @@ def test_drop_long_training_pairs_keeps_the_other_splits():
     assert drop_long_training_pairs({"train": train}, None)["train"] is train
 
 
+@pytest.mark.both_cpus
 def test_max_train_tokens_must_be_below_the_truncation_length():
     with pytest.raises(ValueError, match="max_train_tokens"):
         parse_arguments(

@@ -119,6 +119,7 @@ def test_two_runs_started_at_once_one_is_refused_naming_the_other(tmp_path):
 # 2. Tools writing onto an existing trained-model folder
 
 
+@pytest.mark.both_cpus
 def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path, capsys):
     model_dir = tmp_path / "model"
     save_tiny_folder(model_dir)
@@ -276,6 +277,7 @@ def test_a_real_sigkill_leaves_lock_files_and_staging_and_resume_recovers(end_ph
     assert not any((out / name).exists() for name in (".run.lock", ".run.pid", ".staging"))
 
 
+@pytest.mark.both_cpus
 def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_run, tmp_path, caplog):
     full, flags = end_phase_run
     before = snapshot(full)
@@ -289,6 +291,7 @@ def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_ru
 # 4. Divergence
 
 
+@pytest.mark.both_cpus
 def test_divergence_stops_at_the_first_non_finite_step_and_saves_nothing(tmp_path):
     data = ",".join(corpus(tmp_path / "data"))
     out = tmp_path / "out"
@@ -332,6 +335,7 @@ def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path
 # 5. Truncated training and test lines are counted
 
 
+@pytest.mark.both_cpus
 def test_truncated_training_and_test_lines_are_counted(tmp_path, caplog):
     src, tgt = corpus(tmp_path / "data")
     write(Path(src), "the dog number one runs far away over the hills\n" + "a dog\n" * 11)
@@ -346,6 +350,7 @@ def test_truncated_training_and_test_lines_are_counted(tmp_path, caplog):
     assert "target line(s)" not in caplog.text  # no target line is longer than 16 tokens
 
 
+@pytest.mark.both_cpus
 def test_test_file_keeps_blank_and_undecodable_lines_aligned_with_their_hypotheses(tmp_path):
     """An evaluation split keeps every line: test_hypotheses.txt has one line per test source line, in order."""
     src, tgt = corpus(tmp_path / "data")
@@ -358,6 +363,7 @@ def test_test_file_keeps_blank_and_undecodable_lines_aligned_with_their_hypothes
     assert len(read_lines(out / "test_hypotheses.txt")) == 4
 
 
+@pytest.mark.both_cpus
 def test_a_model_folder_without_its_tokenizer_is_refused_and_left_untouched(tmp_path):
     """Fine-tuning reads the model's own vocabulary; a new tokenizer trained into the model's folder would pair
     other ids with its trained embeddings, and change the user's folder."""
@@ -372,6 +378,7 @@ def test_a_model_folder_without_its_tokenizer_is_refused_and_left_untouched(tmp_
     assert snapshot(folder) == before
 
 
+@pytest.mark.both_cpus
 def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
     """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence; another count would shift them all."""
     src, tgt = corpus(tmp_path / "data", lines=4)
@@ -395,6 +402,7 @@ def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
     assert translate.decode(tokenizer, ids) == ["the dog runs far .", "a cat"]
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize(
     ("main", "flags", "fragment"),
     [
@@ -437,6 +445,7 @@ def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, frag
     assert problem is None if fragment is None else fragment in problem
 
 
+@pytest.mark.both_cpus
 def test_an_output_over_an_input_or_a_folder_is_refused_before_any_work(tmp_path, capsys):
     """`--output` equal to `--input` replaced the source with hypotheses, ode-evaluate's `--output` equal to
     `--ref` replaced the reference with JSON, and an existing folder failed only after all the decoding."""
@@ -457,6 +466,7 @@ def test_an_output_over_an_input_or_a_folder_is_refused_before_any_work(tmp_path
     assert (source.read_text(), reference.read_text()) == ("a dog\n", "ein Hund\n")
 
 
+@pytest.mark.both_cpus
 def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):
     save_tiny_folder(tmp_path / "model")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a dog\n\xff cat\n")))
@@ -468,6 +478,7 @@ def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypa
         assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.both_cpus
 def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, monkeypatch):
     folder = tmp_path / "model"
     save_tiny_folder(folder, weight_scale=3)
@@ -513,6 +524,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     translate.check_model_folder("someuser/ode-base")
 
 
+@pytest.mark.both_cpus
 def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path):
     """A BART folder, or an ODE folder whose config.json was edited, loaded with only a warning from transformers:
     ode-translate wrote a random model's output and train.run fine-tuned from random weights."""
@@ -558,6 +570,7 @@ def kept_traceback(error: str, line: str) -> Path:
     return Path(match.group(1))
 
 
+@pytest.mark.both_cpus
 def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
     """ode-translate / ode-evaluate: what the user can fix is one line on stderr, exit code 2, the traceback kept in
     a file it names (ODE_TRACEBACK=1 re-raises); before, ode-translate printed the traceback and ode-evaluate
@@ -794,6 +807,7 @@ def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model", "out.txt"]  # lock files gone
 
 
+@pytest.mark.both_cpus
 def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     """#44 row 2: --d_model 64 --encoder_layers 2 with --model_name_or_path trained the saved 16-wide model, without
     a word. Flags equal to the saved config pass; dropout and label smoothing are the run's and are applied."""
@@ -816,6 +830,7 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
 
 
+@pytest.mark.both_cpus
 def test_a_preset_with_a_saved_model_is_refused_where_it_would_be_ignored(tmp_path):
     """#44: --preset with --model_name_or_path was neither read nor refused. A preset that matches the saved model
     (or whose differing fields the flags set) passes; one that does not is refused, its fields named."""
@@ -866,6 +881,7 @@ def _assert_own_entries_only(folder: Path, marker: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.both_cpus
 def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
     """#44 row 4: ode-export and ode-train copied auto_map {AutoTokenizer: evil.Evil}, trust_remote_code and an
     unknown key into the new folder, whose own card's AutoTokenizer.from_pretrained(trust_remote_code=True) then
@@ -883,6 +899,7 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
     _assert_own_entries_only(tmp_path / "trained", marker)
 
 
+@pytest.mark.both_cpus
 def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """#44 row 5: the refusal was right, but a RuntimeError traceback with exit code 1, even from ode-train."""
     from train.checkpoints import lock_output_dir
@@ -955,6 +972,7 @@ runpy.run_module(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize("tool", list(KILL_DURING))
 def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool):
     """#44 rows 9 and 10: after a kill, `python -m hub.export` / `python -m train.averaging` again gave a raw
@@ -986,6 +1004,7 @@ def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool):
     assert "pass --overwrite to delete it first" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize(
     ("name", "damage", "what"),
     [
@@ -1012,6 +1031,7 @@ def test_a_damaged_tokenizer_file_is_named_with_the_fix(tmp_path, name, damage, 
     assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
 
 
+@pytest.mark.both_cpus
 def test_a_saved_model_with_non_finite_weights_is_refused_before_training(tmp_path):
     """#44 row 12: it trained, then stopped with a FloatingPointError advising a lower learning rate; the
     weights were NaN before training."""
@@ -1030,6 +1050,7 @@ def test_a_saved_model_with_non_finite_weights_is_refused_before_training(tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -1100,6 +1121,7 @@ class Payload:
         return os.system, (f"touch {self.marker}",)
 
 
+@pytest.mark.both_cpus
 def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
     """#44 row 16: a pickle pytorch_model.bin as the only weights: the payload did not run (torch's weights_only
     load), but the result was a raw UnpicklingError traceback."""
@@ -1120,6 +1142,7 @@ def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.both_cpus
 def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
     """#44 row 17: a payload in a checkpoint's rng_state, optimizer or scheduler stopped the resumed run with a raw
     UnpicklingError traceback (not running it). Now refused before anything else, naming the file; training_args.bin

@@ -118,6 +118,7 @@ def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch,
     assert "rouge_score" in error and error.count("\n") == 1
 
 
+@pytest.mark.both_cpus
 def test_a_missing_extra_imported_inside_main_is_named_too(monkeypatch, capsys):
     """Some modules import an extra's package late (train.run draws its plots after training)."""
 
@@ -133,6 +134,7 @@ def test_a_missing_extra_imported_inside_main_is_named_too(monkeypatch, capsys):
     )
 
 
+@pytest.mark.both_cpus
 def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):
     def broken(name):
         raise ModuleNotFoundError(

@@ -11,28 +11,16 @@ import sys
 
 import pytest
 import torch
+from mocked_cpus import CPUS, GRAVITON2, GRAVITON3, SAPPHIRE_RAPIDS, SKYLAKE, ZEN3, ZEN4, pretend
 
 from train.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
-from train.run import parse_arguments
-
-ZEN3 = {"architecture": "x86_64", "cpu_name": "AMD EPYC 7B13", "avx2": True, "avx512_bf16": False}
-SAPPHIRE_RAPIDS = {"architecture": "x86_64", "cpu_name": "Intel Xeon", "avx512_bf16": True, "amx_bf16": True}
-ZEN4 = {"architecture": "x86_64", "cpu_name": "AMD EPYC 9B14", "avx2": True, "avx512_bf16": True}
-SKYLAKE = {"architecture": "x86_64", "cpu_name": "Intel Xeon Gold", "avx512_f": True, "avx512_bf16": False}
-GRAVITON3 = {"architecture": "aarch64", "cpu_name": "Neoverse-V1", "bf16": True, "sve_bf16": True}
-GRAVITON2 = {"architecture": "aarch64", "cpu_name": "Neoverse-N1", "bf16": False}
+from train.run import main, parse_arguments
 
 
 @pytest.fixture
 def cpu(monkeypatch):
     """Pretend to be a CPU: its flags (torch.cpu.get_capabilities) and PyTorch's kernel level."""
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-
-    def pretend(flags: dict, capability: str = "AVX512") -> None:
-        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-
-    return pretend
+    return lambda flags, capability="AVX512": pretend(monkeypatch, flags, capability)
 
 
 @pytest.mark.parametrize(
@@ -145,3 +133,44 @@ def test_an_architecture_without_known_bf16_flags_gets_fp32(cpu):
     cpu({"architecture": "riscv64", "cpu_name": "SiFive U74"}, "DEFAULT")
     native, reason = cpu_native_bf16()
     assert not native and reason.startswith("SiFive U74 has no native bf16 (a bf16 extension")
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 52: on a CPU with native bf16 and no GPU, ode-train with no precision flags trains (in bf16): transformers
+# refuses bf16 without a GPU unless use_cpu is set, so ode-train sets it where there is no accelerator.
+
+TINY_RUN = ["--task", "translation", "--preset", "tiny", "--vocab_size", "300", "--max_steps", "2",
+            "--save_strategy", "no", "--report_to", "none", "--num_beams", "1", "--max_target_length", "8"]  # fmt: skip
+
+
+def tiny_pair(folder) -> str:
+    (folder / "tr.en").write_text("a small house .\nthe dog runs .\n", encoding="utf-8")
+    (folder / "tr.de").write_text("ein kleines haus .\nder hund rennt .\n", encoding="utf-8")
+    return f"{folder / 'tr.en'},{folder / 'tr.de'}"
+
+
+@pytest.mark.parametrize("kind", ["native_bf16", "zen4", "graviton3", "avx2"])
+def test_ode_train_with_no_precision_flags_trains_on_a_cpu_without_a_gpu(kind, monkeypatch, tmp_path):
+    pretend(monkeypatch, *CPUS[kind])
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    pair = tiny_pair(tmp_path)
+    argv = [*TINY_RUN, "--train_file", pair, "--test_file", pair, "--output_dir", str(tmp_path / "out")]
+    *_, run_args, training_args = parse_arguments(argv)
+    native = kind != "avx2"
+    assert training_args.use_cpu and training_args.bf16 is native and run_args.precision == "auto"
+    assert training_args.mixed_precision == ("bf16" if native else "no")
+    main(argv)
+    recipe = json.loads((tmp_path / "out" / "hub_metrics.json").read_text())["training"]["recipe"]
+    assert recipe["precision"] == ("bf16" if native else "fp32") and recipe["steps"] == 2
+
+
+def test_explicit_bf16_without_a_gpu_runs_on_the_cpu_and_an_accelerators_path_is_unchanged(monkeypatch):
+    pretend(monkeypatch, *CPUS["avx2"])
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    *_, training_args = parse_arguments(["ptb_lm", "--output_dir", "unused"])  # a GPU recipe: bf16 true
+    assert training_args.bf16 and training_args.use_cpu
+    *_, training_args = parse_arguments(["ptb_lm", "--output_dir", "unused", "--bf16", "false"])
+    assert not training_args.bf16 and training_args.use_cpu
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # a GPU: nothing is added
+    *_, training_args = parse_arguments(["--task", "translation", "--output_dir", "unused"])
+    assert not training_args.use_cpu

@@ -201,6 +201,7 @@ def test_test_decoding_translate_and_plain_generate_agree(untrained_model, tmp_p
     assert result.stdout.splitlines() == expected
 
 
+@pytest.mark.both_cpus
 def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_files, tmp_path):
     """``--do_train false`` + a test file: no training split, no --predict_with_generate, no model copy; the
     lengths are the saved model's (its source limit and max_new_tokens 48), so the hypotheses are the run's."""
@@ -231,6 +232,7 @@ def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_fil
     ]
 
 
+@pytest.mark.both_cpus
 def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
     src, ref = multi30k_test_files
     common = ["--use_cpu", "true", "--output_dir", str(tmp_path), "--report_to", "none"]
@@ -243,6 +245,7 @@ def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
         parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common])
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_summarization_cnndm(tmp_path):
     document = train_and_test(
@@ -255,6 +258,7 @@ def test_summarization_cnndm(tmp_path):
     assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0, "precision": "fp32"}
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_gec_wi_locness_m2_on_conll2013(tmp_path):
     document = train_and_test(
@@ -267,6 +271,7 @@ def test_gec_wi_locness_m2_on_conll2013(tmp_path):
     assert document["dataset"]["id"] == "conll2013"
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_lm_ptb_perplexity(tmp_path):
     document = train_and_test(
@@ -296,6 +301,7 @@ def test_lm_ptb_perplexity(tmp_path):
     assert all(len(ids) > 0 for ids in expected)
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     """Every evaluation logs the token-weighted validation NLL and perplexity (issue 11.8), and
@@ -330,6 +336,7 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     assert values["Word perplexity"] == pytest.approx(values["Subword perplexity"])  # one token per word
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_streaming_multi30k(tmp_path):
     train_and_test(
@@ -352,6 +359,7 @@ def resume_flags(save_steps: int) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.both_cpus
 @needs_data
 def test_resume_gives_the_same_weights(tmp_path):
     """Uninterrupted 12 steps == 7 steps, checkpoint, then a fresh trainer resuming to 12 (mid-epoch 2)."""
@@ -425,6 +433,7 @@ def test_resume_keeps_the_early_stopping_count(tmp_path):
 CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_recipes_parse(recipe):
     model_args, data_args, run_args, training_args = parse_arguments(
@@ -450,6 +459,7 @@ def test_recipes_parse(recipe):
         assert model_args.preset == recipe.removeprefix("wmt14_en_de_").removesuffix(".yaml")
 
 
+@pytest.mark.both_cpus
 def test_cli_overrides_recipe():
     _, data_args, _, training_args = parse_arguments(
         [str(RECIPES / "multi30k_en_de_cpu.yaml"), "--max_steps", "7", "--max_tokens", "1000"]
@@ -542,7 +552,8 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_gpu_recipes_say_so_in_header_and_readme(recipe):
-    """A recipe without use_cpu needs a GPU (bf16): its first line and the README must say so."""
+    """A recipe without use_cpu is meant for a GPU (bf16): its first lines and the README must say so, and what it
+    does on a machine without one."""
     text = (RECIPES / recipe).read_text()
     docs = [RECIPES.parents[1] / "README.md", *(RECIPES.parents[1] / "docs").glob("*.md")]
     readme = "\n".join(path.read_text() for path in docs)
@@ -551,7 +562,7 @@ def test_gpu_recipes_say_so_in_header_and_readme(recipe):
         return
     assert (
         text.startswith("# GPU recipe: bf16 training on CUDA GPUs.")
-        and "--use_cpu true" in text.split("\n")[1]
+        and "On a machine without a GPU it trains on the CPU" in text.split("\n")[0]
     )
     lines = [
         line for line in readme.splitlines() if f"train/recipes/{recipe}" in line and "python -m" in line
@@ -569,6 +580,7 @@ def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
     assert "RECIPE" in text.split("\nmodel:")[0].split("positional arguments:")[1]
 
 
+@pytest.mark.both_cpus
 @pytest.mark.parametrize("name", ["multi30k_en_de_cpu", "multi30k_en_de_cpu.yaml"])
 def test_a_packaged_recipe_is_found_by_name_from_any_folder(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -579,6 +591,7 @@ def test_a_packaged_recipe_is_found_by_name_from_any_folder(name, tmp_path, monk
         parse_arguments(["multi30k_en_de_gpu"])
 
 
+@pytest.mark.both_cpus
 def test_list_recipes_prints_every_packaged_recipe(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_arguments(["--list-recipes"])
@@ -587,6 +600,7 @@ def test_list_recipes_prints_every_packaged_recipe(capsys):
     assert listed == sorted(path.stem for path in RECIPES.glob("*.yaml")) and "multi30k_en_de_cpu" in listed
 
 
+@pytest.mark.both_cpus
 def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")])
@@ -596,6 +610,7 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
+@pytest.mark.both_cpus
 def test_label_smoothing_is_the_trainers_flag_with_the_papers_default():
     """The model returns plain cross entropy; `--label_smoothing_factor` (transformers' flag) smooths it: the
     paper's 0.1 by default, 0 for a language model, whatever is given (0 included) otherwise. A smoothed causal LM
@@ -650,6 +665,7 @@ def test_a_smoothed_training_step_gives_the_loss_and_gradients_of_the_former_in_
         torch.testing.assert_close(grad, parameter.grad)
 
 
+@pytest.mark.both_cpus
 def test_recipe_card_shows_the_actual_shape():
     args = parse_arguments([str(RECIPES / "multi30k_en_de_cpu.yaml"), "--use_cpu", "true"])
     config = ODETransformerConfig.from_preset(args[0].preset, **args[0].overrides())
@@ -659,6 +675,7 @@ def test_recipe_card_shows_the_actual_shape():
     assert (recipe["encoder_ode_method"], recipe["steps"]) == ("rk2", 7)
 
 
+@pytest.mark.both_cpus
 def test_the_card_names_data_by_corpus_hub_id_or_dataset_name_never_by_a_local_path(tmp_path):
     """A --test_file wins over the training corpus (--dataset) in the card's `dataset`, as it does in the run; local
     files and folders are "local data" (ode-push would publish a path), unless --dataset_name names them."""
@@ -689,6 +706,7 @@ def test_the_card_names_data_by_corpus_hub_id_or_dataset_name_never_by_a_local_p
     ]
 
 
+@pytest.mark.both_cpus
 def test_card_names_a_test_slice_as_one():
     """--max_test_samples 100 scored the first 100 rows, and the card had claimed the whole test set."""
     _, data_args, _, _ = parse_arguments(

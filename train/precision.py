@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from transformers.utils import is_torch_xla_available
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # fp16: CUDA only, as transformers' --fp16
 # The CPU flags (torch.cpu.get_capabilities()) of native bf16 arithmetic, by architecture.
@@ -49,6 +50,11 @@ class PrecisionChoice:
 
     def as_dict(self) -> dict:
         return {"precision": self.precision, "native_bf16": self.native_bf16, "reason": self.reason}
+
+
+def accelerator_present() -> bool:
+    """Whether transformers' Trainer would train on an accelerator (CUDA, XPU, MPS, ... or XLA) rather than the CPU."""
+    return torch.accelerator.is_available() or is_torch_xla_available()
 
 
 def cpu_capability() -> str:

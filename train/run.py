@@ -95,7 +95,7 @@ from .data import (
     load_task_data,
 )
 from .files import clear_folder, read_lines, refuse_occupied, replacing, saving, write_atomic
-from .precision import PRECISIONS, choose_precision, emulated_bf16_warning
+from .precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
 from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 from .trainer import (
     PadCollator,
@@ -485,6 +485,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
         parser.set_defaults(**recipe)
     else:
         recipe = {}
+    argv += _cpu_only_flags(argv, recipe)
     model_args, data_args, run_args, training_args, positional = _resolve_precision(
         parser, argv, recipe, parser.parse_args_into_dataclasses(args=argv)
     )
@@ -586,6 +587,15 @@ def parse_arguments(argv: list[str] | None = None) -> tuple:
 def _given(flag: str, argv: list[str], recipe: dict) -> bool:
     """Whether ``--flag`` was set by the user, on the command line or in the recipe."""
     return flag in recipe or any(arg == f"--{flag}" or arg.startswith(f"--{flag}=") for arg in argv)
+
+
+def _cpu_only_flags(argv: list[str], recipe: dict) -> list[str]:
+    """``--use_cpu true`` on a machine without an accelerator, unless the user set it: the Trainer runs on the CPU
+    there anyway, and transformers refuses bf16 without a GPU unless told so (auto picks bf16 on a CPU with native
+    bf16, and a recipe or ``--bf16`` may ask for it). An accelerator's path is unchanged."""
+    if _given("use_cpu", argv, recipe) or accelerator_present():
+        return []
+    return ["--use_cpu", "true"]
 
 
 def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, parsed: tuple) -> tuple:
