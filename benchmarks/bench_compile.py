@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo.utils
-import torch._inductor.config
 
 from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
+from modeling_ode.compat import compiled_graph_count, inductor_fallback_random, reset_compiled_graphs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("residual", "rk4")
@@ -54,14 +53,14 @@ def bench_training(name: str, setup: dict) -> dict:
     model = common.build_model(name, setup["dims"]).train()
     batch = common.make_batch(setup["batch"], setup["src_len"], setup["tgt_len"], setup["dims"].vocab_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    torch._dynamo.reset()  # compile afresh: a new model of a class compiled before would reuse its graphs
-    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    reset_compiled_graphs()  # compile afresh: a new model of a class compiled before would reuse its graphs
+    graphs_before = compiled_graph_count()
     compiled = torch.compile(model)
     begin = time.perf_counter()
     for _ in range(2):  # the first call compiles, the second settles the optimizer state
         common.train_step(compiled, optimizer, batch, "fp32")
     compile_s = time.perf_counter() - begin
-    compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
+    compiled_graphs = compiled_graph_count() - graphs_before
     eager_s, compiled_s = [], []
     for _ in range(setup["reps"]):  # alternate, so drift hits both alike
         eager_s.append(common.train_step(model, optimizer, batch, "fp32"))
@@ -86,7 +85,7 @@ def bench_dropout(setup: dict) -> dict:
     rows = {}
     for label, dropout, fallback_random in DROPOUT_PROBE:
         dims = dataclasses.replace(setup["dims"], dropout=dropout)
-        with torch._inductor.config.patch(fallback_random=fallback_random):  # read when the row compiles
+        with inductor_fallback_random(fallback_random):  # read when the row compiles
             rows[label] = bench_training("residual", {**setup, "dims": dims})
     return rows
 

@@ -34,6 +34,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
+from modeling_ode.compat import raise_recompile_limit
 from modeling_ode.quantization import quantize_int8
 from train.translate import compile_decoding
 
@@ -234,7 +235,7 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
         systems[f"{name}-int8"] = torch_system(quantize_int8(copy.deepcopy(model)), new_tokens)
         if name in setup["compile"]:
             # the three models share one forward (dynamo's cache entries are per code object, guarded by model)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            raise_recompile_limit(64)
             compiled = compile_decoding(quantize_int8(copy.deepcopy(model)))
             systems[f"{name}-int8-compiled"] = torch_system(compiled, new_tokens)
         onnx_int8 = onnx_int8_system(model, threads, folder / f"{name}-onnx", new_tokens)

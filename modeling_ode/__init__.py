@@ -2,8 +2,8 @@
 
 Importing this package registers `ode_transformer` with AutoConfig, AutoModel, AutoModelForSeq2SeqLM and
 AutoModelForCausalLM, and registers the classes for those auto classes (`register_for_auto_class`): every
-`save_pretrained` folder then carries `auto_map` and the three module files, and loads with
-`trust_remote_code=True` where this package is not installed.
+`save_pretrained` folder then carries `auto_map` and the four module files (configuration, modeling, `ode.py`
+and `compat.py`), and loads with `trust_remote_code=True` where this package is not installed.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM

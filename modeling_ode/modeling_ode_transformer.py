@@ -8,7 +8,6 @@ to `ode_step`. Optional outputs (hidden states, attentions, ODE stages) are reco
 `capture_outputs` hooks, as in BART.
 """
 
-import importlib
 import json
 import math
 import os
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as nnf
 import torch.utils.checkpoint
 from torch import nn
-from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, StaticCache
@@ -40,8 +39,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, _active_collector, capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .compat import (
+    CACHE_FIELD,
+    CACHE_KWARGS,
+    GenerationCacheHook,
+    active_output_collector,
+    attention_implementation,
+    cache_argument,
+    is_loaded_weight,
+)
 from .configuration_ode_transformer import ODETransformerConfig
 from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step, start_weights
 
@@ -379,25 +387,6 @@ def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tupl
     return [((name,), name == ode_sublayer) for name in sublayers]
 
 
-# transformers 5.24 renamed `past_key_values` to `cache`, in model outputs and in what `generate` passes to forward
-# (the old name still works there, with a deprecation warning). The models take and return either, under the name
-# the installed transformers uses.
-CACHE_FIELD = (
-    "cache"
-    if "cache" in BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
-    else "past_key_values"
-)
-CACHE_KWARGS = ("cache", "past_key_values")
-
-
-def cache_argument(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
-    """The cache a forward was given, as `past_key_values` or (transformers >= 5.24) `cache`, popped from kwargs."""
-    cache = kwargs.pop("cache", None)
-    if cache is not None and past_key_values is not None:
-        raise ValueError("pass the cache once, as `cache` or as `past_key_values`, not both.")
-    return past_key_values if past_key_values is not None else cache
-
-
 def self_attention_cache(cache: Cache | None) -> Cache | None:
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
@@ -495,7 +484,7 @@ def _collecting_attention_weights() -> bool:
     """Whether the running `capture_outputs` call records attention weights. Its hooks stay on the modules once
     any output was recorded, so the hooks alone do not say it: `output_hidden_states=True` once must not switch
     every later forward to eager attention."""
-    collecting = _active_collector.get()
+    collecting = active_output_collector()
     return bool(collecting) and ("attentions" in collecting or "cross_attentions" in collecting)
 
 
@@ -624,7 +613,7 @@ class ODETransformerAttention(nn.Module):
     def _attention_function(self, return_weights: bool) -> Callable:
         """The configured attention backend; relative position values need the eager path, and so do recorded
         weights (`output_attentions=True`): SDPA computes none."""
-        implementation = self.config._attn_implementation
+        implementation = attention_implementation(self.config)
         if return_weights and _collecting_attention_weights() and implementation not in (None, "eager"):
             logger.warning_once(
                 f"`output_attentions=True`: the {implementation!r} attention returns no weights, so these calls use "
@@ -986,7 +975,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+            if module.padding_idx is not None and not is_loaded_weight(module.weight):
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
@@ -1390,16 +1379,12 @@ def seq2seq_output(
     )
 
 
-class ODEGenerationMixin(GenerationMixin):
+class ODEGenerationMixin(GenerationCacheHook):
     """Generation with the decoder's per-stage cache: transformers builds one self-attention cache layer per
     decoder layer (dynamic or static); `StageCacheLayout.like` rebuilds it, same kind, with every slot."""
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        built_here = all(model_kwargs.get(key) is None for key in CACHE_KWARGS)
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        for key in CACHE_KWARGS:
-            if built_here and model_kwargs.get(key) is not None:
-                model_kwargs[key] = self.get_decoder().cache_layout.like(model_kwargs[key])
+    def rebuild_generation_cache(self, cache: Cache) -> Cache:
+        return self.get_decoder().cache_layout.like(cache)
 
     @staticmethod
     def create_masks_for_generate(
@@ -1436,9 +1421,10 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         Hub id or model) converted exactly onto ODE blocks, e.g. `from_residual("facebook/nllb-200-distilled-600M",
         encoder_ode_method="rk2")`: Runge-Kutta blocks that start as the residual block. Arguments, supported and
         refused classes: `modeling_ode.conversion.from_residual`."""
-        # imported by name, not `from .conversion import`: save_pretrained copies a modeling file's relative imports
-        # into every model folder, and the conversion is no part of a saved model
-        conversion = importlib.import_module(".conversion", __package__)
+        # imported here, and as `from . import`: save_pretrained copies the modules a modeling file names in
+        # `from .name import` into every model folder, and the conversion is no part of a saved model
+        from . import conversion
+
         return conversion.from_residual(pretrained_model_name_or_path, **kwargs)
 
     @can_return_tuple
