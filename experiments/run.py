@@ -96,7 +96,7 @@ def plan(
 def to_argv(flags: dict[str, Any]) -> list[str]:
     """``{"bf16": True, "seed": 0}`` -> ``["--bf16", "true", "--seed", "0"]``; model config fields that are
     not ``train.run`` flags (e.g. ``ode_function_includes_residual``) go into ``--config_overrides``."""
-    from train.run import ALL_ARGUMENTS
+    from train.arguments import ALL_ARGUMENTS
 
     known = {f.name for arguments in ALL_ARGUMENTS for f in fields(arguments)}
     config = {key: value for key, value in flags.items() if key not in known}

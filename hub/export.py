@@ -50,11 +50,11 @@ from .onnx_export import (
 try:  # installed: ode_transformer.hub beside ode_transformer.train
     from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
     from ..train.tokenizer import check_tokenizer_files
-    from ..train.translate import load_saved_model
+    from ..train.loading import load_saved_model
 except ImportError:  # a checkout: hub/ and train/ are top-level packages
     from train.files import InUseError, claim_output, refuse_occupied, staged_folder
     from train.tokenizer import check_tokenizer_files
-    from train.translate import load_saved_model
+    from train.loading import load_saved_model
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 

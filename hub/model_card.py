@@ -541,9 +541,9 @@ def _load_config(model_dir: Path):
     from modeling_ode import ODETransformerConfig
 
     try:  # installed: ode_transformer.hub beside ode_transformer.train
-        from ..train.translate import ode_model_config
+        from ..train.loading import ode_model_config
     except ImportError:  # a checkout: hub/ and train/ are top-level packages
-        from train.translate import ode_model_config
+        from train.loading import ode_model_config
 
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; pass a folder written by save_pretrained.")

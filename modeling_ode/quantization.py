@@ -9,8 +9,7 @@ float32: a gate is 2d x (s - 1) weights, nothing to gain in speed, and its logit
 
 Why not `torch.ao.quantization.quantize_dynamic`: it is deprecated (torch 2.13 warns that torch.ao.quantization
 goes away) in favour of torchao's `quantize_(model, Int8DynamicActivationInt8WeightConfig())`, which is made for
-`torch.compile` and GPUs: in eager mode on a CPU it was 25-40x slower than float32 here (d 512 -> 2048 -> 512,
-one thread). The kernel both torch APIs used on CPU, fbgemm's, is called here directly (`torch.ops.quantized`).
+`torch.compile` and GPUs: in eager mode on a CPU it was far slower than float32 (docs/performance.md). The kernel both torch APIs used on CPU, fbgemm's, is called here directly (`torch.ops.quantized`).
 
 Only for inference (no gradients), on CPU; the model keeps its float32 embeddings and works with `generate`.
 
@@ -18,7 +17,7 @@ Under `torch.compile` (compiled decoding, `train.translate.compile_decoding`) th
 `ode_transformer::int8_linear`, opaque to the compiler: dynamo cannot trace fbgemm's packed weights (a TorchScript
 object), so the operator takes the layer's key in a registry of them instead. Everything around the products
 (attention, LayerNorms, the ODE steps) is then compiled into one graph per step. Eager calls skip the operator: its
-Python dispatch costs about 35 us per call, 10% of a batch-1 decoding step.
+Python dispatch is a real share of a batch-1 decoding step (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
+from train.arguments import parse_arguments
 from train.data import load_jsonl, load_local_file, load_tsv
-from train.run import parse_arguments, run
+from train.run import run
 
 IDS = torch.tensor([[5, 6, 7, 2]])
 

@@ -174,6 +174,28 @@ def test_model_hooks_are_read_by_transformers_and_listed():
     assert "_reorder_cache" in defined
 
 
+def test_trainer_hooks_exist_with_the_signatures_overridden_and_are_listed():
+    """`TRAINER_HOOKS`: each private `Trainer` method train.trainer overrides still exists, with the parameters the
+    override takes, and the token-budget trainers override no other. Checked: transformers 5.23.0, 5.24.0."""
+    from transformers import Trainer
+
+    from train.trainer import TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+
+    for hook in compat.TRAINER_HOOKS:
+        ours = inspect.signature(getattr(TokenBudgetTrainer, hook)).parameters
+        theirs = inspect.signature(getattr(Trainer, hook)).parameters
+        assert list(ours) == list(theirs)[: len(ours)], (hook, list(ours), list(theirs))
+    for trainer in (TokenBudgetTrainer, TokenBudgetSeq2SeqTrainer):
+        overridden = {
+            name
+            for klass in trainer.__mro__
+            if klass.__module__ == TokenBudgetTrainer.__module__
+            for name in vars(klass)
+            if name.startswith("_") and not name.startswith("__") and hasattr(Trainer, name)
+        }
+        assert overridden == set(compat.TRAINER_HOOKS), overridden
+
+
 def test_order_argument_groups_puts_the_named_groups_first_in_help():
     """`order_argument_groups` (argparse's `_action_groups`). Checked: Python 3.11.7."""
     parser = argparse.ArgumentParser(prog="p")

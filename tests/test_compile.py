@@ -131,7 +131,8 @@ def test_inductor_compiles_a_training_step_and_matches_eager():
 def test_train_run_with_torch_compile_trains_like_eager(tmp_path):
     """`train.run --torch_compile true` (inductor): two updates of a dropout-free tiny LM give the eager run's
     losses (the first from the same initial weights to 1e-5; then to 1e-3, as inductor fuses differently)."""
-    from train.run import parse_arguments, run
+    from train.arguments import parse_arguments
+    from train.run import run
 
     def losses(name: str, *flags: str) -> list[float]:
         out = tmp_path / name

@@ -12,10 +12,11 @@ import torch
 import yaml
 from datasets import Dataset
 
+from train.arguments import parse_arguments
 from train.demo import RECIPE, main, parse_demo_arguments
 from train.precision import choose_precision
+from train.preparation import drop_long_training_pairs
 from train.provenance import REPO, git_commit
-from train.run import drop_long_training_pairs, parse_arguments
 
 TINY_MODEL = [
     "--d_model", "32", "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_layers", "1",

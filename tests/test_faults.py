@@ -26,15 +26,20 @@ from safetensors.torch import load_file, save_file
 from test_bad_inputs import TINY_RUN, corpus, seq2seq, write
 from tiny_folder import TEXTS, save_tiny_folder
 
+import train.arguments
+import train.evaluation
+import train.loading
 import train.run
 import train.trainer
 from hub.export import export_for_hub
 from modeling_ode import ODETransformerForConditionalGeneration
 from ode_transformer import cli
 from train import averaging, evaluate_predictions, translate
+from train.arguments import parse_arguments
 from train.data import load_local_file
 from train.files import read_lines
-from train.run import parse_arguments, run, save_final_model
+from train.output_folder import save_final_model
+from train.run import run
 from train.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +82,8 @@ def _race(barrier, output_dir: str, data: str, tokenizer: str, results) -> None:
     """One of the two racing runs: both leave the barrier together, then start train.run."""
     import os
 
-    from train.run import parse_arguments, run
+    from train.arguments import parse_arguments
+    from train.run import run
 
     args = parse_arguments([*TINY_RUN, "--output_dir", output_dir, "--train_file", data, "--tokenizer_name",
                             tokenizer, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"])  # fmt: skip
@@ -200,7 +206,7 @@ END_PHASES = {  # phase: (object, attribute, replacement given the original)
     "last checkpoint": (train.trainer, "publish", _kill_when_publishing),
     "averaging": (averaging, "average_checkpoints", lambda original: _kill),
     "final save": (train.trainer.TokenBudgetSeq2SeqTrainer, "save_model", _kill_after_half_a_save),
-    "card": (train.run, "write_card", lambda original: _kill),
+    "card": (train.evaluation, "write_card", lambda original: _kill),
 }
 
 
@@ -281,7 +287,7 @@ def test_a_real_sigkill_leaves_lock_files_and_staging_and_resume_recovers(end_ph
 def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_run, tmp_path, caplog):
     full, flags = end_phase_run
     before = snapshot(full)
-    with caplog.at_level(logging.WARNING, logger="train.run"):
+    with caplog.at_level(logging.WARNING, logger="train"):
         assert train_run(full, *flags, "--resume_from_checkpoint", "last") == {}
     assert "holds a finished run (its last step is" in caplog.text and "nothing changed" in caplog.text
     assert snapshot(full) == before  # no checkpoint-5, no evicted checkpoint, no rewritten file
@@ -339,7 +345,7 @@ def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path
 def test_truncated_training_and_test_lines_are_counted(tmp_path, caplog):
     src, tgt = corpus(tmp_path / "data")
     write(Path(src), "the dog number one runs far away over the hills\n" + "a dog\n" * 11)
-    with caplog.at_level(logging.WARNING, logger="train.run"):
+    with caplog.at_level(logging.WARNING, logger="train"):
         train_run(
             tmp_path / "out", "--train_file", f"{src},{tgt}", "--max_source_length", "6", "--max_steps", "1"
         )
@@ -521,7 +527,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
         translate.main(["run/modle", "--input", str(empty)])
     # ... but a Hub id whose owner happens to name a local folder without models stays a Hub id
     (tmp_path / "someuser").mkdir()
-    translate.check_model_folder("someuser/ode-base")
+    train.loading.check_model_folder("someuser/ode-base")
 
 
 @pytest.mark.both_cpus
@@ -621,7 +627,9 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         cli.train()
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: ode-train [RECIPE]")
-    assert train.run.build_parser().prog == "python -m train.run"  # outside the command, the module's name
+    assert (
+        train.arguments.build_parser().prog == "python -m train.run"
+    )  # outside the command, the module's name
 
 
 def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp_path):
@@ -825,7 +833,7 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"^--encoder_ode_method 'euler' \(saved: 'rk2'\): "):
         parse_arguments([*flags, "--encoder_ode_method", "euler"])
     model_args, _, run_args, _ = parse_arguments([*flags, "--d_model", "16", "--dropout", "0.3"])
-    model = train.run.load_trainable_model(model_args, run_args.task)
+    model = train.loading.load_trainable_model(model_args, run_args.task)
     assert model.config.d_model == 16 and model.config.dropout == 0.3
     assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from mocked_cpus import CPUS, GRAVITON2, GRAVITON3, SAPPHIRE_RAPIDS, SKYLAKE, ZEN3, ZEN4, pretend
 
+from train.arguments import parse_arguments
 from train.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
-from train.run import main, parse_arguments
+from train.run import main
 
 
 @pytest.fixture
@@ -78,13 +79,13 @@ RECIPE = ["libreoffice_demo", "--output_dir", "unused"]
 def test_recipe_trains_in_bf16_only_on_native_hardware(cpu, caplog):
     """ode-train's parsing: auto ends as transformers' own --bf16 (and its mixed precision), logged with why."""
     cpu(SAPPHIRE_RAPIDS)
-    with caplog.at_level(logging.INFO, logger="train.run"):
+    with caplog.at_level(logging.INFO, logger="train"):
         *_, run_args, training_args = parse_arguments(RECIPE)
     assert run_args.precision == "auto" and training_args.bf16 and training_args.mixed_precision == "bf16"
     assert "precision: bf16 (auto: Intel Xeon has native bf16" in caplog.text
     cpu(ZEN3, "AVX2")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="train.run"):
+    with caplog.at_level(logging.INFO, logger="train"):
         *_, training_args = parse_arguments(RECIPE)
     assert not training_args.bf16 and training_args.mixed_precision == "no"
     assert "precision: fp32 (auto: AMD EPYC 7B13 has no native bf16" in caplog.text
@@ -94,7 +95,7 @@ def test_explicit_bf16_on_an_avx2_cpu_warns_and_is_kept(cpu, caplog):
     cpu(ZEN3, "AVX2")
     for flags in (["--bf16", "true"], ["--bf16"], ["--bf16=true"], ["--precision", "bf16"]):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="train.run"):
+        with caplog.at_level(logging.WARNING, logger="train"):
             *_, run_args, training_args = parse_arguments([*RECIPE, *flags])
         assert run_args.precision == "bf16" and training_args.bf16, flags
         assert "bf16 is emulated there" in caplog.text, flags

@@ -205,7 +205,7 @@ def test_the_documented_fsdp_flags_parse(tmp_path):
     """docs/distributed.md's Trainer route (`--fsdp --fsdp_config fsdp.json`, the JSON as printed there) parses
     into an FSDP1 config that wraps the model's layers (`--fsdp true` had been documented, which transformers
     refuses)."""
-    from train.run import parse_arguments
+    from train.arguments import parse_arguments
 
     text = (REPO / "docs" / "distributed.md").read_text(encoding="utf-8")
     flags = re.search(r"`(--fsdp[^`]*)`", text).group(1).split()

@@ -24,10 +24,11 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from train import translate
+from train.arguments import build_parser, parse_arguments
 from train.card import dataset_card, training_card
 from train.data import multi30k, ptb
 from train.precision import choose_precision
-from train.run import build_parser, main, parse_arguments, run
+from train.run import main, run
 from train.trainer import PadCollator, lm_negative_log_likelihood
 
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"

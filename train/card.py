@@ -18,7 +18,7 @@ from ode_transformer.wording import counted
 from .precision import PrecisionChoice, choose_precision
 
 if TYPE_CHECKING:
-    from .run import DataArguments
+    from .arguments import DataArguments, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +113,15 @@ def precision_record(choice: PrecisionChoice) -> dict:
     return {"precision": choice.precision, "precision_reason": choice.reason}
 
 
-def training_card(args: tuple, train_metrics: dict, config: ODETransformerConfig) -> dict:
+def training_card(settings: Settings, train_metrics: dict, config: ODETransformerConfig) -> dict:
     """The ``training`` entry of the metrics JSON: data and recipe of this run (the model's actual shape,
     with the preset named only when nothing overrode its dimensions)."""
-    model_args, data_args, run_args, training_args = args
+    model_args, data_args, run_args, training_args = (
+        settings.model,
+        settings.data,
+        settings.run,
+        settings.training,
+    )
     overrides = model_args.overrides()
     shape = model_shape(config)
     if not any(key in overrides for key in SHAPE_FIELDS):
@@ -153,10 +158,10 @@ def usage_example(task: str, raw_test: Dataset) -> str:
     return raw_test[0]["source"].strip()
 
 
-def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
+def metrics_document(settings: Settings, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
                      model, raw_test: Dataset) -> dict:  # fmt: skip
     """The metrics JSON in the schema of :mod:`hub.model_card` (``training`` only when this run trained)."""
-    _, data_args, run_args, _ = args
+    data_args, run_args = settings.data, settings.run
     document = {
         "task": HUB_TASKS[run_args.task],
         "dataset": dataset_card(data_args, run_args.task, m2_file, raw_test.num_rows),
@@ -164,10 +169,10 @@ def metrics_document(args: tuple, results: list[dict], decoding: dict, m2_file: 
         "example": usage_example(run_args.task, raw_test),
     }
     if train_metrics:
-        document["training"] = training_card(args, train_metrics, model.config)
+        document["training"] = training_card(settings, train_metrics, model.config)
     if language := card_language(data_args, run_args.task):
         document["language"] = language
-    base = args[0].model_name_or_path
+    base = settings.model.model_name_or_path
     if train_metrics and base and not Path(base).exists():  # fine-tuned from a Hub model
         document["base_model"] = base
     if run_args.task != "lm":

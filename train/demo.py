@@ -30,12 +30,13 @@ import transformers
 from ode_transformer.cli import output_problem
 
 from . import metrics
+from .arguments import parse_arguments
 from .data import libreoffice
 from .files import write_atomic
 from .libreoffice_corpus import build_corpus
 from .precision import choose_precision
 from .provenance import REPO, device_info, git_commit
-from .run import parse_arguments, run
+from .run import run
 
 RECIPE = Path(__file__).resolve().parent / "recipes" / "libreoffice_demo.yaml"
 EXAMPLES = (
@@ -139,10 +140,10 @@ def main(argv: list[str] | None = None) -> dict:
     if demo_args.max_test_samples is not None:
         overrides += ["--max_test_samples", str(demo_args.max_test_samples)]
     print("[2/4] tokenizer + [3/4] training + test translation (train.run)")
-    args = parse_arguments([str(RECIPE), *overrides, *passthrough])
-    _, _, run_args, training_args = args
+    settings = parse_arguments([str(RECIPE), *overrides, *passthrough])
+    run_args, training_args = settings.run, settings.training
     print("      precision:", choose_precision(training_args.device, run_args.precision).describe())
-    document = run(args)
+    document = run(settings)
     print("[4/4] copy-the-source baseline and example translations")
     baseline = copy_baseline(demo_args.max_test_samples)
     summary = _summary(document, baseline, demo_args.output_dir)

@@ -2,9 +2,8 @@
 
 bf16 autocast is faster than fp32 only on hardware with bf16 arithmetic: CUDA GPUs from Ampere on, and CPUs
 with AVX512_BF16 or AMX (Intel Cooper Lake, Sapphire Rapids and later; AMD Zen 4 and later) or Arm's BF16
-extension. Elsewhere oneDNN emulates it: a demo-sized training step (d 256, 3-3 layers, RK2-gated) took 20 to
-35 times as long as in fp32 on AVX2-only AMD EPYC machines (``python -m benchmarks.bench_precision``;
-benchmarks/results/precision-avx2.json).
+extension. Elsewhere oneDNN emulates it, many times slower than fp32 (``python -m benchmarks.bench_precision``; its
+results in benchmarks/results/ and docs/performance.md).
 
 What counts is what PyTorch will run, not only what the CPU has: ``ATEN_CPU_CAPABILITY=avx2`` and
 ``ONEDNN_MAX_CPU_ISA=AVX2`` restrict a machine with native bf16 to AVX2 kernels, and then bf16 is emulated

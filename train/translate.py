@@ -12,8 +12,8 @@ changes no output (positions come from the attention mask).
 This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
-``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): 1.4-2.1x the
-float32 speed in ``benchmarks.bench_translate``; hypotheses may differ slightly from float32's. ``--compile`` decodes
+``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): faster than
+float32 (``benchmarks.bench_translate``, docs/performance.md); hypotheses may differ slightly from float32's. ``--compile`` decodes
 with a static cache and each decoding step compiled (:func:`compile_decoding`): less Python per token, after
 seconds to a minute of compiling per new batch shape, so it pays for many sentences in small batches.
 """
@@ -23,91 +23,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import (
-    AutoTokenizer,
-    CompileConfig,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from modeling_ode import (  # importing modeling_ode registers the model with the auto classes
-    ODETransformerConfig,
-    ODETransformerForCausalLM,
-    ODETransformerForConditionalGeneration,
-)
+from modeling_ode.compat import compile_on_any_device
 from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
-from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .files import claim_output, read_lines, write_atomic
+from .loading import load_model_tokenizer, load_saved_model
 from .precision import choose_precision, emulated_bf16_warning
-from .tokenizer import check_tokenizer_files, tokenizer_sides, truncated_rows
+from .tokenizer import tokenizer_sides, truncated_rows
 
 __all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
 
 logger = logging.getLogger(__name__)
 
-# Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-# The modules of the code save_pretrained writes beside the weights: what this project's auto_map points to.
-_OWN_CODE = ("configuration_ode_transformer.", "modeling_ode_transformer.")
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
-
-
-def _holds_models(folder: Path) -> bool:
-    """Whether ``folder`` (not the current one) holds a saved model or a run's checkpoints in a subfolder."""
-    if folder == Path(".") or not folder.is_dir():
-        return False
-    return any(
-        (child / "config.json").is_file() or any(child.glob("checkpoint-*"))
-        for child in folder.iterdir()
-        if child.is_dir()
-    )
-
-
-def check_model_folder(model_name_or_path: str) -> None:
-    """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
-    transformers reads the path as a Hub id, or asks for sentencepiece)."""
-    folder = Path(model_name_or_path)
-    if not folder.exists():
-        looks_local = (
-            folder.is_absolute()
-            or model_name_or_path.startswith(".")
-            or model_name_or_path.count("/") > 1
-            or _holds_models(folder.parent)  # runs/modle beside runs/model: a mistyped path, not a Hub id
-        )
-        if looks_local:
-            raise FileNotFoundError(
-                f"no model folder {model_name_or_path}: give the folder train.run wrote (its --output_dir) or "
-                "a Hub id (USER/NAME)"
-            )
-        return  # a Hub id
-    if not folder.is_dir():
-        raise NotADirectoryError(
-            f"{model_name_or_path} is a file: give the model's folder (its --output_dir)"
-        )
-    # a finished run's folder holds checkpoints too: they are read only when the final model is missing
-    if not (folder / "config.json").is_file() and (checkpoints := complete_checkpoints(folder)):
-        raise FileNotFoundError(
-            f"{folder} holds checkpoints ({', '.join(path.name for path in checkpoints[-3:])}) but no final model: "
-            f"the run has not finished. Give a checkpoint folder ({checkpoints[-1]}), or finish the run with "
-            "--resume_from_checkpoint last"
-        )
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-        raise FileNotFoundError(
-            f"{folder} holds no tokenizer (tokenizer.json): copy tokenizer.json and tokenizer_config.json into it "
-            "from the run's output folder (train.run writes them beside model.safetensors)"
-        )
 
 
 def load_for_generation(
@@ -141,11 +80,11 @@ def compile_decoding(model: PreTrainedModel) -> PreTrainedModel:
     own ``generate`` compilation (``CompileConfig``: one graph per step, ``fullgraph``), on a CPU too, where
     transformers compiles only when told. The first step after the encoder runs eager. Each new batch shape and
     source length costs a compile (seconds to a minute; after the first, dims become dynamic); then a step runs
-    with little Python around its operators: with int8 weights 1.1-1.2x the eager speed in
-    ``benchmarks.bench_translate``, 1.5x for one sentence length (docs/performance.md). Float32 and int8 (``modeling_ode.quantization``) both compile.
+    with little Python around its operators (the speed-ups ``benchmarks.bench_translate`` measured:
+    docs/performance.md). Float32 and int8 (``modeling_ode.quantization``) both compile.
     """
     compile_config = CompileConfig(fullgraph=True, mode="default")  # "reduce-overhead" is CUDA graphs
-    compile_config._compile_all_devices = True  # transformers' switch for compiling off the GPU
+    compile_on_any_device(compile_config)  # transformers compiles only on a GPU unless told
     model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = compile_config
     return model
@@ -160,101 +99,6 @@ def quantize_problem(quantize: str, device: str) -> str | None:
             f"int8 runs on the CPU only (fbgemm kernels), not on {device}; use --device cpu, or leave it out"
         )
     return None
-
-
-def ode_model_config(model_name_or_path: str | Path) -> dict:
-    """A saved model's config.json as a dict, refused unless it is an ODE Transformer's: given another model's
-    (a BART folder, say) transformers only warns, and loads a randomly initialised ODE Transformer."""
-    config, _ = PretrainedConfig.get_config_dict(str(model_name_or_path))
-    model_type = config.get("model_type")
-    if model_type != ODETransformerConfig.model_type:
-        found = f"model_type {model_type!r}" if model_type else "no model_type"
-        raise ValueError(
-            f"{model_name_or_path} is not an ODE Transformer folder: its config.json has {found}, expected "
-            f"{ODETransformerConfig.model_type!r}. Pass a folder written by an ODE Transformer's save_pretrained "
-            "(train.run's output; hub.convert_fairseq converts the authors' fairseq checkpoints)."
-        )
-    return config
-
-
-def _weight_problems(info: dict) -> list[str]:
-    """What ``from_pretrained(..., output_loading_info=True)`` could not load, in words (first five of each)."""
-    problems = []
-    if missing := sorted(info.get("missing_keys") or ()):
-        problems.append(f"{len(missing)} missing (they would be random): {missing[:5]}")
-    if unexpected := sorted(info.get("unexpected_keys") or ()):
-        problems.append(f"{len(unexpected)} unexpected: {unexpected[:5]}")
-    if mismatched := sorted(info.get("mismatched_keys") or ()):
-        shapes = [f"{key} {tuple(saved)} vs {tuple(expected)}" for key, saved, expected in mismatched[:5]]
-        problems.append(f"{len(mismatched)} of another shape (file vs config): {shapes}")
-    return problems
-
-
-def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTrainedModel:
-    """A saved ODE Transformer (seq2seq or causal LM, as its config says) with every weight loaded. transformers
-    only warns when a folder holds another model type or weights that do not fit its config, and returns a model
-    that is partly random initialisation. (Tied weights, stored once, are not missing.) ``config_changes`` are
-    set in the config before the model is built (a fine-tuning run's ``dropout``). Config entries that are not
-    this project's are dropped (:func:`drop_foreign_config_entries`).
-
-    Raises:
-        ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
-            of another shape (the first five of each named).
-    """
-    seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
-    model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
-    try:
-        model, info = model_class.from_pretrained(
-            model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True, **config_changes
-        )  # mismatched sizes reported below, by name, instead of a size-mismatch trace from torch
-    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused a pickle: it ran nothing
-        pickles = sorted(Path(model_name_or_path).glob("*.bin"))
-        fix = (
-            "convert weights you trust to model.safetensors (save_pretrained writes it), or give the folder "
-            "train.run wrote"
-        )
-        raise ValueError(
-            unsafe_pickle_message(pickles[0] if pickles else model_name_or_path, error, fix)
-        ) from None
-    if problems := _weight_problems(info):
-        raise ValueError(
-            f"the weights in {model_name_or_path} do not match its config.json: {'; '.join(problems)}. Give a "
-            "folder written by the trained model's save_pretrained (its config.json and weights together)."
-        )
-    drop_foreign_config_entries(model.config, model_name_or_path)
-    return model
-
-
-def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path) -> None:
-    """Remove from ``config`` what is not this project's: keys that are no field of :class:`ODETransformerConfig`
-    (``trust_remote_code``, a misspelt or another library's field) and ``auto_map`` entries that point to other
-    code (``AutoTokenizer: evil.Evil``). transformers keeps them as attributes, and every folder saved from the
-    model would carry them on: a copied auto_map entry makes ``trust_remote_code=True`` run a file that, dropped
-    beside the folder, anybody could have written. Logged as a warning, by name."""
-    known = set(type(config)().to_dict()) | {"auto_map"}
-    dropped = sorted(set(config.to_dict()) - known)
-    for key in dropped:
-        delattr(config, key)
-    auto_map = getattr(config, "auto_map", None) or {}
-    own = {k: v for k, v in auto_map.items() if isinstance(v, str) and v.startswith(_OWN_CODE)}
-    dropped += [f"auto_map.{key}" for key in sorted(auto_map.keys() - own.keys())]
-    if auto_map:
-        config.auto_map = own
-    if dropped:
-        logger.warning(
-            "%s/config.json: dropped %s, not this project's (not a field of the ODE Transformer, or code of another "
-            "project): what is saved from this model carries the ODE Transformer's own fields and auto_map only",
-            source, ", ".join(dropped),
-        )  # fmt: skip
-
-
-def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved with a model (folder or Hub id); a local folder without one, or with a damaged
-    tokenizer file, is refused by name."""
-    check_model_folder(model_name_or_path)
-    if Path(model_name_or_path).is_dir():
-        check_tokenizer_files(model_name_or_path)
-    return AutoTokenizer.from_pretrained(model_name_or_path)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -438,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; 1.4-2.1x faster: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only; faster: docs/performance.md)",
     )
     parser.add_argument(
         "--compile",

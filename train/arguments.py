@@ -1,0 +1,591 @@
+"""The run's arguments: the model, data and run dataclasses beside transformers' ``Seq2SeqTrainingArguments``,
+recipes (a YAML/JSON file of flag defaults, given first), and every check made on them before any work.
+
+:func:`parse_arguments` turns ``[RECIPE] [--flag value ...]`` into one :class:`Settings`; what it refuses, it
+refuses here, in words naming the flag, before data is read or a folder is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+from transformers import (
+    GenerationConfig,
+    HfArgumentParser,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainingArguments,
+)
+
+from modeling_ode import PAPER_LABEL_SMOOTHING, ODETransformerConfig
+from modeling_ode.compat import order_argument_groups, parser_actions
+from ode_transformer.cli import program_name
+
+from . import metrics
+from .loading import check_saved_model_flags, check_saved_model_preset, target_length
+from .output_folder import refuse_to_delete_inputs
+from .precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
+
+logger = logging.getLogger(__name__)
+
+
+RUN_MODULE = f"{__spec__.parent}.run"  # the command these arguments are for (python -m train.run)
+TASKS = ("translation", "summarization", "gec", "lm")
+
+
+DEFAULT_LENGTH = 256  # --max_source_length / --max_target_length of a new model
+
+
+RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
+
+
+@dataclass
+class ModelArguments:
+    """The model: a preset of :class:`ODETransformerConfig` plus overrides, and the tokenizer."""
+
+    _argument_group_name = "model"
+
+    preset: str = field(
+        default="base", metadata={"help": "tiny, base, deep, big, big_deep, pcformer_rk2, pcformer_rk4"}
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "start from a saved model folder or Hub id, with its own tokenizer"}
+    )
+    upcycle: bool = field(
+        default=False,
+        metadata={
+            "help": "convert the --model_name_or_path model (a residual ODE Transformer) to this run's ODE blocks "
+            "(--encoder_ode_method, --config_overrides, ...) before training; RK blocks start as its residual "
+            "blocks (ODETransformerForConditionalGeneration.from_residual; hub.upcycle converts M2M100/NLLB-200)"
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "tokenizer folder: reused if it has one, else trained there (default OUTPUT_DIR/tokenizer)"
+        },
+    )
+    vocab_size: int = field(
+        default=8000, metadata={"help": "vocabulary size (specials included) when a tokenizer is trained"}
+    )
+    tokenizer_type: str = field(
+        default="bpe",
+        metadata={"help": "bpe (joint byte-level BPE) or word (word-level, e.g. Penn Treebank's 10k words)"},
+    )
+    d_model: int | None = None
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
+    encoder_ffn_dim: int | None = None
+    decoder_ffn_dim: int | None = None
+    encoder_attention_heads: int | None = None
+    decoder_attention_heads: int | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    encoder_ode_method: str | None = field(default=None, metadata={"help": "euler, rk2, rk4, ..."})
+    decoder_ode_method: str | None = None
+    encoder_ode_coefficients: str | None = field(
+        default=None, metadata={"help": "tableau, gated, learnable, ..."}
+    )
+    decoder_ode_coefficients: str | None = None
+    encoder_ode_function: str | None = field(
+        default=None, metadata={"help": "layer, attention, ffn, sublayers"}
+    )
+    decoder_ode_function: str | None = None
+    encoder_layer_connections: str | None = field(default=None, metadata={"help": "residual, dense, ..."})
+    decoder_layer_connections: str | None = None
+    max_relative_position: int | None = None
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "JSON object of further config fields"}
+    )
+
+    def overrides(self) -> dict:
+        """Config fields set on the command line / in the recipe (``None`` = preset value)."""
+        skip = {
+            "preset",
+            "model_name_or_path",
+            "upcycle",
+            "tokenizer_name",
+            "vocab_size",
+            "tokenizer_type",
+            "config_overrides",
+        }
+        chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
+        try:
+            extra = json.loads(self.config_overrides or "{}")
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"--config_overrides {self.config_overrides!r} is not JSON ({error.msg} at column {error.colno}); "
+                "quote names and strings: '{\"d_model\": 32}'"
+            ) from None
+        if not isinstance(extra, dict):
+            raise ValueError(
+                f"--config_overrides must be a JSON object of config fields, got {self.config_overrides!r}"
+            )
+        return {**chosen, **extra}
+
+    def task_overrides(self, task: str) -> dict:
+        """:meth:`overrides` with what a task fixes (``lm``: a decoder-only model without label smoothing)."""
+        if task == "lm":
+            return {"is_encoder_decoder": False, **self.overrides()}
+        return self.overrides()
+
+
+@dataclass
+class DataArguments:
+    """Where the data comes from and how it is cut into batches."""
+
+    _argument_group_name = "data"
+
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the shared corpora (default: $ODE_DATA_DIR, else ../shared/data of a clone)"
+        },
+    )
+    hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the data's name on the model card (default: the shared corpus's, or the Hub id; local files "
+            "and folders are never named by their path)"
+        },
+    )
+    hub_config: str | None = None
+    source_lang: str | None = field(
+        default=None, metadata={"help": "Hub dataset: language (or column) of the source"}
+    )
+    target_lang: str | None = None
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "'SRC,TGT' aligned text files, or a .tsv/.jsonl file (text file for lm)"},
+    )
+    validation_file: str | None = None
+    test_file: str | None = None
+    source_column: str = field(
+        default="source",
+        metadata={
+            "help": "TSV column or JSONL field of the source; a.b reads key b of field a (translation.en)"
+        },
+    )
+    target_column: str = field(default="target", metadata={"help": "the same, of the target"})
+    m2_file: str | None = field(
+        default=None,
+        metadata={"help": "GEC: M2 file of the test split (default: CoNLL-2013 when there is no test split)"},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "stream the training split (needs max_steps; batched by sentences, not max_tokens)"
+        },
+    )
+    max_source_length: int | None = field(
+        default=None,
+        metadata={"help": "tokens per source (default 256; a saved model's: its tokenizer's limit)"},
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens per target and per hypothesis (default 256; a saved model's: its generation config's)"
+        },
+    )
+    max_tokens: int | None = field(default=None, metadata={"help": "token budget per batch and process"})
+    max_train_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "drop training pairs with more tokens (</s> included) on either side, instead of truncating them"
+        },
+    )
+    word_dropout: float = field(default=0.0, metadata={"help": "source word dropout in training (GEC)"})
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    max_test_samples: int | None = None
+
+
+@dataclass
+class RunArguments:
+    """The task and what happens around training."""
+
+    _argument_group_name = "run"
+
+    task: str = field(default="translation", metadata={"help": "translation, summarization, gec, lm"})
+    num_beams: int | None = field(default=None, metadata={"help": "default per task (paper): 4 / 4 / 6"})
+    length_penalty: float | None = field(
+        default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"}
+    )
+    average_last_checkpoints: int = field(
+        default=0, metadata={"help": "average the last N checkpoints before testing"}
+    )
+    time_budget_minutes: float | None = field(
+        default=None, metadata={"help": "stop training after this long"}
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop once --metric_for_best_model has not improved for this many evaluations "
+            "(needs an --eval_strategy, and --load_best_model_at_end to keep the best)"
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"
+        },
+    )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 autocast where the device computes bf16 natively (CUDA from Ampere on, CPUs with "
+            "AVX512_BF16/AMX), else fp32; or bf16, fp32. --bf16 true / --fp16 true are taken as asked"
+        },
+    )
+
+
+ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+
+
+class Settings(NamedTuple):
+    """One run's settings, as :func:`parse_arguments` resolved and checked them: read them by name."""
+
+    model: ModelArguments
+    data: DataArguments
+    run: RunArguments
+    training: Seq2SeqTrainingArguments
+
+
+GROUP_TITLES = ("model", "data", "run")  # the ``_argument_group_name`` of our three dataclasses
+
+
+def build_parser() -> HfArgumentParser:
+    """The parser: ``[RECIPE.yaml]``, then our model/data/run groups, then transformers' training arguments.
+
+    Without ``--do_train/--do_predict`` a run trains and tests (``--do_train false --do_predict`` evaluates
+    ``--model_name_or_path``); ``--do_eval`` (on whenever ``--eval_strategy`` is set) evaluates the
+    validation split at the end, as in transformers' ``run_translation.py``.
+    """
+    parser = HfArgumentParser(
+        ALL_ARGUMENTS,
+        prog=program_name(RUN_MODULE),
+        usage="%(prog)s [RECIPE] [--flag value ...]",
+        description="Train and evaluate an ODE Transformer. A YAML/JSON recipe given first supplies defaults; "
+        "flags override them.",
+    )
+    parser.add_argument(
+        "recipe",
+        metavar="RECIPE",
+        nargs="?",
+        help="recipe of flag defaults, read first: a YAML/JSON file or a packaged recipe's name "
+        "(e.g. multi30k_en_de_cpu; --list-recipes lists them)",
+    )
+    parser.add_argument(
+        "--list-recipes", "--list_recipes", action="store_true", help="list the packaged recipes"
+    )
+    order_argument_groups(
+        parser,
+        ("positional arguments", *GROUP_TITLES),
+        titles={"options": "transformers Seq2SeqTrainingArguments"},
+    )
+    parser.set_defaults(do_train=True, do_predict=True)
+    return parser
+
+
+class RecipeNotFoundError(FileNotFoundError):
+    """RECIPE is neither a file nor a packaged recipe."""
+
+
+class RecipeError(ValueError):
+    """RECIPE is not a mapping of flags to values of their types (a YAML error, an unknown key, a list for a number)."""
+
+
+def recipe_names() -> list[str]:
+    """The packaged recipes (``train/recipes/*.yaml``), by name."""
+    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe file: ``name`` if it is a file, else the packaged recipe of that name (``.yaml`` optional)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = RECIPES / (name if path.suffix in (".yaml", ".yml", ".json") else f"{name}.yaml")
+    if path.parent == Path(".") and packaged.is_file():
+        return packaged
+    raise RecipeNotFoundError(
+        f"no recipe {name!r}: give a YAML/JSON file or a packaged recipe ({', '.join(recipe_names())})"
+    )
+
+
+def _list_recipes() -> None:
+    for name in recipe_names():
+        print(f"{name:<24} {RECIPES / f'{name}.yaml'}")
+
+
+def read_recipe(path: Path) -> dict:
+    """A recipe's flags and values; YAML (or JSON) that does not parse, or is not a mapping, is refused by name.
+
+    Raises:
+        RecipeError: the file, where it stops parsing, and the fix.
+    """
+    try:
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise RecipeError(
+            f"recipe {path} is not valid YAML ({problem}{where}); fix it: one `flag: value` per line, e.g. "
+            "`learning_rate: 0.0005`"
+        ) from None
+    if recipe is None:
+        return {}
+    if not isinstance(recipe, dict):
+        raise RecipeError(
+            f"recipe {path} holds a {type(recipe).__name__}, not a mapping of flags to values: write one "
+            "`flag: value` per line, e.g. `learning_rate: 0.0005`"
+        )
+    return recipe
+
+
+def check_recipe_values(parser: HfArgumentParser, recipe: dict, path: Path) -> None:
+    """Refuse a recipe key that is no flag, and a value the flag's type does not take: argparse converts a
+    default only when it is a string, so ``learning_rate: [0.1]`` reached transformers as a list (a TypeError
+    deep inside it).
+
+    Raises:
+        RecipeError: the file, the key, its value and what the flag takes.
+    """
+    actions = {action.dest: action for action in parser_actions(parser)}
+    unknown = sorted(set(recipe) - set(actions))
+    if unknown:
+        raise RecipeError(
+            f"recipe {path}: unknown keys {unknown}; `{program_name(RUN_MODULE)} --help` lists the flags"
+        )
+    for key, value in recipe.items():
+        action = actions[key]
+        many = action.nargs in ("+", "*")
+        if value is None or (isinstance(value, str) and not many):
+            continue  # a string is converted (and checked) by argparse, as on the command line
+        if isinstance(value, dict) or (isinstance(value, list) and not many):
+            raise RecipeError(
+                f"recipe {path}: {key}: {value!r} is a {type(value).__name__}; give one value (`{key}: VALUE`)"
+            )
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                converted = action.type(str(item)) if action.type is not None else item
+                valid = not action.choices or converted in action.choices
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                valid = False
+            if not valid:
+                takes = (
+                    f"one of {list(action.choices)}"
+                    if action.choices
+                    else getattr(action.type, "__name__", "value")
+                )
+                raise RecipeError(f"recipe {path}: {key}: {item!r} is not a valid {key} (it takes {takes})")
+
+
+def parse_arguments(argv: list[str] | None = None) -> Settings:
+    """Parse ``[RECIPE] [--flag value ...]`` into the run's :class:`Settings`; RECIPE is a YAML/JSON file or
+    a packaged recipe's name. ``--list-recipes`` prints the packaged recipes and exits."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"--list-recipes", "--list_recipes"} & set(argv):
+        _list_recipes()
+        raise SystemExit(0)
+    if argv and not argv[0].startswith("-"):
+        path = find_recipe(argv.pop(0))
+        recipe = read_recipe(path)
+        check_recipe_values(parser, recipe, path)
+        parser.set_defaults(**recipe)
+    else:
+        recipe = {}
+    argv += _cpu_only_flags(argv, recipe)
+    model_args, data_args, run_args, training_args, positional = _resolve_precision(
+        parser, argv, recipe, parser.parse_args_into_dataclasses(args=argv)
+    )
+    if positional.recipe is not None:
+        raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
+    if run_args.task not in TASKS:
+        raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
+    for flag in ("max_source_length", "max_target_length"):
+        length = getattr(data_args, flag)
+        if length is not None and length <= 0:
+            raise ValueError(f"--{flag} must be a positive number of tokens, got {length}")
+        if length is None and not model_args.model_name_or_path:  # else: resolve_lengths
+            setattr(data_args, flag, DEFAULT_LENGTH)
+    if not model_args.model_name_or_path:
+        check_max_train_tokens(data_args)
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    # both need the whole split: lengths to bucket, rows to count
+    for flag in ("max_tokens", "max_train_samples"):
+        if data_args.streaming and getattr(data_args, flag) is not None:
+            # a warning, not an error: every recipe sets max_tokens, and a flag cannot unset it
+            logger.warning(
+                "--%s %s does not apply to a stream, which is batched by --per_device_train_batch_size sentences "
+                "and read to --max_steps: ignored", flag, getattr(data_args, flag),
+            )  # fmt: skip
+            setattr(data_args, flag, None)
+    if model_args.upcycle and (not model_args.model_name_or_path or run_args.task == "lm"):
+        raise ValueError(
+            "--upcycle true converts the seq2seq model of --model_name_or_path to this run's ODE blocks: give that "
+            "folder, and a seq2seq --task (translation, summarization, gec)"
+        )
+    if not training_args.do_train and not model_args.model_name_or_path:
+        raise ValueError(
+            "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
+        )
+    for flag in ("max_train_samples", "max_eval_samples", "max_test_samples"):
+        value = getattr(data_args, flag)
+        if value is not None and value < 1:  # a slice [:-1] or [:0], not a limit
+            raise ValueError(
+                f"--{flag} must be a positive number of examples, got {value}; leave it out for all"
+            )
+    if data_args.max_tokens is not None and data_args.max_tokens <= 0:
+        raise ValueError(
+            f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
+        )
+    if run_args.num_beams is not None and run_args.num_beams <= 0:
+        raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
+    metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
+    evaluated = metrics.evaluation_metrics(run_args.task, training_args.predict_with_generate)
+    if metric not in evaluated:  # transformers would fail at the first evaluation, after training up to it
+        model = "a language model" if run_args.task == "lm" else f"a {run_args.task} model"
+        unlocked = sorted(set(metrics.evaluation_metrics(run_args.task, generate=True)) - set(evaluated))
+        raise ValueError(
+            f"--metric_for_best_model {metric}: {model}'s evaluation gives {', '.join(evaluated)}; choose one"
+            + (f" (or {', '.join(unlocked)} with --predict_with_generate true)" if unlocked else "")
+        )
+    if run_args.early_stopping_patience and (
+        not training_args.metric_for_best_model or training_args.eval_strategy == "no"
+    ):
+        raise ValueError(
+            "--early_stopping_patience needs --metric_for_best_model (e.g. loss) and --load_best_model_at_end true, "
+            "with an --eval_strategy to compare the evaluations"
+        )
+    if (
+        run_args.average_last_checkpoints > 1
+        and training_args.do_train
+        and training_args.save_strategy == "no"
+    ):
+        raise ValueError(
+            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
+            "--save_strategy no saves none; give --save_strategy steps --save_steps N, or leave averaging out"
+        )
+    if (
+        run_args.average_last_checkpoints > 1
+        and training_args.save_total_limit is not None
+        and training_args.save_total_limit < run_args.average_last_checkpoints
+    ):
+        raise ValueError(
+            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
+            f"--save_total_limit {training_args.save_total_limit} keeps fewer; raise --save_total_limit to at least "
+            f"{run_args.average_last_checkpoints}, or average fewer"
+        )
+    if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
+        refuse_to_delete_inputs(model_args, data_args, training_args)
+    set_label_smoothing(run_args.task, training_args, argv, recipe)
+    if model_args.model_name_or_path and given("preset", argv, recipe):
+        check_saved_model_preset(model_args, run_args.task)
+    if (
+        model_args.model_name_or_path and not model_args.upcycle
+    ):  # upcycling takes block flags (from_residual)
+        check_saved_model_flags(model_args, run_args.task)
+    if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
+        # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
+        checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
+        ODETransformerConfig.from_preset(model_args.preset, **checked)
+    return Settings(model_args, data_args, run_args, training_args)
+
+
+def given(flag: str, argv: list[str], recipe: dict) -> bool:
+    """Whether ``--flag`` was set by the user, on the command line or in the recipe."""
+    return flag in recipe or any(arg == f"--{flag}" or arg.startswith(f"--{flag}=") for arg in argv)
+
+
+def _cpu_only_flags(argv: list[str], recipe: dict) -> list[str]:
+    """``--use_cpu true`` on a machine without an accelerator, unless the user set it: the Trainer runs on the CPU
+    there anyway, and transformers refuses bf16 without a GPU unless told so (auto picks bf16 on a CPU with native
+    bf16, and a recipe or ``--bf16`` may ask for it). An accelerator's path is unchanged."""
+    if given("use_cpu", argv, recipe) or accelerator_present():
+        return []
+    return ["--use_cpu", "true"]
+
+
+def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, parsed: tuple) -> tuple:
+    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (train.precision);
+    an explicit ``--bf16``/``--fp16`` is taken as asked, with a warning where bf16 would be emulated. The
+    arguments are parsed again with ``--bf16 true`` rather than patched, so transformers derives its mixed
+    precision settings from the flag as usual. ``run_args.precision`` ends as what was asked (auto, bf16, fp16,
+    fp32): :func:`train.precision.choose_precision` gives the same choice from it anywhere later."""
+    run_args, training_args = parsed[2], parsed[3]
+    if run_args.precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {run_args.precision!r}")
+    if given("bf16", argv, recipe) or given("fp16", argv, recipe):
+        asked = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+        if run_args.precision not in ("auto", asked):
+            raise ValueError(
+                f"--precision {run_args.precision} and {'--bf16' if asked == 'bf16' else '--fp16'} "
+                f"{'true' if asked != 'fp32' else 'false'} disagree: give one of them"
+            )
+        run_args.precision = asked
+    elif run_args.precision != "fp32" and choose_precision(training_args.device, run_args.precision).bf16:
+        parsed = parser.parse_args_into_dataclasses(args=[*argv, "--bf16", "true"])
+        run_args, training_args = parsed[2], parsed[3]
+    choice = choose_precision(training_args.device, run_args.precision)
+    if warning := emulated_bf16_warning(choice):
+        logger.warning(warning)
+    logger.info("precision: %s", choice.describe())
+    return parsed
+
+
+def check_max_train_tokens(data_args: DataArguments) -> None:
+    longest = min(data_args.max_source_length, data_args.max_target_length)
+    if data_args.max_train_tokens is not None and not 0 < data_args.max_train_tokens < longest:
+        raise ValueError(
+            f"--max_train_tokens {data_args.max_train_tokens} must be positive and below --max_source_length/"
+            f"--max_target_length ({longest}): longer sides are truncated to those before the filter counts them"
+        )
+
+
+def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast, saved_model: str) -> None:
+    """The lengths a saved model was trained and decodes with, where the flags leave them unset: its tokenizer's
+    ``model_max_length`` (the source limit its run saved) and its generation config's output length (:func:`target_length`), so that
+    ``--do_train false`` scores the hypotheses ``train.translate`` writes."""
+    if data_args.max_source_length is None:
+        limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
+        data_args.max_source_length = limit if limit < 1_000_000 else DEFAULT_LENGTH
+    if data_args.max_target_length is None:
+        try:
+            new_tokens = target_length(GenerationConfig.from_pretrained(saved_model))
+        except OSError:  # a folder without generation_config.json
+            new_tokens = None
+        data_args.max_target_length = new_tokens or DEFAULT_LENGTH
+    check_max_train_tokens(data_args)
+
+
+def set_label_smoothing(
+    task: str, training_args: Seq2SeqTrainingArguments, argv: list[str], recipe: dict
+) -> None:
+    """The model returns plain cross entropy (as BART and Marian do); label smoothing is the Trainer's
+    ``--label_smoothing_factor``: by default the paper's 0.1, and 0 for ``--task lm``. transformers shifts the
+    labels of a smoothed loss only for its own causal LMs, so a smoothed ODE language model is refused."""
+    if not given("label_smoothing_factor", argv, recipe):
+        training_args.label_smoothing_factor = 0.0 if task == "lm" else PAPER_LABEL_SMOOTHING
+    elif task == "lm" and training_args.label_smoothing_factor:
+        raise ValueError(
+            f"--label_smoothing_factor {training_args.label_smoothing_factor} with --task lm: transformers' label "
+            "smoother would not shift a causal LM's labels; leave it out (the paper's language models use none)"
+        )

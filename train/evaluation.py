@@ -1,0 +1,100 @@
+"""Evaluation and outputs: the test split's scores (perplexity, sacreBLEU and chrF, ROUGE, M2), the hypotheses,
+``hub_metrics.json``, the loss curves and the model card."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from datasets import Dataset
+
+from . import metrics
+from .card import write_card
+from .files import read_lines, write_atomic
+from .trainer import PadCollator, fp32_forward, lm_negative_log_likelihood
+from .translate import decode, generate_ids
+
+logger = logging.getLogger(__name__)
+
+
+def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollator, batch_size: int) -> dict:
+    """Perplexity per subword token and per word (the sentence log-probability over words + ``</s>``)."""
+    total, count = lm_negative_log_likelihood(model, test, collator, batch_size)
+    words = sum(len(text.split()) + 1 for text in raw_test["text"])
+    return {
+        "nll_per_token": total / max(count, 1),
+        "perplexity": metrics.perplexity(total / max(count, 1)),
+        "word_perplexity": metrics.perplexity(total / words),
+        "tokens": count,
+        "words": words,
+    }
+
+
+def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file: str | None) -> list[dict]:
+    """Metric records (hub schema ``results``) of the test hypotheses against the raw references."""
+    refs = [text.strip() for text in raw_test["target"]]
+    if task == "summarization":
+        scores = metrics.rouge_scores(hyps, refs)
+        return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
+    if task == "gec" and m2_file:
+        # --max_test_samples: the first ones
+        sentences = metrics.parse_m2(read_lines(m2_file), m2_file)[: len(hyps)]
+        m2 = metrics.m2_score(hyps, sentences)
+        return [
+            {"metric": "precision", "name": "M2 precision", "value": m2["precision"]},
+            {"metric": "recall", "name": "M2 recall", "value": m2["recall"]},
+            {"metric": "f0.5", "name": "M2 F0.5", "value": m2["f0.5"]},
+        ]
+    bleu, chrf = metrics.sacrebleu_score(hyps, refs), metrics.chrf_score(hyps, refs)
+    return [
+        {"metric": "sacrebleu", "name": "BLEU", "value": bleu["score"], "signature": bleu["signature"]},
+        {"metric": "chrf", "name": "chrF", "value": chrf["score"], "signature": chrf["signature"]},
+    ]
+
+
+def test_results(
+    task: str, trainer, tokenizer, test, raw_test, m2_file, collator
+) -> tuple[list[dict], list[str]]:
+    """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
+
+    Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
+    decoder of ``python -m train.translate`` and the same hypotheses plain ``model.generate`` gives: not
+    from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
+    """
+    training_args = trainer.args
+    if not trainer.is_world_process_zero():
+        return [], []
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if task == "lm":
+        scores = lm_test_results(model, test, raw_test, collator, training_args.per_device_eval_batch_size)
+        return [
+            {"metric": "perplexity", "name": "Word perplexity", "value": scores["word_perplexity"]},
+            {"metric": "perplexity", "name": "Subword perplexity", "value": scores["perplexity"]},
+        ], []
+    with fp32_forward(model):
+        ids = generate_ids(
+            model, test["input_ids"], batch_size=training_args.per_device_eval_batch_size,
+            progress=not training_args.disable_tqdm,
+        )  # fmt: skip
+    hyps = decode(tokenizer, ids)
+    return seq2seq_test_results(task, hyps, raw_test, m2_file), hyps
+
+
+def write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> None:
+    """Hypotheses and metrics JSON; after training also the loss curves and the model card."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if hyps:
+        write_atomic(out / "test_hypotheses.txt", "".join(h + "\n" for h in hyps))
+    write_atomic(out / "hub_metrics.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
+    trainer.log_metrics("test", scores)
+    trainer.save_metrics("test", scores)
+    if "training" not in document:
+        logger.info("model card: python -m hub.model_card MODEL_DIR %s", out / "hub_metrics.json")
+        return
+    from .plots import plot_loss_curves
+
+    plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
+    write_card(output_dir, document)

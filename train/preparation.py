@@ -1,0 +1,291 @@
+"""Data preparation: the raw splits a run needs (a shared corpus, local files or a Hub dataset, optionally
+streamed), its tokenizer, and the tokenised splits (with the lines cut to the length limits counted, never lost
+silently)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Literal
+
+from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
+from transformers import PreTrainedTokenizerFast
+
+from . import metrics
+from .arguments import DataArguments, Settings
+from .batching import seq2seq_lengths
+from .data import (
+    DataSpec,
+    conll2013_test,
+    load_hub_dataset,
+    load_local_file,
+    load_task_data,
+)
+from .files import read_lines
+from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
+
+logger = logging.getLogger(__name__)
+
+
+TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+
+
+def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
+    """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
+    parts = [
+        load_task_data(
+            kind,
+            DataSpec(
+                "shared",
+                name,
+                source_lang=data_args.source_lang,
+                target_lang=data_args.target_lang,
+                # libreoffice is built locally in its own cache folder, not read from the shared data
+                root=data_args.data_dir if name != "libreoffice" else None,
+            ),
+        )
+        for name in names.split("+")
+    ]
+    result = parts[0]
+    if len(parts) > 1:
+        result["train"] = concatenate_datasets([part["train"] for part in parts])
+    return result
+
+
+def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
+    """Raw ``train``/``validation``/``test`` splits and, for GEC, the test split's M2 file.
+
+    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
+    """
+    kind = "lm" if task == "lm" else "seq2seq"
+    if data_args.dataset:
+        raw = _shared_corpus(data_args.dataset, kind, data_args)
+    elif data_args.hub_dataset:  # streamed, the training split is read by streaming_train_split
+        spec = DataSpec(
+            "hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang
+        )
+        raw = load_task_data(kind, spec, without_train=data_args.streaming)
+    else:
+        raw = DatasetDict()
+    for split, spec in (
+        ("train", data_args.train_file),
+        ("validation", data_args.validation_file),
+        ("test", data_args.test_file),
+    ):
+        if spec:  # evaluation splits keep every line: the hypotheses stay aligned with the inputs
+            raw[split] = load_local_file(
+                spec, kind, data_args.source_column, data_args.target_column, skip_empty=split == "train"
+            )
+    m2_file = data_args.m2_file
+    if task == "gec" and "test" not in raw:
+        raw["test"], conll_m2 = conll2013_test(data_args.data_dir)
+        m2_file = m2_file or str(conll_m2)
+    if task == "gec" and m2_file and "test" in raw:
+        check_m2_aligned(m2_file, raw["test"].num_rows)
+    if "test" not in raw and "validation" in raw:
+        raw["test"] = raw["validation"]
+    return raw, m2_file
+
+
+def check_m2_aligned(m2_file: str, test_rows: int) -> None:
+    """The M2 scorer pairs the i-th hypothesis with the i-th M2 sentence: the test split must have one row each."""
+    sentences = len(metrics.parse_m2(read_lines(m2_file), m2_file))
+    if sentences != test_rows:
+        raise ValueError(
+            f"{m2_file} has {sentences} sentences but the test split has {test_rows} rows (blank lines count: "
+            "remove a trailing empty line); give the M2 file of this test set, one sentence per source line."
+        )
+
+
+def _slice(dataset: Dataset, limit: int | None) -> Dataset:
+    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+
+
+def _has_example(dataset: Dataset) -> bool:
+    """Whether one row has text to learn or score: a non-blank ``text``, or a non-blank source and target.
+    Evaluation splits keep their blank rows (to stay aligned), so an all-blank split has rows but no example."""
+
+    def is_text(value: object) -> bool:
+        return isinstance(value, str) and bool(value.strip())
+
+    columns = ["text"] if "text" in dataset.column_names else ["source", "target"]
+    # in batches: stops at the first example instead of reading a large training split into memory
+    for batch in dataset.select_columns(columns).iter(batch_size=10_000):
+        if any(all(map(is_text, row)) for row in zip(*(batch[column] for column in columns))):
+            return True
+    return False
+
+
+def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
+    """Refuse a split without examples before training (an empty validation or test split would only fail, or be
+    scored as nothing, after it)."""
+    files = {
+        "train": data_args.train_file,
+        "validation": data_args.validation_file,
+        "test": data_args.test_file,
+    }
+    for name, dataset in splits.items():
+        if isinstance(dataset, Dataset) and not _has_example(dataset):
+            source = files[name] or data_args.dataset or data_args.hub_dataset
+            raise ValueError(
+                f"the {name} split ({source}) has no examples ({dataset.num_rows} rows, none with text to learn "
+                "or score, after skipping empty ones and --max_*_samples); give it data, or leave that split out."
+            )
+
+
+def streaming_train_split(data_args: DataArguments, raw: DatasetDict, world_size: int) -> IterableDataset:
+    """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
+    if data_args.hub_dataset:
+        return load_hub_dataset(
+            data_args.hub_dataset,
+            data_args.hub_config,
+            data_args.source_lang,
+            data_args.target_lang,
+            split="train",
+            streaming=True,
+        )
+    return raw["train"].to_iterable_dataset(num_shards=max(world_size, 1))
+
+
+def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[str]:
+    columns = ("text",) if task == "lm" else ("source", "target")
+    for example in islice(iter(train), TOKENIZER_SAMPLE) if isinstance(train, IterableDataset) else train:
+        for column in columns:
+            yield example[column]
+
+
+def tokenize_function(
+    tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments, report: bool = False
+):
+    """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size); with ``report`` also
+    the ``TRUNCATED_COLUMNS`` that mark the rows cut to ``--max_source_length``/``--max_target_length``."""
+
+    def seq2seq(batch: dict) -> dict:
+        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)
+        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)
+        columns = {
+            "input_ids": sources["input_ids"],
+            "labels": targets["input_ids"],
+            "length": seq2seq_lengths(
+                list(map(len, sources["input_ids"])), list(map(len, targets["input_ids"]))
+            ),
+        }
+        if report:
+            columns |= {
+                "source_truncated": truncated_rows(sources),
+                "target_truncated": truncated_rows(targets),
+            }
+        return columns
+
+    def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
+        encoded = tokenizer(
+            batch["text"],
+            add_special_tokens=False,
+            truncation=True,
+            max_length=data_args.max_target_length - 2,
+        )
+        ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded["input_ids"]]
+        columns = {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
+        return columns | ({"target_truncated": truncated_rows(encoded)} if report else {})
+
+    return lm if task == "lm" else seq2seq
+
+
+TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncated": "--max_target_length"}
+
+
+def tokenize_splits(
+    splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
+) -> dict:
+    """Tokenise every split, keeping only the model's columns and ``length``; a warning counts the lines cut to
+    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily)."""
+    out = {}
+    for name, dataset in splits.items():
+        report = isinstance(dataset, Dataset)
+        function = tokenize_function(tokenizer, task, data_args, report=report)
+        columns = dataset.column_names or list(next(iter(dataset)).keys())
+        out[name] = dataset.map(function, batched=True, remove_columns=columns)
+        if report:
+            out[name] = _report_truncation(name, out[name], data_args)
+    return out
+
+
+def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -> Dataset:
+    """Warn how many lines of ``split`` were cut (never a silent loss), then drop the marker columns."""
+    present = [column for column in TRUNCATED_COLUMNS if column in dataset.column_names]
+    for column in present:
+        count = sum(dataset[column])
+        if count:
+            flag = TRUNCATED_COLUMNS[column]
+            limit = getattr(data_args, flag.removeprefix("--"))
+            seq2seq = "source_truncated" in dataset.column_names
+            side = "source" if column == "source_truncated" else "target" if seq2seq else "text"
+            logger.warning(
+                "%s split: %d of %d %s line(s) longer than %s %d tokens were truncated; raise %s to keep them whole",
+                split, count, dataset.num_rows, side, flag, limit, flag,
+            )  # fmt: skip
+    return dataset.remove_columns(present)
+
+
+def drop_long_training_pairs(splits: dict, max_train_tokens: int | None) -> dict:
+    """Without the training pairs whose longer side has more than ``max_train_tokens`` tokens (a long pair
+    costs much compute per update and, truncated, teaches cut-off sentences); other splits are kept whole."""
+    train = splits.get("train")
+    if not max_train_tokens or not isinstance(train, Dataset):
+        return splits
+    kept = train.filter(
+        lambda lengths: [n <= max_train_tokens for n in lengths], input_columns="length", batched=True
+    )
+    logger.info(
+        "--max_train_tokens %d: %d of %d training pairs kept", max_train_tokens, kept.num_rows, train.num_rows
+    )
+    return {**splits, "train": kept}
+
+
+def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
+    """The raw splits the run needs: train (``--do_train``), validation (training or ``--do_eval``), test
+    (``--do_predict``); a clear error names a missing one."""
+    data_args, training_args = settings.data, settings.training
+    flags = {"train": "--do_train", "validation": "--do_eval", "test": "--do_predict"}
+    for name, flag in flags.items():
+        needed = getattr(training_args, flag.removeprefix("--"))
+        if needed and name not in raw and not (name == "train" and data_args.streaming):
+            raise ValueError(
+                f"{flag} needs a {name} split: give --dataset, --hub_dataset or --{name}_file, or {flag} false"
+            )
+    splits = {}
+    if training_args.do_train:
+        splits["train"] = (
+            streaming_train_split(data_args, raw, training_args.world_size)
+            if data_args.streaming
+            else _slice(raw["train"], data_args.max_train_samples)
+        )
+    if "validation" in raw and (training_args.do_train or training_args.do_eval):
+        splits["validation"] = _slice(raw["validation"], data_args.max_eval_samples)
+    if training_args.do_predict:
+        splits["test"] = _slice(raw["test"], data_args.max_test_samples)
+    return splits
+
+
+def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
+    """The tokenizer asked for by name, else the output folder's own: reused if its record matches, else
+    trained."""
+    named = model_args.tokenizer_name
+    if named and Path(named).is_file():
+        raise ValueError(f"--tokenizer_name {named} is a file: give the folder that holds tokenizer.json")
+    folder = named or str(Path(training_args.output_dir) / "tokenizer")
+    with training_args.main_process_first(desc="tokenizer"):
+        texts = _tokenizer_texts(train, task) if train is not None else None
+        tokenizer = load_or_train_tokenizer(
+            folder,
+            texts,
+            model_args.vocab_size,
+            kind=model_args.tokenizer_type,
+            causal=task == "lm",
+            verify=not named,
+        )
+    if named:
+        check_task_tokenizer(tokenizer, task, named)
+    return tokenizer
