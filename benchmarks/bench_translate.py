@@ -168,14 +168,15 @@ def ct2_systems(marian: torch.nn.Module, dims: common.Dims, threads: int, folder
 def onnx_int8_system(
     model: torch.nn.Module, threads: int, folder: Path, new_tokens: int, profile: bool = False
 ):
-    """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: seconds, where
-    dynamo takes minutes) decoded by `hub.onnx_export.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens, as it
-    has no `min_new_tokens`: its end-of-sentence id is one the model cannot write. None without the onnx extra.
+    """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: much quicker
+    than dynamo) decoded by `hub.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
+    end-of-sentence id is one the model cannot write. None without the onnx extra.
     `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
     try:
         import onnxruntime
 
-        from hub.onnx_export import ONNXSeq2SeqGenerator, export_onnx
+        from hub.onnx_export import export_onnx
+        from hub.onnx_generation import ONNXSeq2SeqGenerator
     except ImportError:
         return None
     export_onnx(model, folder, dynamo=False, quantize="int8")

@@ -10,7 +10,7 @@
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
-                               (hub/onnx_export.py: their inputs, outputs and decoding with onnxruntime);
+                               (hub/onnx_export.py: their inputs and outputs; hub/onnx_generation.py decodes them);
                                `--quantize int8` writes them with int8 products
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with hub.onnx_export.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
     )
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:

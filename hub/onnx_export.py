@@ -1,4 +1,4 @@
-"""ONNX export of an ODE Transformer encoder-decoder, and greedy and beam decoding with onnxruntime.
+"""ONNX export of an ODE Transformer encoder-decoder: the graphs, and their int8 quantization.
 
 Three graphs, named as 🤗 Optimum names a seq2seq model's (opset `ONNX_OPSET`, float32; every batch and length
 axis dynamic):
@@ -22,15 +22,14 @@ the cross-attention one per layer (the encoder's keys and values, the same for e
     past_key_values.{layer}.{stage}.key / .value    (batch, heads, past_length, head_dim), stage 0..stages-1
     past_key_values.{layer}.encoder.key / .value    (batch, heads, source_length, head_dim)
 
-and `present.*` the same names after the step. `ONNXSeq2SeqGenerator` runs the graphs with onnxruntime and decodes
-greedily or with beam search as `model.generate` does (same length penalty and early stopping), giving its tokens.
+and `present.*` the same names after the step. `hub.onnx_generation` decodes the graphs with onnxruntime through
+transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ __all__ = [
     "GRAPHS",
     "ONNX_OPSET",
     "ONNX_QUANTIZE_CHOICES",
-    "ONNXSeq2SeqGenerator",
+    "RUNTIME_PACKAGES",
     "cache_names",
     "check_exportable",
     "export_onnx",
@@ -99,8 +98,7 @@ def cache_names(num_layers: int, stages: int, prefix: str, cross_attention: bool
 
 
 def _graph_modules():
-    """The wrappers that give each graph plain tensor inputs and outputs (torch is imported here, not at module
-    import: the onnxruntime side needs numpy and onnxruntime only)."""
+    """The wrappers that give each graph plain tensor inputs and outputs."""
     import torch
     from torch import nn
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -370,320 +368,3 @@ def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> Non
         program.save(str(path), external_data=False)
     else:
         torch.onnx.export(spec.module, spec.inputs, str(path), dynamo=False, dynamic_axes=spec.axes, **names)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Decoding with onnxruntime
-# ----------------------------------------------------------------------------------------------------------
-
-# The generation fields the decoder follows, with transformers' defaults.
-_GENERATION_DEFAULTS: dict[str, Any] = {
-    "num_beams": 1,
-    "length_penalty": 1.0,
-    "early_stopping": False,
-    "max_length": 20,
-    "max_new_tokens": None,
-    "forced_eos_token_id": None,
-}
-# Fields that would make `generate` process the scores in ways this decoder does not; refused unless at their
-# defaults, so that its tokens are `generate`'s.
-_UNSUPPORTED_GENERATION = {
-    "do_sample": False,
-    "num_return_sequences": 1,
-    "num_beam_groups": 1,
-    "min_length": 0,
-    "min_new_tokens": None,
-    "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
-    "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
-    "bad_words_ids": None,
-    "force_words_ids": None,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "forced_bos_token_id": None,
-    "sequence_bias": None,
-    "exponential_decay_length_penalty": None,
-    "renormalize_logits": False,
-}
-_TOKEN_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id")
-
-
-def _read_json(folders: Sequence[Path], name: str) -> dict[str, Any]:
-    for folder in folders:
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text(encoding="utf-8"))
-    return {}
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the k largest scores of each row, largest first (torch.topk)."""
-    part = np.argpartition(-scores, k - 1, axis=-1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, axis=-1), axis=-1, kind="stable")
-    return np.take_along_axis(part, order, axis=-1)
-
-
-def _take(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """array[b, indices[b, j], ...] for every b, j: gathers beams along axis 1."""
-    return np.take_along_axis(array, indices.reshape(indices.shape + (1,) * (array.ndim - 2)), axis=1)
-
-
-class ONNXSeq2SeqGenerator:
-    """Greedy and beam-search decoding of the graphs `export_onnx` writes, with onnxruntime, as `model.generate`
-    decodes: its stopping rules, its length penalty (score / generated_length ** length_penalty), `early_stopping`
-    (True, False or "never") and `forced_eos_token_id`; the same tokens, up to float rounding between runtimes.
-
-    Args:
-        folder: the folder of the graphs, or the folder of `ode-export --onnx` (the graphs in its `onnx/`).
-        generation_config: the decoding defaults and token ids (a dict or a `GenerationConfig`); by default the
-            `generation_config.json` beside the graphs (or, for an `onnx/` folder, in the folder above), the token
-            ids missing there from `config.json`.
-        providers: onnxruntime execution providers (default: the CPU).
-        session_options: an `onnxruntime.SessionOptions` for the three sessions (e.g. `intra_op_num_threads`).
-    """
-
-    def __init__(
-        self,
-        folder: str | Path,
-        generation_config: Any = None,
-        providers: Sequence[str] | None = None,
-        session_options: Any = None,
-    ):
-        require(RUNTIME_PACKAGES, "decoding with onnxruntime")
-        import onnxruntime
-
-        folder = Path(folder)
-        graphs = folder / "onnx" if (folder / "onnx" / ENCODER).is_file() else folder
-        missing = [name for name in GRAPHS if not (graphs / name).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{graphs} lacks the ONNX graphs {missing}; write them with `ode-export MODEL OUT --onnx` (into "
-                "OUT/onnx) or `hub.onnx_export.export_onnx(model, folder)`."
-            )
-        providers = list(providers or ["CPUExecutionProvider"])
-        self.sessions = {
-            name: onnxruntime.InferenceSession(str(graphs / name), session_options, providers=providers)
-            for name in GRAPHS
-        }
-        self.past_names = [i.name for i in self.sessions[DECODER_WITH_PAST].get_inputs()][2:]
-        self.num_self = len(self.sessions[DECODER_WITH_PAST].get_outputs()) - 1  # the self-attention tensors
-        # an `onnx/` folder is ode-export's: the configs are in the export folder above it
-        configs = [graphs, graphs.parent] if graphs.name == "onnx" else [graphs]
-        self.generation = self._generation_config(generation_config, configs)
-
-    @staticmethod
-    def _generation_config(given: Any, folders: Sequence[Path]) -> dict[str, Any]:
-        if given is None:
-            given = _read_json(folders, "generation_config.json")
-        elif hasattr(given, "to_dict"):
-            given = given.to_dict()
-        config = {**_GENERATION_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-        model_config = _read_json(folders, "config.json")
-        for name in _TOKEN_FIELDS:
-            if config.get(name) is None:
-                config[name] = model_config.get(name)
-        if config["decoder_start_token_id"] is None:
-            raise ValueError(
-                "no `decoder_start_token_id` in the generation config or config.json; pass generation_config="
-                "model.generation_config (or a dict with it)."
-            )
-        changed = sorted(
-            k for k, default in _UNSUPPORTED_GENERATION.items() if given.get(k) not in (None, default)
-        )
-        if changed:
-            raise ValueError(
-                f"the generation config sets {changed}, which this onnxruntime decoder does not implement (it "
-                f"follows num_beams, length_penalty, early_stopping, max_length/max_new_tokens and "
-                f"forced_eos_token_id); reset them, or decode with the PyTorch model's `generate`."
-            )
-        return config
-
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """The encoder's last hidden state (batch, source_length, d_model)."""
-        return self.sessions[ENCODER].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
-
-    def generate(
-        self,
-        input_ids: Any,
-        attention_mask: Any = None,
-        max_new_tokens: int | None = None,
-        num_beams: int | None = None,
-        length_penalty: float | None = None,
-        early_stopping: bool | str | None = None,
-    ) -> np.ndarray:
-        """The generated ids (batch, length), the decoder start token first, as `model.generate` returns them;
-        arguments left out come from the generation config."""
-        config = self.generation
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        eos = config["eos_token_id"]
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        pad = config["pad_token_id"] if config["pad_token_id"] is not None else (eos[0] if eos else None)
-        if attention_mask is None:  # as generate: padding where the pad token is, unless it is also eos
-            attention_mask = (
-                input_ids != pad if pad is not None and pad not in eos else np.ones_like(input_ids)
-            )
-        attention_mask = np.asarray(attention_mask, dtype=np.int64)
-        max_new_tokens = max_new_tokens if max_new_tokens is not None else config["max_new_tokens"]
-        max_length = 1 + max_new_tokens if max_new_tokens is not None else config["max_length"]
-        num_beams = num_beams if num_beams is not None else config["num_beams"]
-        search = _Search(
-            start=config["decoder_start_token_id"],
-            eos=eos,
-            pad=pad,
-            max_length=max_length,
-            forced_eos=config["forced_eos_token_id"],
-        )
-        hidden = self.encode(input_ids, attention_mask)
-        if num_beams == 1:
-            return self._greedy(search, hidden, attention_mask)
-        return self._beam_search(
-            search,
-            np.repeat(hidden, num_beams, axis=0),
-            np.repeat(attention_mask, num_beams, axis=0),
-            num_beams,
-            float(length_penalty if length_penalty is not None else config["length_penalty"]),
-            early_stopping if early_stopping is not None else config["early_stopping"],
-        )
-
-    def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray):
-        """decoder_model on the start tokens: (logits, self-attention cache, cross-attention cache)."""
-        logits, *present = self.sessions[DECODER].run(
-            None, {"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden}
-        )
-        return logits, present[: self.num_self], present[self.num_self :]
-
-    def _next_step(self, tokens: np.ndarray, mask: np.ndarray, cache: list, cross: list):
-        """decoder_with_past_model on the newest tokens: (logits, the grown self-attention cache)."""
-        feed = {
-            "input_ids": tokens,
-            "encoder_attention_mask": mask,
-            **dict(zip(self.past_names, cache + cross)),
-        }
-        logits, *cache = self.sessions[DECODER_WITH_PAST].run(None, feed)
-        return logits, cache
-
-    def _greedy(self, search: _Search, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        batch = hidden.shape[0]
-        sequences = np.full((batch, 1), search.start, dtype=np.int64)
-        unfinished = np.ones(batch, dtype=bool)
-        logits, cache, cross = self._first_step(sequences, hidden, mask)
-        while True:
-            scores = search.process(logits[:, -1].astype(np.float32), sequences.shape[1])
-            tokens = scores.argmax(axis=-1)
-            if search.eos:
-                tokens = np.where(unfinished, tokens, search.pad)
-            sequences = np.concatenate([sequences, tokens[:, None]], axis=1)
-            unfinished &= ~search.stops(tokens, sequences.shape[1])
-            if not unfinished.any():
-                return sequences
-            logits, cache = self._next_step(tokens[:, None], mask, cache, cross)
-
-    def _beam_search(
-        self,
-        search: _Search,
-        hidden: np.ndarray,
-        mask: np.ndarray,
-        num_beams: int,
-        length_penalty: float,
-        early_stopping: bool | str,
-    ) -> np.ndarray:
-        """transformers' vectorised beam search (`GenerationMixin._beam_search`), step for step, in numpy."""
-        batch, beams, max_length = hidden.shape[0] // num_beams, num_beams, search.max_length
-        keep = max(2, 1 + len(search.eos)) * beams  # candidates kept per step: enough to go on if `beams` end
-        top_beams = np.arange(keep) < beams
-        fill = (search.pad or search.eos[0]) if search.eos else -1  # generate's fill value
-        running = np.full((batch, beams, max_length), fill, dtype=np.int64)
-        running[:, :, 0] = search.start
-        finished_sequences = running.copy()
-        running_scores = np.zeros((batch, beams), dtype=np.float32)
-        running_scores[:, 1:] = -1e9  # the beams start equal: only the first one's continuations count
-        finished_scores = np.full((batch, beams), -1e9, dtype=np.float32)
-        is_finished = np.zeros((batch, beams), dtype=bool)
-        improvable = np.ones((batch, 1), dtype=bool)
-        running_origin = np.full((batch, beams, max_length - 1), -1, dtype=np.int64)
-        finished_origin = running_origin.copy()
-        penalty = np.float32(-1e9)
-
-        cur_len = 1
-        logits, cache, cross = self._first_step(running[:, :, 0].reshape(-1, 1), hidden, mask)
-        while True:
-            log_probs = search.process(_log_softmax(logits[:, -1].astype(np.float32)), cur_len)
-            vocab = log_probs.shape[-1]
-            scores = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
-            top = _top_k(scores, keep)
-            top_scores = np.take_along_axis(scores, top, axis=-1)
-            source_beam, tokens = top // vocab, top % vocab
-            top_sequences = _take(running, source_beam)
-            top_sequences[:, :, cur_len] = tokens
-            top_origin = _take(running_origin, source_beam)
-            top_origin[:, :, cur_len - 1] = source_beam + np.arange(batch)[:, None] * beams
-            hits = search.stops(tokens, cur_len + 1)
-
-            # the best `beams` candidates that did not stop go on
-            alive_scores = top_scores + hits.astype(np.float32) * penalty
-            alive = _top_k(alive_scores, beams)
-            running, running_scores = _take(top_sequences, alive), _take(alive_scores, alive)
-            running_origin = _take(top_origin, alive)
-
-            # the candidates among the top `beams` that stopped join the finished ones, scored with the penalty
-            just_finished = hits & top_beams[None, :]
-            candidate_scores = top_scores / np.float32((cur_len + 1 - 1) ** length_penalty)
-            full = is_finished.all(axis=-1, keepdims=True) & (early_stopping is True)
-            candidate_scores += full.astype(np.float32) * penalty
-            candidate_scores += (~improvable).astype(np.float32) * penalty
-            candidate_scores += (~just_finished).astype(np.float32) * penalty
-            merged_scores = np.concatenate([finished_scores, candidate_scores], axis=1)
-            best = _top_k(merged_scores, beams)
-            finished_sequences = _take(np.concatenate([finished_sequences, top_sequences], axis=1), best)
-            finished_scores = _take(merged_scores, best)
-            finished_origin = _take(np.concatenate([finished_origin, top_origin], axis=1), best)
-            is_finished = _take(np.concatenate([is_finished, just_finished], axis=1), best)
-
-            reorder = running_origin[:, :, cur_len - 1].reshape(-1)
-            cur_len += 1
-            hypothetical = (
-                max_length - 1 if early_stopping == "never" and length_penalty > 0.0 else cur_len - 1
-            )
-            best_running = running_scores[:, :1] / np.float32(hypothetical**length_penalty)
-            worst_finished = np.where(
-                is_finished, finished_scores.min(axis=1, keepdims=True), np.float32(-1e9)
-            )
-            improvable &= (best_running > worst_finished).any(axis=-1, keepdims=True)
-            if not (
-                improvable.any() and not (is_finished.all() and early_stopping is True) and not hits.all()
-            ):
-                break
-            # the beams that go on take their cache along; the cross-attention cache is the same for every beam
-            cache = [tensor[reorder] for tensor in cache]
-            logits, cache = self._next_step(running[:, :, cur_len - 1].reshape(-1, 1), mask, cache, cross)
-
-        generated = (finished_origin[:, 0] != -1).sum(axis=1).max()
-        return finished_sequences[:, 0, : 1 + generated]
-
-
-@dataclass(frozen=True)
-class _Search:
-    """The token ids and limits one `generate` call decodes with."""
-
-    start: int
-    eos: list[int]
-    pad: int | None
-    max_length: int
-    forced_eos: int | list[int] | None
-
-    def process(self, scores: np.ndarray, length: int) -> np.ndarray:
-        """`forced_eos_token_id` (transformers' ForcedEOSTokenLogitsProcessor): only eos at the last position."""
-        if self.forced_eos is None or length != self.max_length - 1:
-            return scores
-        forced = np.full_like(scores, -np.inf)
-        forced[:, self.forced_eos] = 0.0
-        return forced
-
-    def stops(self, tokens: np.ndarray, length: int) -> np.ndarray:
-        """Whether a sequence of `length` ids ending in `tokens` is done (eos, or the maximum length)."""
-        return np.isin(tokens, self.eos) | (length >= self.max_length)

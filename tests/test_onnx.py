@@ -1,6 +1,7 @@
 """ONNX export (hub/onnx_export.py): the three graphs, with both of torch.onnx's exporters, load in onnxruntime and
-give PyTorch's outputs (float32, atol 1e-4) at shapes other than the export's; onnxruntime decoding gives
-`generate`'s tokens; `ode-export --onnx` writes the graphs.
+give PyTorch's outputs (float32, atol 1e-4) at shapes other than the export's; onnxruntime decoding
+(hub/onnx_generation.py, transformers' `generate` over the sessions) gives the PyTorch model's `generate` tokens;
+`ode-export --onnx` writes the graphs.
 
 The default run exports a tiny model trained on a toy task (gated RK2 blocks on both sides, SDPA: the issue's
 failing case) once per exporter and checks each graph and the decoding; the other block types and attention
@@ -20,10 +21,10 @@ from hub.onnx_export import (
     DECODER_WITH_PAST,
     ENCODER,
     GRAPHS,
-    ONNXSeq2SeqGenerator,
     cache_names,
     export_onnx,
 )
+from hub.onnx_generation import ONNXSeq2SeqGenerator
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
 from modeling_ode.modeling_ode_transformer import CACHE_FIELD
 from tests.decoding import tiny
@@ -163,7 +164,7 @@ def reverse_task(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, 
 
 @pytest.fixture(scope="module")
 def trained() -> ODETransformerForConditionalGeneration:
-    """100 Adam updates on the reverse task (seconds): greedy and beam outputs that vary in tokens and length."""
+    """100 Adam updates on the reverse task (quick on a CPU): greedy and beam outputs that vary in tokens and length."""
     torch.manual_seed(0)
     config = block_config("rk2_gated", vocab_size=VOCAB, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64)
     model = ODETransformerForConditionalGeneration(config).train()
@@ -244,8 +245,16 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
         {"num_beams": 1, "max_new_tokens": 10},
         {"num_beams": 3, "length_penalty": 0.6, "early_stopping": True, "max_new_tokens": 10},
         {"num_beams": 4, "length_penalty": 1.3, "early_stopping": False, "max_new_tokens": 6},
+        # logits processors and options of `generate` that the graphs know nothing of: `generate` runs them
+        {
+            "num_beams": 4,
+            "num_return_sequences": 2,
+            "no_repeat_ngram_size": 2,
+            "repetition_penalty": 1.3,
+            "max_new_tokens": 10,
+        },
     ],
-    ids=["greedy", "beam3-lp0.6", "beam4-lp1.3-max6"],
+    ids=["greedy", "beam3-lp0.6", "beam4-lp1.3-max6", "beam4-two-returned-processors"],
 )
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, exporter, settings):
@@ -270,7 +279,7 @@ MATRIX = [
     for attention in ["sdpa", "eager"]
     for exporter in sorted(EXPORTERS)
     if (block, attention) != ("rk2_gated", "sdpa")  # the trained model's, in the default run
-    # The dynamo exporter takes one to one and a half minutes of CPU per model (the TorchScript one 3 s): with it,
+    # The dynamo exporter is much slower than the TorchScript one (torch.export traces the whole model): with it,
     # eager attention, the same code in every block type, is exported for the gated block only; of the blocks, rk4
     # (the ode_step loop over a tableau, as euler and rk2 run it) and the gated block (whose gate the authors'
     # reading shares, and PCformer's corrector reuses the same loop) stay, the others are the TorchScript rows'.

@@ -40,8 +40,8 @@ def reverse_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor,
 
 @pytest.fixture(scope="module")
 def trained() -> ODETransformerForConditionalGeneration:
-    """A 2-2 layer RK2-gated model (the preset's gated coefficients; d 32) trained for 250 Adam steps to reverse its source (about 10 s of CPU time); the
-    test asserts that it then reverses most test sources exactly in float32."""
+    """A 2-2 layer RK2-gated model (the preset's gated coefficients; d 32) trained for 250 Adam steps to reverse its
+    source; the test asserts that it then reverses most test sources exactly in float32."""
     torch.manual_seed(0)
     config = ODETransformerConfig.from_preset(
         "tiny", d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, pad_token_id=PAD,
@@ -51,9 +51,8 @@ def trained() -> ODETransformerForConditionalGeneration:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # tiny matrices: more threads only wait on each other (minutes on a busy machine)
+    # tiny matrices: more threads only wait on each other, the more so on a busy machine
+    torch.set_num_threads(1)
     try:
         for _ in range(250):
             ids, mask, labels = reverse_batch(32, generator)
@@ -185,10 +184,11 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, ONNXSeq2SeqGenerator, export_onnx
+    from hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, export_onnx
+    from hub.onnx_generation import ONNXSeq2SeqGenerator
 
-    # dynamo (a minute per graph) exports the encoder only, where this model's gates are: the gates are found by
-    # their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs
+    # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
+    # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs
     graphs = (ENCODER,) if exporter == "dynamo" else (ENCODER, DECODER, DECODER_WITH_PAST)
     export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8", graphs=graphs)
     encoder = onnx.load(str(tmp_path / ENCODER)).graph

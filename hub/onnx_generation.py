@@ -1,0 +1,257 @@
+"""Decoding the ONNX graphs of `hub.onnx_export` with onnxruntime, driven by transformers' own `generate`.
+
+`ORTModelForODESeq2SeqLM` is a `PreTrainedModel` with `GenerationMixin` whose encoder and forward run the three
+onnxruntime sessions instead of PyTorch modules, as 🤗 Optimum's `ORTModelForSeq2SeqLM` wraps its graphs: the
+forward returns a `Seq2SeqLMOutput` whose cache is an `EncoderDecoderCache` holding the graphs' `present.*` tensors
+(the self-attention slots per (layer, stage), then the cross-attention pair per layer, `cache_names` order). So
+greedy search, beam search, sampling, the logits processors and the stopping rules are transformers' code, not a copy
+of it that would drift with each release; beam search reorders the cache through the cache object's own
+`reorder_cache`.
+
+`ONNXSeq2SeqGenerator` keeps the folder-level entry point: it opens the graphs (of `export_onnx`, or the `onnx/`
+folder of `ode-export --onnx`), reads the decoding defaults beside them, and takes and returns numpy arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from modeling_ode.modeling_ode_transformer import CACHE_FIELD, CACHE_KWARGS
+
+from .onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, RUNTIME_PACKAGES, require
+
+__all__ = ["ONNXSeq2SeqGenerator", "ORTModelForODESeq2SeqLM", "open_sessions"]
+
+# The token ids `generate` needs, taken from config.json where the generation config lacks them.
+_TOKEN_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id")
+
+
+def graphs_folder(folder: str | Path) -> Path:
+    """The folder holding the three graphs: `folder` itself, or its `onnx/` (where `ode-export --onnx` writes)."""
+    folder = Path(folder)
+    graphs = folder / "onnx" if (folder / "onnx" / ENCODER).is_file() else folder
+    missing = [name for name in GRAPHS if not (graphs / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{graphs} lacks the ONNX graphs {missing}; write them with `ode-export MODEL OUT --onnx` (into "
+            "OUT/onnx) or `hub.onnx_export.export_onnx(model, folder)`."
+        )
+    return graphs
+
+
+def open_sessions(graphs: Path, providers: Sequence[str] | None = None, session_options: Any = None) -> dict:
+    """An onnxruntime session per graph, by file name."""
+    require(RUNTIME_PACKAGES, "decoding with onnxruntime")
+    import onnxruntime
+
+    providers = list(providers or ["CPUExecutionProvider"])
+    return {
+        name: onnxruntime.InferenceSession(str(graphs / name), session_options, providers=providers)
+        for name in GRAPHS
+    }
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().numpy()
+
+
+class _ORTEncoder(nn.Module):
+    """`get_encoder()` for `generate`: the encoder graph, returning a `BaseModelOutput`."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        feed = {"input_ids": _numpy(input_ids.long()), "attention_mask": _numpy(attention_mask.long())}
+        (hidden,) = self.session.run(None, feed)
+        return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
+
+
+class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
+    """The exported encoder-decoder as a model that transformers' `generate` drives (CPU tensors in and out).
+
+    Args:
+        sessions: the onnxruntime session of each graph, by file name (`open_sessions`).
+        generation_config: the decoding defaults and token ids, as `model.generation_config`.
+    """
+
+    config_class = PreTrainedConfig
+    main_input_name = "input_ids"
+
+    def __init__(self, sessions: dict, generation_config: GenerationConfig):
+        num_self = len(sessions[DECODER_WITH_PAST].get_outputs()) - 1  # the self-attention tensors
+        # `generate` sizes the empty cache it passes to the first step by `num_hidden_layers`: one layer per
+        # self-attention slot, as the graphs' cache has
+        super().__init__(PreTrainedConfig(is_encoder_decoder=True, num_hidden_layers=num_self // 2))
+        self.sessions = sessions
+        self.encoder = _ORTEncoder(sessions[ENCODER])
+        self.past_names = [i.name for i in sessions[DECODER_WITH_PAST].get_inputs()][2:]
+        self.num_self = num_self
+        self.generation_config = generation_config
+
+    # No parameters: the weights live in the graphs, and the tensors `generate` handles stay on the CPU.
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def get_encoder(self, *args, **kwargs) -> nn.Module:
+        return self.encoder
+
+    def forward(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_outputs: BaseModelOutput | tuple,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """One decoder step: `decoder_model.onnx` while the cache is empty (it builds the cache: a slot per
+        (layer, stage), then the cross-attention layers), `decoder_with_past_model.onnx` on the newest tokens after
+        (it grows the self-attention slots in place)."""
+        hidden = encoder_outputs[0]
+        if attention_mask is None:
+            attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long)
+        mask = _numpy(attention_mask.long())
+        tokens = _numpy(decoder_input_ids.long())
+        cache = next((kwargs[key] for key in CACHE_KWARGS if kwargs.get(key) is not None), None)
+        if cache is None or cache.get_seq_length() == 0:
+            feed = {
+                "input_ids": tokens,
+                "encoder_attention_mask": mask,
+                "encoder_hidden_states": _numpy(hidden),
+            }
+            logits, *present = self.sessions[DECODER].run(None, feed)
+            slots, layers = self.num_self // 2, (len(present) - self.num_self) // 2
+            cache = EncoderDecoderCache(
+                Cache(layers=[_PresentLayer() for _ in range(slots)]),
+                Cache(layers=[_EncoderLayer() for _ in range(layers)]),
+            )
+            targets = cache.self_attention_cache.layers + cache.cross_attention_cache.layers
+        else:
+            past = [
+                tensor
+                for part in (cache.self_attention_cache, cache.cross_attention_cache)
+                for layer in part.layers
+                for tensor in (layer.keys, layer.values)
+            ]
+            feed = {
+                "input_ids": tokens,
+                "encoder_attention_mask": mask,
+                **{name: _numpy(tensor) for name, tensor in zip(self.past_names, past)},
+            }
+            logits, *present = self.sessions[DECODER_WITH_PAST].run(None, feed)
+            targets = cache.self_attention_cache.layers
+        present = [torch.from_numpy(tensor) for tensor in present]
+        for layer, index in zip(targets, range(0, len(present), 2)):
+            layer.update(present[index], present[index + 1])
+        return Seq2SeqLMOutput(logits=torch.from_numpy(logits), **{CACHE_FIELD: cache})
+
+
+class _PresentLayer(DynamicLayer):
+    """A self-attention slot holding the graph's `present` pair as it is: the graph has already appended the step's
+    keys and values to the past it was given, so `update` replaces them rather than concatenating, which would copy
+    the whole cache at every step."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return self.keys, self.values
+
+
+class _EncoderLayer(_PresentLayer):
+    """A cross-attention layer: the encoder's keys and values, the same for every beam of a sentence. Beam search
+    only reorders the beams within each sentence, so reordering these would copy them for nothing."""
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        return None
+
+
+def _read_json(folders: Sequence[Path], name: str) -> dict[str, Any]:
+    for folder in folders:
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text(encoding="utf-8"))
+    return {}
+
+
+def load_generation_config(given: Any, folders: Sequence[Path]) -> GenerationConfig:
+    """`given` (a `GenerationConfig` or a dict) or the `generation_config.json` in `folders`, its missing token ids
+    from `config.json` there. The graphs carry their own cache, so transformers' cache kinds (a static cache for
+    compiling the PyTorch model) do not apply and are dropped."""
+    if given is None:
+        given = _read_json(folders, "generation_config.json")
+    elif hasattr(given, "to_dict"):
+        given = given.to_dict()
+    given = {k: v for k, v in given.items() if v is not None and k != "transformers_version"}
+    model_config = _read_json(folders, "config.json")
+    for name in _TOKEN_FIELDS:
+        if given.get(name) is None and model_config.get(name) is not None:
+            given[name] = model_config[name]
+    if given.get("decoder_start_token_id") is None:
+        raise ValueError(
+            "no `decoder_start_token_id` in the generation config or config.json; pass generation_config="
+            "model.generation_config (or a dict with it)."
+        )
+    given.pop("cache_implementation", None)
+    return GenerationConfig(**given)
+
+
+class ONNXSeq2SeqGenerator:
+    """Decoding of the graphs `export_onnx` writes, with onnxruntime and transformers' `generate`
+    (`ORTModelForODESeq2SeqLM`): every decoding option of `model.generate`, and its tokens, up to float rounding
+    between runtimes.
+
+    Args:
+        folder: the folder of the graphs, or the folder of `ode-export --onnx` (the graphs in its `onnx/`).
+        generation_config: the decoding defaults and token ids (a dict or a `GenerationConfig`); by default the
+            `generation_config.json` beside the graphs (or, for an `onnx/` folder, in the folder above), the token
+            ids missing there from `config.json`.
+        providers: onnxruntime execution providers (default: the CPU).
+        session_options: an `onnxruntime.SessionOptions` for the three sessions (e.g. `intra_op_num_threads`).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        generation_config: Any = None,
+        providers: Sequence[str] | None = None,
+        session_options: Any = None,
+    ):
+        graphs = graphs_folder(folder)
+        # an `onnx/` folder is ode-export's: the configs are in the export folder above it
+        configs = [graphs, graphs.parent] if graphs.name == "onnx" else [graphs]
+        config = load_generation_config(generation_config, configs)
+        self.sessions = open_sessions(graphs, providers, session_options)
+        self.model = ORTModelForODESeq2SeqLM(self.sessions, config)
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        return self.model.generation_config
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **kwargs) -> np.ndarray:
+        """The generated ids (batch, length), the decoder start token first, as `model.generate` returns them;
+        `kwargs` are `generate`'s (max_new_tokens, num_beams, length_penalty, ...), the rest from the generation
+        config."""
+        input_ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(np.asarray(attention_mask, dtype=np.int64))
+        with torch.inference_mode():
+            return self.model.generate(input_ids, attention_mask=attention_mask, **kwargs).numpy()
