@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m train.demo
+	$(BIN)/python -m ode_transformer.train.demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

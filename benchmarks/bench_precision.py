@@ -4,7 +4,7 @@
 
 The model and batch are the demo's (``train/recipes/libreoffice_demo.yaml``: d 256, 3-3 layers, RK2-gated
 encoder, vocabulary 8k; 48 sentences of 24 tokens, about its 2K-token batches). It records what
-:mod:`train.precision` decides for this CPU, so a figure says whether bf16 ran natively or emulated. To see a
+:mod:`ode_transformer.train.precision` decides for this CPU, so a figure says whether bf16 ran natively or emulated. To see a
 machine with native bf16 behave like an AVX2-only one, run it with ``ONEDNN_MAX_CPU_ISA=AVX2
 ATEN_CPU_CAPABILITY=avx2`` set.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import common
-from train.precision import choose_precision, cpu_capability
+from ode_transformer.train.precision import choose_precision, cpu_capability
 
 DEMO_DIMS = common.Dims(
     d_model=256, ffn_dim=1024, heads=4, encoder_layers=3, decoder_layers=3, vocab_size=8000

@@ -36,7 +36,7 @@ from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
 from modeling_ode.compat import raise_recompile_limit
 from modeling_ode.quantization import quantize_int8
-from train.translate import compile_decoding
+from ode_transformer.train.translate import compile_decoding
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("residual", "rk2", "rk4")
@@ -175,8 +175,8 @@ def onnx_int8_system(
     try:
         import onnxruntime
 
-        from hub.onnx_export import export_onnx
-        from hub.onnx_generation import ONNXSeq2SeqGenerator
+        from ode_transformer.hub.onnx_export import export_onnx
+        from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
     except ImportError:
         return None
     export_onnx(model, folder, dynamo=False, quantize="int8")

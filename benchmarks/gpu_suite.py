@@ -10,7 +10,7 @@ the benchmark (2) runs after them, alone:
 
 1. the device-agnostic tests (model, cache, generation, dropout, padding, torch.compile graph capture;
    tests/conftest.py's `device` and `dtype` fixtures) on the GPU in fp32 and in bf16, without the tests marked
-   slow (test_compile.py's inductor and `train.run --torch_compile` tests, which run on the CPU);
+   slow (test_compile.py's inductor and `ode_transformer.train.run --torch_compile` tests, which run on the CPU);
 2. the benchmark against MarianMT at the paper's base size (benchmarks/bench_ode.py);
 3. one short paper-size training run per study that has a paper size (experiments/run.py), with the first
    ODE variant, seed and depth of the study, a few hundred steps and a small test set.
@@ -144,7 +144,7 @@ def device_name(device: str) -> str:
 
 def run_step(step: Step, folder: Path) -> dict:
     """Runs one step with its log in the folder, in a process group of its own: at its limit, or when it ends, every
-    process it started (pytest's workers, experiments.run's train.run) is stopped with it, so none lingers on the GPU
+    process it started (pytest's workers, experiments.run's ode_transformer.train.run) is stopped with it, so none lingers on the GPU
     while the timings run."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # the user's paths stay
     env = {**os.environ, "PYTHONPATH": path, **step.env}

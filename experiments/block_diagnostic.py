@@ -4,7 +4,7 @@ For each saved model (a study run's folder, or any folder `from_pretrained` read
 encoder (of its decoder for a language model), prints the mean per-token norm of every stage F_i and the mean of
 every coefficient gamma_i, with the model in eval mode, on the first test sentences of the studies' corpora:
 Multi30k English sources for an encoder-decoder (the `multi30k` and `ablations` models), PTB test sentences as
-``<s> words </s>`` (as `train.run` trains them) for a language model. For the paper's gate (Eq. (learnable),
+``<s> words </s>`` (as `ode_transformer.train.run` trains them) for a language model. For the paper's gate (Eq. (learnable),
 `gated`, a softmax over stages) it also prints the share of tokens on which one stage carries more than 99% of
 the weight: a block whose gate does that on every token has collapsed to a single stage (g = 1: the residual
 block y + F(y) that still pays for F2; g = 0: y + F(y + F(y))).
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from modeling_ode.ode import GATED_MODES, StageCoefficients
-from train.data import multi30k, ptb
-from train.translate import load_for_generation
+from ode_transformer.train.data import multi30k, ptb
+from ode_transformer.train.translate import load_for_generation
 
 COLLAPSED = 0.99  # a stage with more than this share of the weight carries the block alone
 LOGIT_PERCENTILES = (50, 90, 99)

@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > /tmp/logs
 done) &
 UTIL=$!
 trap 'kill $UTIL 2>/dev/null' EXIT
-# timeout signals its whole process group, so a run that the deadline cuts short stops with its train.run
+# timeout signals its whole process group, so a run that the deadline cuts short stops with its ode_transformer.train.run
 RUN="python3 -m experiments.run"
 PAIRED=results/multi30k_paired/cpu_$BATCH
 JOBS=()

@@ -13,9 +13,9 @@ import argparse
 import torch
 
 from modeling_ode import ODETransformerConfig, ODETransformerForCausalLM
-from train.data import ptb
-from train.tokenizer import train_tokenizer
-from train.trainer import PadCollator
+from ode_transformer.train.data import ptb
+from ode_transformer.train.tokenizer import train_tokenizer
+from ode_transformer.train.trainer import PadCollator
 
 BLOCKS = {
     "residual": {"decoder_ode_method": "euler", "decoder_ode_coefficients": "tableau"},

@@ -271,10 +271,10 @@ def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: lis
 
 
 def test_references(study: Study, size: str, n: int) -> list[str] | None:
-    """The test references of a translation study (from the same readers ``train.run`` uses); None for other
+    """The test references of a translation study (from the same readers ``ode_transformer.train.run`` uses); None for other
     tasks, whose metrics (M2, ROUGE) are not the BLEU that sacreBLEU's paired bootstrap tests."""
-    from train.arguments import DataArguments
-    from train.preparation import load_raw_data
+    from ode_transformer.train.arguments import DataArguments
+    from ode_transformer.train.preparation import load_raw_data
 
     flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
     if flags["task"] != "translation":
@@ -288,9 +288,9 @@ def test_references(study: Study, size: str, n: int) -> list[str] | None:
 
 
 def lm_test_counts(study: Study, size: str) -> tuple[int, int]:
-    """Words and sentences of a language-model study's test split (read as ``train.run`` reads it)."""
-    from train.arguments import DataArguments
-    from train.preparation import load_raw_data
+    """Words and sentences of a language-model study's test split (read as ``ode_transformer.train.run`` reads it)."""
+    from ode_transformer.train.arguments import DataArguments
+    from ode_transformer.train.preparation import load_raw_data
 
     flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
     raw, _ = load_raw_data(DataArguments(dataset=flags["dataset"]), flags["task"])

@@ -1,13 +1,13 @@
 """Run a study: ``python -m experiments.run STUDY [--size cpu|paper] [--seeds 0 1 2] [--only VARIANT ...]``.
 
-Every run is one ``python -m train.run`` subprocess (its own process: a crash or a kill loses that
+Every run is one ``python -m ode_transformer.train.run`` subprocess (its own process: a crash or a kill loses that
 run only) writing into ``WORK_DIR/<study>/<size>/<run id>/`` (checkpoints, logs; git-ignored), and
 leaves one result file, ``results/<study>/<size>/<variant>-<depth>-seed<k>.json``: the flags, the
 trained model's config, seed, data (files and SHA-256), git commit, device (with the CPU's capability),
 training precision (and why it was chosen), wall time, steps, every
 test metric, the validation and training curves, and for seq2seq tasks the test hypotheses. A study's
-extra test sets (JFLEG for ``gec``) are scored after training with ``train.translate`` and
-``train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
+extra test sets (JFLEG for ``gec``) are scored after training with ``ode_transformer.train.translate`` and
+``ode_transformer.train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
 
 Resuming: a run whose result file exists is skipped (reported STALE and kept if the study's flags for it
 have changed since: a result is never overwritten or mixed in); a run that was interrupted resumes from its
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, batch_label, describe_changes, run_id
-from train.provenance import device_info, git_commit
+from ode_transformer.train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -95,8 +95,8 @@ def plan(
 
 def to_argv(flags: dict[str, Any]) -> list[str]:
     """``{"bf16": True, "seed": 0}`` -> ``["--bf16", "true", "--seed", "0"]``; model config fields that are
-    not ``train.run`` flags (e.g. ``ode_function_includes_residual``) go into ``--config_overrides``."""
-    from train.arguments import ALL_ARGUMENTS
+    not ``ode_transformer.train.run`` flags (e.g. ``ode_function_includes_residual``) go into ``--config_overrides``."""
+    from ode_transformer.train.arguments import ALL_ARGUMENTS
 
     known = {f.name for arguments in ALL_ARGUMENTS for f in fields(arguments)}
     config = {key: value for key, value in flags.items() if key not in known}
@@ -128,7 +128,7 @@ def train_command(run: Run, work: Path, device: str, overrides: dict[str, str]) 
     flags.update({"output_dir": str(out), "report_to": "none", "disable_tqdm": True})
     if has_checkpoint(out):
         flags["resume_from_checkpoint"] = True
-    return [sys.executable, "-m", "train.run", *to_argv(flags)]
+    return [sys.executable, "-m", "ode_transformer.train.run", *to_argv(flags)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def collect(
 
 
 def _lines(path: Path) -> list[str]:
-    """The lines of a file written one output per line (as `train.run` and `train.translate` write them)."""
+    """The lines of a file written one output per line (as `ode_transformer.train.run` and `ode_transformer.train.translate` write them)."""
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
@@ -233,7 +233,7 @@ def extra_test_commands(
     then score the hypotheses: the two commands a user would run."""
     hypotheses, scores = out / f"{test.name}_hypotheses.txt", out / f"{test.name}_metrics.json"
     translate = [
-        sys.executable, "-m", "train.translate", str(out), "--input", str(data_root / test.source),
+        sys.executable, "-m", "ode_transformer.train.translate", str(out), "--input", str(data_root / test.source),
         "--output", str(hypotheses), "--device", device, "--no_progress",
         "--batch_size", str(flags.get("per_device_eval_batch_size", 32)),
     ]  # fmt: skip
@@ -241,7 +241,7 @@ def extra_test_commands(
         translate += ["--max_source_length", str(flags["max_source_length"])]
     references = [arg for path in test.references for arg in ("--ref", str(data_root / path))]
     evaluate = [
-        sys.executable, "-m", "train.evaluate_predictions", "--task", test.task, "--hyp", str(hypotheses),
+        sys.executable, "-m", "ode_transformer.train.evaluate_predictions", "--task", test.task, "--hyp", str(hypotheses),
         "--src", str(data_root / test.source), *references, "--output", str(scores),
     ]  # fmt: skip
     return [translate, evaluate]
@@ -306,7 +306,7 @@ def execute(run: Run, args: argparse.Namespace) -> str:
             )
         return f"skip {run.id} (result exists)"
     start = run.study.source_path(run.seed, run.source)
-    # a relative source is the repository's, as train.run (run from there) reads it
+    # a relative source is the repository's, as ode_transformer.train.run (run from there) reads it
     if start is not None and not (REPO / start).is_dir():
         return (
             f"FAILED {run.id}: no source model {start} to start from; train it first (the study's source: "
@@ -373,7 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a train.run flag in every run (smoke tests; recorded in each result's flags)",
+        help="override a ode_transformer.train.run flag in every run (smoke tests; recorded in each result's flags)",
     )
     parser.add_argument(
         "--source",
@@ -406,7 +406,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"study {study.name!r} trains from scratch: --source is for studies that fine-tune a model"
         )
-    from train.data import data_root
+    from ode_transformer.train.data import data_root
 
     args.data_root = data_root(args.data_root).resolve()
     args.threads = args.threads or max((os.cpu_count() or 1) // args.parallel, 1)

@@ -6,7 +6,7 @@ mean cross-entropy per target token (nats, no label smoothing, eval mode) of the
 given their own sources, and given the next pair's source (the sources rotated by one). The gap, rotated minus
 matched, is what the source is worth to the model: 0 for a model that ignores it (a language model of the
 targets), large for one that translates or copies from it. Sources and targets are tokenised and truncated as
-`train.run` does for training.
+`ode_transformer.train.run` does for training.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from train.files import read_lines
-from train.trainer import PadCollator
-from train.translate import load_for_generation
+from ode_transformer.train.files import read_lines
+from ode_transformer.train.trainer import PadCollator
+from ode_transformer.train.translate import load_for_generation
 
 
 def target_cross_entropy(
@@ -70,10 +70,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--target", type=Path, required=True, help="references aligned with --source")
     parser.add_argument("--pairs", type=int, default=48, help="the first N pairs")
     parser.add_argument(
-        "--max-source-length", type=int, default=200, help="as the model was trained (train.run's flag)"
+        "--max-source-length",
+        type=int,
+        default=200,
+        help="as the model was trained (ode_transformer.train.run's flag)",
     )
     parser.add_argument(
-        "--max-target-length", type=int, default=100, help="as the model was trained (train.run's flag)"
+        "--max-target-length",
+        type=int,
+        default=100,
+        help="as the model was trained (ode_transformer.train.run's flag)",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # same numbers on every machine of a kind

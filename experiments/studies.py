@@ -1,6 +1,6 @@
-"""The studies of the reproduction: small declarative tables of ``train.run`` flags.
+"""The studies of the reproduction: small declarative tables of ``ode_transformer.train.run`` flags.
 
-A study is ``variants x depths x seeds``; each cell is one ``python -m train.run`` with the study's
+A study is ``variants x depths x seeds``; each cell is one ``python -m ode_transformer.train.run`` with the study's
 common flags, its size's flags, the variant's flags, the depth and the seed. Sizes:
 
 * ``cpu``: reduced models that a 2-core machine trains in the background (the runs resume);
@@ -30,7 +30,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class Metric:
-    """A test metric as ``train.run`` names it in ``hub_metrics.json`` (``results[].name``)."""
+    """A test metric as ``ode_transformer.train.run`` names it in ``hub_metrics.json`` (``results[].name``)."""
 
     name: str
     lower_is_better: bool = False
@@ -43,7 +43,7 @@ class Metric:
 @dataclass(frozen=True)
 class ExtraTest:
     """A further test set, scored on the trained model with the commands a user would run:
-    ``python -m train.translate MODEL --input SOURCE``, then ``python -m train.evaluate_predictions --task TASK``
+    ``python -m ode_transformer.train.translate MODEL --input SOURCE``, then ``python -m ode_transformer.train.evaluate_predictions --task TASK``
     against the sources and references. Paths are relative to the data root; ``metrics`` maps a key of
     ``evaluate_predictions``' JSON to the name the result records it under."""
 
@@ -105,7 +105,7 @@ class Study:
         )
 
     def flags(self, variant: str, depth: int, seed: int, size: str, source: str | None = None) -> Flags:
-        """The ``train.run`` flags of one run (later entries override earlier ones); a study with a source model
+        """The ``ode_transformer.train.run`` flags of one run (later entries override earlier ones); a study with a source model
         starts each run from it (``source_path``)."""
         if size not in self.sizes:
             raise ValueError(f"study {self.name!r} has no size {size!r}; sizes: {', '.join(self.sizes)}")
@@ -139,7 +139,7 @@ class Study:
         }
 
 
-# Flags renamed since runs were recorded, with the same meaning: train.run's --label_smoothing (the model's loss) became
+# Flags renamed since runs were recorded, with the same meaning: ode_transformer.train.run's --label_smoothing (the model's loss) became
 # transformers' --label_smoothing_factor when the model's loss became plain cross entropy (issue 42).
 RENAMED_FLAGS = {"label_smoothing": "label_smoothing_factor"}
 

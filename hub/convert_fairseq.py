@@ -1,6 +1,6 @@
 """Convert the authors' fairseq checkpoints (libeineu/ODE-Transformer, fairseq 0.6.2 fork) to an HF folder.
 
-    python -m hub.convert_fairseq CHECKPOINT OUT_DIR [--trust-pickle] [--padding-idx 1] [--overwrite]
+    python -m ode_transformer.hub.convert_fairseq CHECKPOINT OUT_DIR [--trust-pickle] [--padding-idx 1] [--overwrite]
 
 The result uses the code-compatible mode of `ODETransformerConfig`: F is the whole pre-norm layer with its
 residuals (`ode_function_includes_residual=True`), one gate / coefficient pair for the whole encoder
@@ -34,10 +34,7 @@ from typing import Any
 
 import torch
 
-try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import claim_output, refuse_occupied, staged_folder
-except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import claim_output, refuse_occupied, staged_folder
+from ..train.files import claim_output, refuse_occupied, staged_folder
 
 __all__ = [
     "FairseqCheckpointError",
@@ -431,7 +428,7 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], config) -> dict[str, t
 
 
 def _refuse_output(out_dir: Path, overwrite: bool) -> None:
-    """Refuse a file, or a non-empty folder unless ``overwrite`` (as hub.export does): files left from an earlier
+    """Refuse a file, or a non-empty folder unless ``overwrite`` (as ode_transformer.hub.export does): files left from an earlier
     model (a tokenizer.json, a card) would sit next to the new weights and describe another model."""
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} is a file; OUT_DIR must be a folder (new or empty).")

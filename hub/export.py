@@ -37,6 +37,9 @@ from modeling_ode import (
 )
 from ode_transformer.cli import program_name, report_user_error
 
+from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
+from ..train.loading import load_saved_model
+from ..train.tokenizer import check_tokenizer_files
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 from .onnx_export import (
     EXPORT_PACKAGES,
@@ -46,15 +49,6 @@ from .onnx_export import (
     export_onnx,
     require,
 )
-
-try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
-    from ..train.tokenizer import check_tokenizer_files
-    from ..train.loading import load_saved_model
-except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import InUseError, claim_output, refuse_occupied, staged_folder
-    from train.tokenizer import check_tokenizer_files
-    from train.loading import load_saved_model
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 

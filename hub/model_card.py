@@ -17,7 +17,7 @@ Metrics JSON schema (file name by convention ``hub_metrics.json`` next to the we
       "license": "apache-2.0",            # optional, default apache-2.0
       "model_name": "ode-transformer-rk2-base-wmt14-en-de",  # optional, default repo name / folder name
       "title": "ODE Transformer ...",     # optional: the card's heading (default: built from the config)
-      "example": "A sentence.",           # optional: input of the usage snippet (train.run: the first test
+      "example": "A sentence.",           # optional: input of the usage snippet (ode_transformer.train.run: the first test
                                           #   source); default a neutral one for the task
       "dataset": {                        # required: the default evaluation dataset of every result
         "name": "WMT14 English-German",   #   required: human-readable name
@@ -63,10 +63,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from ode_transformer.cli import program_name
 from ode_transformer.wording import counted
 
-try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import replacing
-except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import replacing
+from ..train.files import replacing
 
 __all__ = [
     "CITATION",
@@ -540,10 +537,7 @@ def _load_config(model_dir: Path):
     model (a BART folder, say) as one."""
     from modeling_ode import ODETransformerConfig
 
-    try:  # installed: ode_transformer.hub beside ode_transformer.train
-        from ..train.loading import ode_model_config
-    except ImportError:  # a checkout: hub/ and train/ are top-level packages
-        from train.loading import ode_model_config
+    from ..train.loading import ode_model_config
 
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; pass a folder written by save_pretrained.")

@@ -22,7 +22,7 @@ the cross-attention one per layer (the encoder's keys and values, the same for e
     past_key_values.{layer}.{stage}.key / .value    (batch, heads, past_length, head_dim), stage 0..stages-1
     past_key_values.{layer}.encoder.key / .value    (batch, heads, source_length, head_dim)
 
-and `present.*` the same names after the step. `hub.onnx_generation` decodes the graphs with onnxruntime through
+and `present.*` the same names after the step. `ode_transformer.hub.onnx_generation` decodes the graphs with onnxruntime through
 transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 """
 

@@ -1,4 +1,4 @@
-"""Decoding the ONNX graphs of `hub.onnx_export` with onnxruntime, driven by transformers' own `generate`.
+"""Decoding the ONNX graphs of `ode_transformer.hub.onnx_export` with onnxruntime, driven by transformers' own `generate`.
 
 `ORTModelForODESeq2SeqLM` is a `PreTrainedModel` with `GenerationMixin` whose encoder and forward run the three
 onnxruntime sessions instead of PyTorch modules, as 🤗 Optimum's `ORTModelForSeq2SeqLM` wraps its graphs: the
@@ -26,7 +26,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig, Pr
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from modeling_ode.modeling_ode_transformer import CACHE_FIELD, CACHE_KWARGS
+from modeling_ode.compat import CACHE_FIELD, CACHE_KWARGS
 
 from .onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, RUNTIME_PACKAGES, require
 

@@ -1,6 +1,6 @@
 """Upload an exported folder to the Hugging Face Hub.
 
-    python -m hub.push FOLDER --repo-id USER/NAME [--private] [--dry-run] [--commit-message MSG]
+    python -m ode_transformer.hub.push FOLDER --repo-id USER/NAME [--private] [--dry-run] [--commit-message MSG]
 
 Online: `HfApi().create_repo(exist_ok=True)` then `HfApi().upload_folder` (token from `hf auth login` or
 HF_TOKEN). `--dry-run` lists exactly the files (and sizes) that would be uploaded and touches no network.
@@ -57,7 +57,9 @@ def push_folder(
     if not files:
         raise ValueError(f"{folder} holds no files to upload.")
     if "config.json" not in {name for name, _ in files}:
-        raise ValueError(f"{folder} has no config.json; export it first with `python -m hub.export`.")
+        raise ValueError(
+            f"{folder} has no config.json; export it first with `python -m ode_transformer.hub.export`."
+        )
     if dry_run:
         return files
     from huggingface_hub import HfApi
@@ -84,7 +86,7 @@ def _size(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=program_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", help="folder written by `python -m hub.export`")
+    parser.add_argument("folder", help="folder written by `python -m ode_transformer.hub.export`")
     parser.add_argument("--repo-id", required=True, help="USER/NAME (or ORG/NAME) of the model repo")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Convert a pretrained residual seq2seq model to ODE blocks and save it with its tokenizer (beyond the paper).
 
-    python -m hub.upcycle SOURCE OUT_DIR [--encoder_ode_method rk2] [--decoder_ode_method euler]
+    python -m ode_transformer.hub.upcycle SOURCE OUT_DIR [--encoder_ode_method rk2] [--decoder_ode_method euler]
         [--encoder_ode_coefficients learnable] [--decoder_ode_coefficients ...] [--set FIELD=VALUE ...] [--overwrite]
 
 SOURCE: a folder or Hub id of an M2M100ForConditionalGeneration (M2M100, NLLB-200, e.g.
@@ -8,7 +8,7 @@ facebook/nllb-200-distilled-600M) or of a residual ODE Transformer. The conversi
 `ODETransformerForConditionalGeneration.from_residual` (modeling_ode/conversion.py): Euler blocks give the source's
 logits; RK blocks start as the residual block (learnable coefficients at (1, 0, ..., 0), exactly, by default).
 OUT_DIR gets the model (save_pretrained: config, weights, generation config, the modeling code), and the source's
-tokenizer where it has one; fine-tune it with ``python -m train.run --model_name_or_path OUT_DIR ...``.
+tokenizer where it has one; fine-tune it with ``python -m ode_transformer.train.run --model_name_or_path OUT_DIR ...``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-try:  # installed: ode_transformer.hub beside ode_transformer.train
-    from ..train.files import clear_folder, refuse_occupied, saving
-except ImportError:  # a checkout: hub/ and train/ are top-level packages
-    from train.files import clear_folder, refuse_occupied, saving
+from ..train.files import clear_folder, refuse_occupied, saving
 
 __all__ = ["upcycle_folder"]
 

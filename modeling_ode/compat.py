@@ -155,7 +155,7 @@ MODEL_HOOKS = (
 class; `_reorder_cache` only from a generating model that has one). Checked: transformers 5.23.0, 5.24.0."""
 
 TRAINER_HOOKS = ("_get_output_dir", "_get_grad_norm", "_load_callback_state", "_save_checkpoint")
-"""`Trainer`'s private methods that train.trainer's token-budget trainers override: where a checkpoint is written
+"""`Trainer`'s private methods that ode_transformer.train.trainer's token-budget trainers override: where a checkpoint is written
 (staged, then published whole), the gradient norm (checked for divergence), and the callback state read on
 resume. transformers has no public hook for these. Checked: transformers 5.23.0, 5.24.0."""
 

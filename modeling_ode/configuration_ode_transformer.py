@@ -68,7 +68,7 @@ PAPER_DECODING: dict[str, dict[str, int | float]] = {
     "gec": {"num_beams": 6, "length_penalty": 0.6},
 }
 # The paper's training loss: cross entropy with label smoothing 0.1. The model returns plain cross entropy (as BART
-# and Marian do); the smoothing is the Trainer's `label_smoothing_factor`, which train.run sets to this.
+# and Marian do); the smoothing is the Trainer's `label_smoothing_factor`, which ode_transformer.train.run sets to this.
 PAPER_LABEL_SMOOTHING = 0.1
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(_BASE),

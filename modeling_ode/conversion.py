@@ -13,7 +13,7 @@ Sources (`SUPPORTED`):
   final LayerNorms, fairseq's sinusoidal positions counted over non-padding tokens from padding_idx + 1
   (`position_offset = pad_token_id + 1`), sqrt(d)-scaled embeddings shared by encoder, decoder and output, biases on
   every projection. Its q/k/v projections become the fused `qkv_proj` (cross-attention: `q_proj` and `kv_proj`).
-- a residual `ODETransformerForConditionalGeneration` (Euler blocks, e.g. a `train.run` model of the residual
+- a residual `ODETransformerForConditionalGeneration` (Euler blocks, e.g. a `ode_transformer.train.run` model of the residual
   recipe): its weights as they are, its connections, positions and F kept; only the blocks change.
 
 Other seq2seq classes are refused by name where a difference cannot be expressed in this model's config
@@ -22,7 +22,7 @@ other class with the list of what converts.
 
 What does not carry over: LayerDrop (`encoder_layerdrop`/`decoder_layerdrop`, training only: fine-tuning runs
 without it; a warning says so). The loss is plain cross entropy in both models (label smoothing is the Trainer's
-`label_smoothing_factor`). The tokenizer is the source's (`hub.upcycle` saves it beside the model).
+`label_smoothing_factor`). The tokenizer is the source's (`ode_transformer.hub.upcycle` saves it beside the model).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ whose messages name the problem and the fix. The traceback is kept in a file the
 ``ValueError`` after hours of training must not lose it), and ``ODE_TRACEBACK=1`` prints it instead. Ctrl-C
 (SIGINT) ends it with one line too, ``PROG: interrupted; ADVICE`` (how to resume, from the ``KeyboardInterrupt``'s
 message where the module gives one) and exit code 130 (128 + SIGINT, as shells report it). A closed
-output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m train.translate`` and the other
+output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m ode_transformer.train.translate`` and the other
 modules keep Python's traceback: that is the developer's path.
 """
 

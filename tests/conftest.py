@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def shared_data():
     """The shared corpora folder (`train.data.data_root()`: $ODE_DATA_DIR or ../shared/data); skips without it."""
-    from train.data import data_root
+    from ode_transformer.train.data import data_root
 
     root = data_root()
     if not root.is_dir():
@@ -63,7 +63,7 @@ def dtype() -> torch.dtype:
 # --- the CPU the tests see (tests/mocked_cpus.py) ------------------------------------------------------------------
 # Every test sees an AVX2-only CPU, whatever the machine: `--precision auto` then trains in fp32 everywhere, and the
 # suite takes the same paths on any CI machine. Session-wide, so module-scoped training fixtures see it too; child
-# processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which train.precision honours.
+# processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which ode_transformer.train.precision honours.
 # `@pytest.mark.both_cpus` runs a test once more on a CPU with native bf16 (the `cpu_kind` parameter).
 from mocked_cpus import CPUS, pretend  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from train.averaging import average_checkpoints, last_checkpoints, main
+from ode_transformer.train.averaging import average_checkpoints, last_checkpoints, main
 
 STATES = [
     {
@@ -57,7 +57,7 @@ def test_last_checkpoints_sorted_by_step(tmp_path):
 def test_fewer_checkpoints_than_asked_are_named(tmp_path, caplog):
     """`--last 5` over a folder with 3 checkpoints averaged 3 without a word."""
     write_run(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="train.averaging"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.averaging"):
         assert len(last_checkpoints(tmp_path, 5)) == 3
     assert "holds 3 complete checkpoint(s), fewer than the 5 asked for: averaging 3" in caplog.text
 
@@ -94,6 +94,6 @@ def test_checkpoints_of_two_runs_are_refused(tmp_path):
 def test_incomplete_checkpoint_is_skipped(tmp_path, caplog):
     write_run(tmp_path)
     (tmp_path / "checkpoint-30" / "trainer_state.json").unlink()  # a save killed before its last file
-    with caplog.at_level(logging.WARNING, logger="train.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.checkpoints"):
         assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint-10", "checkpoint-20"]
     assert "skipping incomplete checkpoint" in caplog.text and "no trainer_state.json" in caplog.text

@@ -20,9 +20,9 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from train.arguments import parse_arguments
-from train.data import load_jsonl, load_local_file, load_tsv
-from train.run import run
+from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.data import load_jsonl, load_local_file, load_tsv
+from ode_transformer.train.run import run
 
 IDS = torch.tensor([[5, 6, 7, 2]])
 
@@ -366,7 +366,7 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     with 'Not a directory'."""
     from transformers import AutoTokenizer
 
-    from train.tokenizer import check_task_tokenizer, train_tokenizer
+    from ode_transformer.train.tokenizer import check_task_tokenizer, train_tokenizer
 
     texts = [f"the dog number {i} runs" for i in range(12)]
     train_tokenizer(texts, vocab_size=300, save_to=tmp_path / "lm_tokenizer", causal=True)

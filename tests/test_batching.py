@@ -1,4 +1,4 @@
-"""Tests of train.batching: token-budget batches, sharding, determinism, bucketing quality."""
+"""Tests of ode_transformer.train.batching: token-budget batches, sharding, determinism, bucketing quality."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from train.batching import TokenBudgetBatchSampler, seq2seq_lengths
-from train.files import read_lines
+from ode_transformer.train.batching import TokenBudgetBatchSampler, seq2seq_lengths
+from ode_transformer.train.files import read_lines
 
 MAX_TOKENS = 1024
 
@@ -111,7 +111,7 @@ def test_no_shuffle_yields_length_sorted_batches():
 
 def test_too_long_sample_gets_own_batch_with_warning(caplog):
     lengths = [3, 3, 50, 3]
-    with caplog.at_level(logging.WARNING, logger="train.batching"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.batching"):
         sampler = TokenBudgetBatchSampler(lengths, 10, seed=0)
     assert "1 sample(s) longer than max_tokens=10" in caplog.text
     batches = list(sampler)

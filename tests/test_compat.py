@@ -175,11 +175,11 @@ def test_model_hooks_are_read_by_transformers_and_listed():
 
 
 def test_trainer_hooks_exist_with_the_signatures_overridden_and_are_listed():
-    """`TRAINER_HOOKS`: each private `Trainer` method train.trainer overrides still exists, with the parameters the
+    """`TRAINER_HOOKS`: each private `Trainer` method ode_transformer.train.trainer overrides still exists, with the parameters the
     override takes, and the token-budget trainers override no other. Checked: transformers 5.23.0, 5.24.0."""
     from transformers import Trainer
 
-    from train.trainer import TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+    from ode_transformer.train.trainer import TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
 
     for hook in compat.TRAINER_HOOKS:
         ours = inspect.signature(getattr(TokenBudgetTrainer, hook)).parameters

@@ -3,7 +3,7 @@ block type and for one cached decoding step with the static cache; compiled resu
 
 Graphs are captured with the `aot_eager` backend (Dynamo + AOT autograd, the same graph capture as inductor without
 its code generation) so that the tests stay fast; one test runs inductor itself. The graph-capture tests run on
-tests/conftest.py's `device` (the GPU suite runs them on CUDA); the inductor and `train.run --torch_compile` tests
+tests/conftest.py's `device` (the GPU suite runs them on CUDA); the inductor and `ode_transformer.train.run --torch_compile` tests
 stay on the CPU."""
 
 from __future__ import annotations
@@ -129,10 +129,10 @@ def test_inductor_compiles_a_training_step_and_matches_eager():
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_data")
 def test_train_run_with_torch_compile_trains_like_eager(tmp_path):
-    """`train.run --torch_compile true` (inductor): two updates of a dropout-free tiny LM give the eager run's
+    """`ode_transformer.train.run --torch_compile true` (inductor): two updates of a dropout-free tiny LM give the eager run's
     losses (the first from the same initial weights to 1e-5; then to 1e-3, as inductor fuses differently)."""
-    from train.arguments import parse_arguments
-    from train.run import run
+    from ode_transformer.train.arguments import parse_arguments
+    from ode_transformer.train.run import run
 
     def losses(name: str, *flags: str) -> list[float]:
         out = tmp_path / name

@@ -18,11 +18,11 @@ from transformers import (
     T5Config,
 )
 
-from hub.upcycle import main as upcycle_main
 from modeling_ode import ODETransformerForConditionalGeneration
 from modeling_ode import ode as ode_module
+from ode_transformer.hub.upcycle import main as upcycle_main
+from ode_transformer.train.tokenizer import train_tokenizer
 from tests.tiny_folder import TEXTS, save_tiny_folder
-from train.tokenizer import train_tokenizer
 
 TINY_M2M100 = dict(
     d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=2,
@@ -205,7 +205,7 @@ def test_what_cannot_be_converted_exactly_is_refused_by_name(tmp_path, config, m
 
 
 def test_upcycle_command_saves_the_sources_tokenizer_beside_the_converted_model(tmp_path, capsys):
-    """`python -m hub.upcycle`: the folder holds the model and the source's tokenizer, and loads back (outside the
+    """`python -m ode_transformer.hub.upcycle`: the folder holds the model and the source's tokenizer, and loads back (outside the
     conversion) to the logits of the model the conversion made."""
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, save_to=tmp_path / "source")
     save_m2m100(tmp_path / "source", vocab_size=len(tokenizer))

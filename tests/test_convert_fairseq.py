@@ -21,7 +21,7 @@ import torch.nn.functional as nnf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hub.convert_fairseq import (  # noqa: E402
+from ode_transformer.hub.convert_fairseq import (  # noqa: E402
     FairseqCheckpointError,
     convert_fairseq_checkpoint,
     load_fairseq_checkpoint,
@@ -361,14 +361,17 @@ def test_pickle_flag(tmp_path, capsys):
         main([str(unsafe), str(tmp_path / "out")])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert error.startswith("python -m hub.convert_fairseq: error: ") and "--trust-pickle" in error
+    assert (
+        error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ")
+        and "--trust-pickle" in error
+    )
     main([str(unsafe), str(tmp_path / "out"), "--trust-pickle"])
     assert (tmp_path / "out" / "config.json").is_file()
 
 
 def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
     """A stale tokenizer.json or card left in OUT_DIR would sit beside the new weights and describe another
-    model: refused (before the checkpoint is read), as hub.export does, and --overwrite clears it."""
+    model: refused (before the checkpoint is read), as ode_transformer.hub.export does, and --overwrite clears it."""
     checkpoint = tmp_path / "checkpoint_best.pt"
     torch.save(make_checkpoint(2, "standard"), checkpoint)
     out = tmp_path / "hf"
@@ -383,7 +386,9 @@ def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
         main([str(checkpoint), str(out)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert error.startswith("python -m hub.convert_fairseq: error: ") and "--overwrite" in error
+    assert (
+        error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ") and "--overwrite" in error
+    )
     main([str(checkpoint), str(out), "--overwrite"])
     assert not (out / "tokenizer.json").exists() and (out / "model.safetensors").is_file()
     (tmp_path / "file").write_text("x")
@@ -419,4 +424,7 @@ def test_what_is_no_checkpoint_file_is_named(tmp_path, capsys):
             main([argv[0], str(tmp_path / f"out{len(argv)}"), *argv[1:]])
         assert exit_info.value.code == 2
         error = capsys.readouterr().err
-        assert error.startswith("python -m hub.convert_fairseq: error: ") and "Traceback" not in error
+        assert (
+            error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ")
+            and "Traceback" not in error
+        )

@@ -12,11 +12,11 @@ import torch
 import yaml
 from datasets import Dataset
 
-from train.arguments import parse_arguments
-from train.demo import RECIPE, main, parse_demo_arguments
-from train.precision import choose_precision
-from train.preparation import drop_long_training_pairs
-from train.provenance import REPO, git_commit
+from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.demo import RECIPE, main, parse_demo_arguments
+from ode_transformer.train.precision import choose_precision
+from ode_transformer.train.preparation import drop_long_training_pairs
+from ode_transformer.train.provenance import REPO, git_commit
 
 TINY_MODEL = [
     "--d_model", "32", "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_layers", "1",
@@ -87,7 +87,7 @@ def test_demo_tiny_honours_the_step_budget_and_is_reproducible(tmp_path, capsys)
         "seed", 42
     )  # TrainingArguments default
     assert provenance["recipe"] == "train/recipes/libreoffice_demo.yaml"
-    assert provenance["command"].startswith("python -m train.demo --output_dir ")
+    assert provenance["command"].startswith("python -m ode_transformer.train.demo --output_dir ")
     assert provenance["device"]["device"] == "cpu" and provenance["device"]["threads"] >= 1
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True

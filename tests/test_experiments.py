@@ -13,8 +13,8 @@ from experiments import report as report_module
 from experiments import run as runner
 from experiments.studies import STUDIES, run_id, size_and_batch
 from tests.tiny_folder import save_tiny_folder
-from train.files import read_lines
-from train.metrics import gleu_score
+from ode_transformer.train.files import read_lines
+from ode_transformer.train.metrics import gleu_score
 
 TINY = {
     "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "encoder_attention_heads": 2,
@@ -764,12 +764,12 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
 
     def fake_run(command, **kwargs):
         modules.append(command[2])
-        return subprocess.CompletedProcess(command, 3 if command[2] == "train.translate" else 0)
+        return subprocess.CompletedProcess(command, 3 if command[2] == "ode_transformer.train.translate" else 0)
 
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     status = runner.execute(run, args)
     assert status.startswith(f"FAILED {run.id} (exit 3;")
-    assert modules == ["train.run", "train.translate"]
+    assert modules == ["ode_transformer.train.run", "ode_transformer.train.translate"]
     assert not stale.exists() and not run.result_path(args.results).exists()
 
 

@@ -26,21 +26,21 @@ from safetensors.torch import load_file, save_file
 from test_bad_inputs import TINY_RUN, corpus, seq2seq, write
 from tiny_folder import TEXTS, save_tiny_folder
 
-import train.arguments
-import train.evaluation
-import train.loading
-import train.run
-import train.trainer
-from hub.export import export_for_hub
+import ode_transformer.train.arguments
+import ode_transformer.train.evaluation
+import ode_transformer.train.loading
+import ode_transformer.train.run
+import ode_transformer.train.trainer
 from modeling_ode import ODETransformerForConditionalGeneration
 from ode_transformer import cli
-from train import averaging, evaluate_predictions, translate
-from train.arguments import parse_arguments
-from train.data import load_local_file
-from train.files import read_lines
-from train.output_folder import save_final_model
-from train.run import run
-from train.tokenizer import train_tokenizer
+from ode_transformer.hub.export import export_for_hub
+from ode_transformer.train import averaging, evaluate_predictions, translate
+from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.data import load_local_file
+from ode_transformer.train.files import read_lines
+from ode_transformer.train.output_folder import save_final_model
+from ode_transformer.train.run import run
+from ode_transformer.train.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,11 +79,11 @@ def assert_bit_identical(actual: dict[str, torch.Tensor], expected: dict[str, to
 
 
 def _race(barrier, output_dir: str, data: str, tokenizer: str, results) -> None:
-    """One of the two racing runs: both leave the barrier together, then start train.run."""
+    """One of the two racing runs: both leave the barrier together, then start ode_transformer.train.run."""
     import os
 
-    from train.arguments import parse_arguments
-    from train.run import run
+    from ode_transformer.train.arguments import parse_arguments
+    from ode_transformer.train.run import run
 
     args = parse_arguments([*TINY_RUN, "--output_dir", output_dir, "--train_file", data, "--tokenizer_name",
                             tokenizer, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"])  # fmt: skip
@@ -202,11 +202,15 @@ def _kill(*_args, **_kwargs):
 
 
 END_PHASES = {  # phase: (object, attribute, replacement given the original)
-    "last step": (train.trainer._TokenBudgetMixin, "training_step", _kill_at_last_step),
-    "last checkpoint": (train.trainer, "publish", _kill_when_publishing),
+    "last step": (ode_transformer.train.trainer._TokenBudgetMixin, "training_step", _kill_at_last_step),
+    "last checkpoint": (ode_transformer.train.trainer, "publish", _kill_when_publishing),
     "averaging": (averaging, "average_checkpoints", lambda original: _kill),
-    "final save": (train.trainer.TokenBudgetSeq2SeqTrainer, "save_model", _kill_after_half_a_save),
-    "card": (train.evaluation, "write_card", lambda original: _kill),
+    "final save": (
+        ode_transformer.train.trainer.TokenBudgetSeq2SeqTrainer,
+        "save_model",
+        _kill_after_half_a_save,
+    ),
+    "card": (ode_transformer.train.evaluation, "write_card", lambda original: _kill),
 }
 
 
@@ -248,15 +252,15 @@ SIGKILL_RUN = """
 import os, signal, sys
 import torch
 torch.set_num_threads(int(sys.argv[1]))
-import train.trainer
-from train.run import main
+import ode_transformer.train.trainer
+from ode_transformer.train.run import main
 
-original = train.trainer.publish
+original = ode_transformer.train.trainer.publish
 def publish(staged, final):  # the kernel ends the process: no finally, no atexit, the lock files stay
     if final.name == "checkpoint-4":
         os.kill(os.getpid(), signal.SIGKILL)
     original(staged, final)
-train.trainer.publish = publish
+ode_transformer.train.trainer.publish = publish
 main(sys.argv[2:])
 """
 
@@ -287,7 +291,7 @@ def test_a_real_sigkill_leaves_lock_files_and_staging_and_resume_recovers(end_ph
 def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(end_phase_run, tmp_path, caplog):
     full, flags = end_phase_run
     before = snapshot(full)
-    with caplog.at_level(logging.WARNING, logger="train"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train"):
         assert train_run(full, *flags, "--resume_from_checkpoint", "last") == {}
     assert "holds a finished run (its last step is" in caplog.text and "nothing changed" in caplog.text
     assert snapshot(full) == before  # no checkpoint-5, no evicted checkpoint, no rewritten file
@@ -333,7 +337,7 @@ def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path
         ODETransformerForConditionalGeneration.from_pretrained(folder)
         assert f"{folder} holds non-finite weights (NaN or infinity) in 1 tensors" in caplog.text
         caplog.clear()
-        translate.load_for_generation(str(folder))  # what train.translate loads
+        translate.load_for_generation(str(folder))  # what ode_transformer.train.translate loads
         assert "holds non-finite weights" in caplog.text
 
 
@@ -345,7 +349,7 @@ def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path
 def test_truncated_training_and_test_lines_are_counted(tmp_path, caplog):
     src, tgt = corpus(tmp_path / "data")
     write(Path(src), "the dog number one runs far away over the hills\n" + "a dog\n" * 11)
-    with caplog.at_level(logging.WARNING, logger="train"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train"):
         train_run(
             tmp_path / "out", "--train_file", f"{src},{tgt}", "--max_source_length", "6", "--max_steps", "1"
         )
@@ -398,7 +402,7 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# 6. train.translate
+# 6. ode_transformer.train.translate
 
 
 def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
@@ -493,13 +497,13 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     assert output.read_text() == ""
 
     long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
-    with caplog.at_level(logging.WARNING, logger="train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
     assert "1 input line(s) longer than 128 tokens were truncated (the model's trained length" in caplog.text
     assert "--max_source_length" in caplog.text
     assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress",
                         "--max_source_length", "4"])  # fmt: skip
     assert "were truncated (--max_source_length 4); raise --max_source_length" in caplog.text
@@ -527,13 +531,13 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
         translate.main(["run/modle", "--input", str(empty)])
     # ... but a Hub id whose owner happens to name a local folder without models stays a Hub id
     (tmp_path / "someuser").mkdir()
-    train.loading.check_model_folder("someuser/ode-base")
+    ode_transformer.train.loading.check_model_folder("someuser/ode-base")
 
 
 @pytest.mark.both_cpus
 def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path):
     """A BART folder, or an ODE folder whose config.json was edited, loaded with only a warning from transformers:
-    ode-translate wrote a random model's output and train.run fine-tuned from random weights."""
+    ode-translate wrote a random model's output and ode_transformer.train.run fine-tuned from random weights."""
     from transformers import BartConfig, BartForConditionalGeneration
 
     src = write(tmp_path / "in.txt", "the dog runs\n")
@@ -591,7 +595,7 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     assert exit_info.value.code == 2
     kept = kept_traceback(
         capsys.readouterr().err,
-        rf"ode-translate: error: no model folder {re.escape(str(missing))}: give the folder train.run wrote \(its "
+        rf"ode-translate: error: no model folder {re.escape(str(missing))}: give the folder ode_transformer.train.run wrote \(its "
         r"--output_dir\) or a Hub id \(USER/NAME\)",
     )
     assert "Traceback" in kept.read_text() and "FileNotFoundError: no model folder" in kept.read_text()
@@ -628,7 +632,7 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
         cli.train()
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: ode-train [RECIPE]")
     assert (
-        train.arguments.build_parser().prog == "python -m train.run"
+        ode_transformer.train.arguments.build_parser().prog == "python -m ode_transformer.train.run"
     )  # outside the command, the module's name
 
 
@@ -658,7 +662,7 @@ FULL_DISK_RUN = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
-from train.run import main
+from ode_transformer.train.run import main
 main(sys.argv[2:])
 """
 
@@ -833,7 +837,7 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"^--encoder_ode_method 'euler' \(saved: 'rk2'\): "):
         parse_arguments([*flags, "--encoder_ode_method", "euler"])
     model_args, _, run_args, _ = parse_arguments([*flags, "--d_model", "16", "--dropout", "0.3"])
-    model = train.loading.load_trainable_model(model_args, run_args.task)
+    model = ode_transformer.train.loading.load_trainable_model(model_args, run_args.task)
     assert model.config.d_model == 16 and model.config.dropout == 0.3
     assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
 
@@ -897,7 +901,7 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     marker = _foreign_entries(folder)
-    with caplog.at_level(logging.WARNING, logger="train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
         export_for_hub(folder, tmp_path / "exported")
     assert "dropped not_a_field, trust_remote_code, auto_map.AutoTokenizer, not this project's" in caplog.text
     _assert_own_entries_only(tmp_path / "exported", marker)
@@ -910,7 +914,7 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
 @pytest.mark.both_cpus
 def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """#44 row 5: the refusal was right, but a RuntimeError traceback with exit code 1, even from ode-train."""
-    from train.checkpoints import lock_output_dir
+    from ode_transformer.train.checkpoints import lock_output_dir
 
     out = tmp_path / "out"
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
@@ -965,10 +969,13 @@ def test_ctrl_c_in_ode_train_says_how_to_go_on(tmp_path, phase):
 
 
 KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
-    "export": ("hub.model_card.write_model_card", lambda model, out: ["hub.export", str(model), str(out)]),
+    "export": (
+        "ode_transformer.hub.model_card.write_model_card",
+        lambda model, out: ["ode_transformer.hub.export", str(model), str(out)],
+    ),
     "averaging": (
         "safetensors.torch.save_file",
-        lambda run, out: ["train.averaging", str(run), "--out", str(out)],
+        lambda run, out: ["ode_transformer.train.averaging", str(run), "--out", str(out)],
     ),
 }
 KILLED_RUN = """
@@ -983,9 +990,9 @@ runpy.run_module(sys.argv[0], run_name="__main__")
 @pytest.mark.both_cpus
 @pytest.mark.parametrize("tool", list(KILL_DURING))
 def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool):
-    """#44 rows 9 and 10: after a kill, `python -m hub.export` / `python -m train.averaging` again gave a raw
+    """#44 rows 9 and 10: after a kill, `python -m ode_transformer.hub.export` / `python -m ode_transformer.train.averaging` again gave a raw
     FileExistsError traceback, and nothing marked the folder left behind as incomplete."""
-    from hub import export
+    from ode_transformer.hub import export
 
     target, argv = KILL_DURING[tool]
     source = tmp_path / "model"
@@ -1080,16 +1087,19 @@ def test_a_bad_recipe_is_one_line_naming_it(tmp_path, capsys, monkeypatch, text,
         parse_arguments(flags)
     assert str(raised.value).startswith(f"recipe {recipe}") and message in str(raised.value)
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
-    with pytest.raises(SystemExit) as exit_:  # python -m train.run (ode-train: the same line)
-        train.run.main(flags)
+    with pytest.raises(SystemExit) as exit_:  # python -m ode_transformer.train.run (ode-train: the same line)
+        ode_transformer.train.run.main(flags)
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"python -m train.run: error: {raised.value}"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"python -m ode_transformer.train.run: error: {raised.value}"
+    )
 
 
 FULL_DISK_OPTIMIZER = """
 import os, resource, signal, sys
 import torch
-from train.files import saving
+from ode_transformer.train.files import saving
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 64)

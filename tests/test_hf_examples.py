@@ -82,7 +82,7 @@ def output_lengths(predictions, pad_token_id: int) -> list[int]:
 
 @pytest.mark.parametrize("flag", ["generation_max_length", "val_max_target_length"])
 def test_the_users_output_length_caps_the_predictions(tmp_path, flag):
-    """A folder saved as train.run saves it decodes up to 8 tokens (generation config max_length 9); the user's
+    """A folder saved as ode_transformer.train.run saves it decodes up to 8 tokens (generation config max_length 9); the user's
     `--generation_max_length` (Seq2SeqTrainingArguments) or `--val_max_target_length` (which run_translation.py
     passes to predict() as max_length) caps the predictions, as for BART; so do generate()'s max_length and
     max_new_tokens, each giving the prefix of the uncapped greedy output."""

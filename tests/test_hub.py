@@ -19,16 +19,16 @@ from package_free import run_package_free  # noqa: E402
 from tiny_folder import save_tiny_folder  # noqa: E402
 
 import modeling_ode  # noqa: E402
-from hub import model_card, push  # noqa: E402
-from hub.export import export_for_hub  # noqa: E402
-from hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from train.data import data_root  # noqa: E402
-from train.files import read_lines  # noqa: E402
+from ode_transformer.hub import model_card, push  # noqa: E402
+from ode_transformer.hub.export import export_for_hub  # noqa: E402
+from ode_transformer.hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
+from ode_transformer.train.data import data_root  # noqa: E402
+from ode_transformer.train.files import read_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = (
@@ -204,7 +204,7 @@ def test_a_folder_of_another_model_type_is_refused(tmp_path):
     with pytest.raises(ValueError, match=expected):
         write_model_card(bart, metrics)
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    with pytest.raises(ValueError, match=expected):  # `python -m hub.model_card DIR METRICS`
+    with pytest.raises(ValueError, match=expected):  # `python -m ode_transformer.hub.model_card DIR METRICS`
         model_card.main([str(bart), str(tmp_path / "metrics.json")])
     assert not (bart / "README.md").exists()
 
@@ -427,7 +427,15 @@ def test_push_dry_run_lists_files_without_network(tmp_path, monkeypatch, capsys)
 
     # the module CLI, in a fresh interpreter, offline
     run = subprocess.run(
-        [sys.executable, "-m", "hub.push", str(folder), "--repo-id", "someone/ode-tiny", "--dry-run"],
+        [
+            sys.executable,
+            "-m",
+            "ode_transformer.hub.push",
+            str(folder),
+            "--repo-id",
+            "someone/ode-tiny",
+            "--dry-run",
+        ],
         cwd=REPO,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         capture_output=True,

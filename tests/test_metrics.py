@@ -20,10 +20,10 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from train.data import data_root
-from train.evaluate_predictions import main
-from train.files import read_lines
-from train.metrics import (
+from ode_transformer.train.data import data_root
+from ode_transformer.train.evaluate_predictions import main
+from ode_transformer.train.files import read_lines
+from ode_transformer.train.metrics import (
     TASK_METRIC_NAMES,
     GoldEdit,
     M2Sentence,
@@ -493,7 +493,7 @@ def test_compute_metrics_decodes_and_scores(word_tokenizer):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "train.evaluate_predictions", *args],
+        [sys.executable, "-m", "ode_transformer.train.evaluate_predictions", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -16,7 +16,9 @@ import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
-from hub.onnx_export import (
+from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
+from modeling_ode.modeling_ode_transformer import CACHE_FIELD
+from ode_transformer.hub.onnx_export import (
     DECODER,
     DECODER_WITH_PAST,
     ENCODER,
@@ -24,9 +26,7 @@ from hub.onnx_export import (
     cache_names,
     export_onnx,
 )
-from hub.onnx_generation import ONNXSeq2SeqGenerator
-from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
-from modeling_ode.modeling_ode_transformer import CACHE_FIELD
+from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
 from tests.decoding import tiny
 from tests.test_compile import BLOCKS
 
@@ -306,7 +306,7 @@ def test_every_block_type_and_attention_exports_and_matches(block, attention, ex
 def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     """The export folder's graphs decode with the folder's own generation config (beam 2, length penalty 0.6,
     8 new tokens at most) into `generate`'s tokens."""
-    from hub.export import main
+    from ode_transformer.hub.export import main
 
     model, tokenizer = save_tiny_folder(tmp_path / "model", weight_scale=3)
     out = tmp_path / "export"
@@ -323,7 +323,7 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
 def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, capsys):
     import onnx
 
-    from hub.export import main
+    from ode_transformer.hub.export import main
 
     save_tiny_folder(tmp_path / "model", weight_scale=3)
     with pytest.raises(SystemExit):
@@ -355,7 +355,7 @@ def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, ca
 def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from hub import export
+    from ode_transformer.hub import export
 
     find_spec = importlib.util.find_spec
 

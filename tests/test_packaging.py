@@ -120,7 +120,7 @@ def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch,
 
 @pytest.mark.both_cpus
 def test_a_missing_extra_imported_inside_main_is_named_too(monkeypatch, capsys):
-    """Some modules import an extra's package late (train.run draws its plots after training)."""
+    """Some modules import an extra's package late (ode_transformer.train.run draws its plots after training)."""
 
     def main():
         raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")

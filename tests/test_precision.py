@@ -1,4 +1,4 @@
-"""--precision auto: bf16 autocast only where the device computes bf16 natively (train.precision), with the CPU's
+"""--precision auto: bf16 autocast only where the device computes bf16 natively (ode_transformer.train.precision), with the CPU's
 flags and PyTorch's restrictions mocked, then through ode-train's argument parsing."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import torch
 from mocked_cpus import CPUS, GRAVITON2, GRAVITON3, SAPPHIRE_RAPIDS, SKYLAKE, ZEN3, ZEN4, pretend
 
-from train.arguments import parse_arguments
-from train.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
-from train.run import main
+from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
+from ode_transformer.train.run import main
 
 
 @pytest.fixture
@@ -79,13 +79,13 @@ RECIPE = ["libreoffice_demo", "--output_dir", "unused"]
 def test_recipe_trains_in_bf16_only_on_native_hardware(cpu, caplog):
     """ode-train's parsing: auto ends as transformers' own --bf16 (and its mixed precision), logged with why."""
     cpu(SAPPHIRE_RAPIDS)
-    with caplog.at_level(logging.INFO, logger="train"):
+    with caplog.at_level(logging.INFO, logger="ode_transformer.train"):
         *_, run_args, training_args = parse_arguments(RECIPE)
     assert run_args.precision == "auto" and training_args.bf16 and training_args.mixed_precision == "bf16"
     assert "precision: bf16 (auto: Intel Xeon has native bf16" in caplog.text
     cpu(ZEN3, "AVX2")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="train"):
+    with caplog.at_level(logging.INFO, logger="ode_transformer.train"):
         *_, training_args = parse_arguments(RECIPE)
     assert not training_args.bf16 and training_args.mixed_precision == "no"
     assert "precision: fp32 (auto: AMD EPYC 7B13 has no native bf16" in caplog.text
@@ -95,7 +95,7 @@ def test_explicit_bf16_on_an_avx2_cpu_warns_and_is_kept(cpu, caplog):
     cpu(ZEN3, "AVX2")
     for flags in (["--bf16", "true"], ["--bf16"], ["--bf16=true"], ["--precision", "bf16"]):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="train"):
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train"):
             *_, run_args, training_args = parse_arguments([*RECIPE, *flags])
         assert run_args.precision == "bf16" and training_args.bf16, flags
         assert "bf16 is emulated there" in caplog.text, flags
@@ -114,7 +114,7 @@ def test_conflicting_precision_flags_are_refused():
         parse_arguments([*RECIPE, "--precision", "bf32"])
 
 
-CHOICE = "from train.precision import choose_precision, cpu_capability; import json; " \
+CHOICE = "from ode_transformer.train.precision import choose_precision, cpu_capability; import json; " \
     "print(json.dumps([cpu_capability(), choose_precision('cpu').as_dict()]))"  # fmt: skip
 
 

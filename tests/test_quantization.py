@@ -17,7 +17,7 @@ from torch import nn
 from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
 from modeling_ode.ode import StageGate
 from modeling_ode.quantization import DynamicInt8Linear, is_quantized, quantize_int8
-from train import translate
+from ode_transformer.train import translate
 
 PAD, EOS, FIRST_WORD, VOCAB = 1, 2, 4, 24
 # int8 decoding may differ from float32 where two candidates are nearly tied; on this task and model at most this
@@ -184,8 +184,8 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, export_onnx
-    from hub.onnx_generation import ONNXSeq2SeqGenerator
+    from ode_transformer.hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, export_onnx
+    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
 
     # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
     # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs

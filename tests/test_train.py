@@ -1,4 +1,4 @@
-"""End-to-end tests of ``train.run`` on small slices of the shared corpora (CPU, tiny models)."""
+"""End-to-end tests of ``ode_transformer.train.run`` on small slices of the shared corpora (CPU, tiny models)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,20 @@ from safetensors.torch import load_file
 from tiny_folder import save_tiny_folder
 from transformers import AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments, pipeline
 
-from hub.model_card import write_model_card
 from modeling_ode import (
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
-from train import translate
-from train.arguments import build_parser, parse_arguments
-from train.card import dataset_card, training_card
-from train.data import multi30k, ptb
-from train.precision import choose_precision
-from train.run import main, run
-from train.trainer import PadCollator, lm_negative_log_likelihood
+from ode_transformer.hub.model_card import write_model_card
+from ode_transformer.train import translate
+from ode_transformer.train.arguments import build_parser, parse_arguments
+from ode_transformer.train.card import dataset_card, training_card
+from ode_transformer.train.data import multi30k, ptb
+from ode_transformer.train.precision import choose_precision
+from ode_transformer.train.run import main, run
+from ode_transformer.train.trainer import PadCollator, lm_negative_log_likelihood
 
 RECIPES = Path(__file__).resolve().parents[1] / "train" / "recipes"
 needs_data = pytest.mark.usefixtures("shared_data")
@@ -177,8 +177,8 @@ def untrained_model(multi30k_run, tmp_path) -> Path:
 
 
 def test_test_decoding_translate_and_plain_generate_agree(untrained_model, tmp_path):
-    """One decoder: ``train.run``'s test decoding (after the trainer has wrapped the model in bf16 autocast
-    for --do_eval), ``train.translate`` (other batches) and plain ``generate()`` (one batch, fresh
+    """One decoder: ``ode_transformer.train.run``'s test decoding (after the trainer has wrapped the model in bf16 autocast
+    for --do_eval), ``ode_transformer.train.translate`` (other batches) and plain ``generate()`` (one batch, fresh
     interpreter) give the same hypotheses."""
     sources = multi30k("test")["source"][:48]
     src = tmp_path / "test.en"
@@ -284,7 +284,7 @@ def test_lm_ptb_perplexity(tmp_path):
     assert values["Word perplexity"] > values["Subword perplexity"]
     assert "label_smoothing" not in json.loads((tmp_path / "config.json").read_text())  # the Trainer's now
 
-    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and train.translate.
+    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and ode_transformer.train.translate.
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     prompts = ["the company said", "it is", "in new york"]
     for prompt in prompts:
@@ -325,7 +325,11 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     model = ODETransformerForCausalLM.from_pretrained(tmp_path)
     texts = ptb("validation")["text"][:40]
     sequences = [
-        [tokenizer.bos_token_id, *ids, tokenizer.eos_token_id]  # <s> text </s>, as train.run builds them
+        [
+            tokenizer.bos_token_id,
+            *ids,
+            tokenizer.eos_token_id,
+        ]  # <s> text </s>, as ode_transformer.train.run builds them
         for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]
     ]
     rows = [{"input_ids": ids, "labels": ids} for ids in sequences]
@@ -498,14 +502,14 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
     import transformers.modeling_utils
     from transformers import Trainer
 
-    import train.trainer
+    import ode_transformer.train.trainer
 
     flags = resume_flags(save_steps=4)
     train_and_test(tmp_path / "full", *flags)
     out = tmp_path / "killed"
 
     save_file, save_optimizer, publish = (
-        transformers.modeling_utils.safe_save_file, Trainer._save_optimizer_and_scheduler, train.trainer.publish,
+        transformers.modeling_utils.safe_save_file, Trainer._save_optimizer_and_scheduler, ode_transformer.train.trainer.publish,
     )  # fmt: skip
 
     def half_written(tensors, filename, metadata=None):
@@ -517,7 +521,7 @@ def test_kill_during_checkpoint_save_then_resume_gives_the_same_weights(tmp_path
     kills = [
         (transformers.modeling_utils, "safe_save_file", half_written),
         (Trainer, "_save_optimizer_and_scheduler", lambda self, d: (_kill_when("checkpoint-8")(d), save_optimizer(self, d))),
-        (train.trainer, "publish", lambda staged, final: (_kill_when("checkpoint-8")(final), publish(staged, final))),
+        (ode_transformer.train.trainer, "publish", lambda staged, final: (_kill_when("checkpoint-8")(final), publish(staged, final))),
     ]  # fmt: skip
     for attempt, (owner, name, replacement) in enumerate(kills):
         with monkeypatch.context() as patch:
@@ -573,7 +577,7 @@ def test_gpu_recipes_say_so_in_header_and_readme(recipe):
 
 def test_help_names_the_program_the_recipe_and_puts_our_groups_first():
     text = build_parser().format_help()
-    assert text.startswith("usage: python -m train.run [RECIPE] [--flag value ...]")
+    assert text.startswith("usage: python -m ode_transformer.train.run [RECIPE] [--flag value ...]")
     positions = [text.index(f"\n{title}:\n") for title in ("positional arguments", "model", "data", "run")]
     assert positions == sorted(positions) and positions[-1] < text.index(
         "\ntransformers Seq2SeqTrainingArguments:"
@@ -607,7 +611,9 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
         main(["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")])
     assert exit_info.value.code == 2  # argparse's code for a usage error
     message = capsys.readouterr().err.splitlines()[-1]
-    assert message.startswith("python -m train.run: error: shared corpus 'multi30k' not found")
+    assert message.startswith(
+        "python -m ode_transformer.train.run: error: shared corpus 'multi30k' not found"
+    )
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
@@ -722,8 +728,8 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     """`PadCollator` = `DataCollatorForSeq2Seq` + word dropout: right padding with the pad id and its mask,
     labels padded with -100, no `labels` key without labels, and source words (never `</s>`) dropped only in
     training, with torch's global RNG."""
-    from train.data import word_dropout
-    from train.tokenizer import SPECIAL_TOKENS, train_tokenizer
+    from ode_transformer.train.data import word_dropout
+    from ode_transformer.train.tokenizer import SPECIAL_TOKENS, train_tokenizer
 
     words = len(SPECIAL_TOKENS) + 8
     tokenizer = train_tokenizer(["a b c d e f g h"] * 4, vocab_size=words, min_frequency=1, kind="word")

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
-from train import run as train_run
-from train.trainer import TokenBudgetSeq2SeqTrainer
+from ode_transformer.train import run as train_run
+from ode_transformer.train.trainer import TokenBudgetSeq2SeqTrainer
 
 seen = {}
 original = TokenBudgetSeq2SeqTrainer.get_train_dataloader

@@ -1,4 +1,4 @@
-"""A saved tiny random model with a real (tiny) byte-level BPE tokenizer, the kind of folder train.run writes."""
+"""A saved tiny random model with a real (tiny) byte-level BPE tokenizer, the kind of folder ode_transformer.train.run writes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
-from train.tokenizer import train_tokenizer
+from ode_transformer.train.tokenizer import train_tokenizer
 
 TEXTS = ["the dog runs in the park", "a cat sleeps on the warm mat", "zwei Hunde spielen im Schnee"] * 40
 
@@ -34,11 +34,11 @@ def save_tiny_folder(folder: Path, causal: bool = False, weight_scale: float = 1
             "tiny", vocab_size=len(tokenizer), decoder_start_token_id=2, **ids, **overrides
         )
         model = ODETransformerForConditionalGeneration(config)
-        # max_length as train.run saves it (BART's convention: the start token + 8 tokens)
+        # max_length as ode_transformer.train.run saves it (BART's convention: the start token + 8 tokens)
         model.generation_config.update(num_beams=2, length_penalty=0.6, early_stopping=True, max_length=9)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(weight_scale)
     model.save_pretrained(folder)
-    fit_tokenizer_to_model(tokenizer, config).save_pretrained(folder)  # as train.run saves it
+    fit_tokenizer_to_model(tokenizer, config).save_pretrained(folder)  # as ode_transformer.train.run saves it
     return model.eval(), tokenizer

@@ -35,7 +35,9 @@ from .precision import PRECISIONS, accelerator_present, choose_precision, emulat
 logger = logging.getLogger(__name__)
 
 
-RUN_MODULE = f"{__spec__.parent}.run"  # the command these arguments are for (python -m train.run)
+RUN_MODULE = (
+    f"{__spec__.parent}.run"  # the command these arguments are for (python -m ode_transformer.train.run)
+)
 TASKS = ("translation", "summarization", "gec", "lm")
 
 
@@ -62,7 +64,7 @@ class ModelArguments:
         metadata={
             "help": "convert the --model_name_or_path model (a residual ODE Transformer) to this run's ODE blocks "
             "(--encoder_ode_method, --config_overrides, ...) before training; RK blocks start as its residual "
-            "blocks (ODETransformerForConditionalGeneration.from_residual; hub.upcycle converts M2M100/NLLB-200)"
+            "blocks (ODETransformerForConditionalGeneration.from_residual; ode_transformer.hub.upcycle converts M2M100/NLLB-200)"
         },
     )
     tokenizer_name: str | None = field(
@@ -525,7 +527,7 @@ def _cpu_only_flags(argv: list[str], recipe: dict) -> list[str]:
 
 
 def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, parsed: tuple) -> tuple:
-    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (train.precision);
+    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (ode_transformer.train.precision);
     an explicit ``--bf16``/``--fp16`` is taken as asked, with a warning where bf16 would be emulated. The
     arguments are parsed again with ``--bf16 true`` rather than patched, so transformers derives its mixed
     precision settings from the flag as usual. ``run_args.precision`` ends as what was asked (auto, bf16, fp16,
@@ -563,7 +565,7 @@ def check_max_train_tokens(data_args: DataArguments) -> None:
 def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast, saved_model: str) -> None:
     """The lengths a saved model was trained and decodes with, where the flags leave them unset: its tokenizer's
     ``model_max_length`` (the source limit its run saved) and its generation config's output length (:func:`target_length`), so that
-    ``--do_train false`` scores the hypotheses ``train.translate`` writes."""
+    ``--do_train false`` scores the hypotheses ``ode_transformer.train.translate`` writes."""
     if data_args.max_source_length is None:
         limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
         data_args.max_source_length = limit if limit < 1_000_000 else DEFAULT_LENGTH

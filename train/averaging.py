@@ -1,9 +1,9 @@
 """Checkpoint averaging (the paper evaluates the average of the last 5/10 checkpoints).
 
-``python -m train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
+``python -m ode_transformer.train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
 the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
 config, generation config and tokenizer files are copied from the newest checkpoint). Only complete
-checkpoints of one training run are averaged (:mod:`train.checkpoints`). A non-empty ``--out`` is refused
+checkpoints of one training run are averaged (:mod:`ode_transformer.train.checkpoints`). A non-empty ``--out`` is refused
 unless ``--overwrite`` (which replaces it): files left there would describe another model. The folder is written as
 ``OUT.incomplete`` and renamed to ``OUT`` once complete; one writer of ``--out`` at a time.
 """
@@ -112,7 +112,9 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.averaging", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ode_transformer.train.averaging", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("output_dir", help="training output folder with checkpoint-<step> subfolders")
     parser.add_argument("--last", type=positive_int, default=5, help="how many of the newest checkpoints")
     parser.add_argument("--out", required=True, help="folder for the averaged model (empty or new)")

@@ -1,5 +1,5 @@
-"""What a run of :mod:`train.run` says about itself on its model card: the metrics document
-(``hub_metrics.json``, in the schema of :mod:`hub.model_card`) built from the run's arguments, test results
+"""What a run of :mod:`ode_transformer.train.run` says about itself on its model card: the metrics document
+(``hub_metrics.json``, in the schema of :mod:`ode_transformer.hub.model_card`) built from the run's arguments, test results
 and trained model, and the card written from it."""
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def usage_example(task: str, raw_test: Dataset) -> str:
 
 def metrics_document(settings: Settings, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
                      model, raw_test: Dataset) -> dict:  # fmt: skip
-    """The metrics JSON in the schema of :mod:`hub.model_card` (``training`` only when this run trained)."""
+    """The metrics JSON in the schema of :mod:`ode_transformer.hub.model_card` (``training`` only when this run trained)."""
     data_args, run_args = settings.data, settings.run
     document = {
         "task": HUB_TASKS[run_args.task],
@@ -184,10 +184,8 @@ def metrics_document(settings: Settings, results: list[dict], decoding: dict, m2
 
 
 def write_card(output_dir: str, document: dict) -> None:
-    """Model card from ``hub.model_card`` (a clear message when that module or its extra is missing)."""
-    name = (
-        __package__.removesuffix("train") + "hub.model_card"
-    )  # hub.model_card, or ode_transformer.hub.model_card
+    """Model card from ``ode_transformer.hub.model_card`` (a clear message when that module or its extra is missing)."""
+    name = "ode_transformer.hub.model_card"  # imported late: the [hub] extra may be missing
     try:
         model_card = importlib.import_module(name)
     except ImportError as error:

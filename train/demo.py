@@ -1,11 +1,11 @@
 """The README's main job (``make demo``): train a small ODE Transformer on CPU and evaluate it.
 
-``python -m train.demo [--max_steps N] [--output_dir DIR] [train.run flags ...]``
+``python -m ode_transformer.train.demo [--max_steps N] [--output_dir DIR] [ode_transformer.train.run flags ...]``
 
 1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``, ~15 s);
 2. trains a joint BPE (8k) on its training split;
 3. trains an RK2-gated encoder / Euler decoder model (d 192, 3-3 layers, 2K-token batches; bf16 autocast where
-   the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`train.precision`) with the recipe
+   the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`ode_transformer.train.precision`) with the recipe
    ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (900) or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
    model on every machine of a kind, however busy; the progress bar's total is the real end);
 4. translates the held-out test split (beam 4, length penalty 0.6, fp32) and scores it with
@@ -48,8 +48,10 @@ EXAMPLES = (
 
 
 def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    """Demo flags; anything else is passed on to ``train.run`` (e.g. ``--preset tiny``)."""
-    parser = argparse.ArgumentParser(prog="python -m train.demo", description=__doc__.split("\n\n")[0])
+    """Demo flags; anything else is passed on to ``ode_transformer.train.run`` (e.g. ``--preset tiny``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ode_transformer.train.demo", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--output_dir", default="outputs/libreoffice_demo")
     parser.add_argument(
         "--max_steps", type=int, default=None, help="training updates (default: the recipe's max_steps)"
@@ -118,7 +120,7 @@ def _provenance(argv: list[str], run_args, training_args) -> dict:
     device = training_args.device.type
     recipe = RECIPE.relative_to(REPO) if RECIPE.is_relative_to(REPO) else RECIPE.name
     return {
-        "command": " ".join(["python -m train.demo", *argv]),
+        "command": " ".join(["python -m ode_transformer.train.demo", *argv]),
         "recipe": str(recipe),
         "seed": training_args.seed,
         "git": git_commit(),
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         overrides += ["--max_steps", str(demo_args.max_steps)]
     if demo_args.max_test_samples is not None:
         overrides += ["--max_test_samples", str(demo_args.max_test_samples)]
-    print("[2/4] tokenizer + [3/4] training + test translation (train.run)")
+    print("[2/4] tokenizer + [3/4] training + test translation (ode_transformer.train.run)")
     settings = parse_arguments([str(RECIPE), *overrides, *passthrough])
     run_args, training_args = settings.run, settings.training
     print("      precision:", choose_precision(training_args.device, run_args.precision).describe())

@@ -2,11 +2,11 @@
 
 Examples::
 
-    python -m train.evaluate_predictions --task translation --hyp out.de --ref newstest2014.de.gz \\
+    python -m ode_transformer.train.evaluate_predictions --task translation --hyp out.de --ref newstest2014.de.gz \\
         --tokenized-bleu
-    python -m train.evaluate_predictions --task summarization --hyp out.txt --ref val.target.gz
-    python -m train.evaluate_predictions --task gec --hyp out.txt --m2 conll2013.test.m2.gz
-    python -m train.evaluate_predictions --task gleu --hyp out.txt --src dev.src.gz \\
+    python -m ode_transformer.train.evaluate_predictions --task summarization --hyp out.txt --ref val.target.gz
+    python -m ode_transformer.train.evaluate_predictions --task gec --hyp out.txt --m2 conll2013.test.m2.gz
+    python -m ode_transformer.train.evaluate_predictions --task gleu --hyp out.txt --src dev.src.gz \\
         --ref dev.ref0.gz --ref dev.ref1.gz --ref dev.ref2.gz --ref dev.ref3.gz
 
 Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). Tasks:

@@ -59,7 +59,7 @@ def test_results(
     """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
 
     Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
-    decoder of ``python -m train.translate`` and the same hypotheses plain ``model.generate`` gives: not
+    decoder of ``python -m ode_transformer.train.translate`` and the same hypotheses plain ``model.generate`` gives: not
     from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
     """
     training_args = trainer.args
@@ -92,7 +92,9 @@ def write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> 
     trainer.log_metrics("test", scores)
     trainer.save_metrics("test", scores)
     if "training" not in document:
-        logger.info("model card: python -m hub.model_card MODEL_DIR %s", out / "hub_metrics.json")
+        logger.info(
+            "model card: python -m ode_transformer.hub.model_card MODEL_DIR %s", out / "hub_metrics.json"
+        )
         return
     from .plots import plot_loss_curves
 

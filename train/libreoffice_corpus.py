@@ -31,7 +31,7 @@ folder is reused when its ``stats.json`` records the same split rule and ``max_c
 otherwise (an old folder never passes for the current corpus).
 
 Licence of the text: MPL-2.0 (LibreOffice help content; see ``usr/share/doc/*/copyright`` in
-the packages). CLI: ``python -m train.libreoffice_corpus --out DIR [--debs-dir DIR]``.
+the packages). CLI: ``python -m ode_transformer.train.libreoffice_corpus --out DIR [--debs-dir DIR]``.
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def build_corpus(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI entry point: ``python -m train.libreoffice_corpus --out DIR``."""
+    """CLI entry point: ``python -m ode_transformer.train.libreoffice_corpus --out DIR``."""
     parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_CACHE, help="output/cache folder")
     parser.add_argument("--debs-dir", type=Path, help="folder with the two .deb files (skips apt-get)")

@@ -240,7 +240,7 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     return decoding
 
 
-# Any of these makes a folder's tokenizer loadable by AutoTokenizer (train.run saves tokenizer.json).
+# Any of these makes a folder's tokenizer loadable by AutoTokenizer (ode_transformer.train.run saves tokenizer.json).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -272,7 +272,7 @@ def check_model_folder(model_name_or_path: str) -> None:
         )
         if looks_local:
             raise FileNotFoundError(
-                f"no model folder {model_name_or_path}: give the folder train.run wrote (its --output_dir) or "
+                f"no model folder {model_name_or_path}: give the folder ode_transformer.train.run wrote (its --output_dir) or "
                 "a Hub id (USER/NAME)"
             )
         return  # a Hub id
@@ -290,7 +290,7 @@ def check_model_folder(model_name_or_path: str) -> None:
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise FileNotFoundError(
             f"{folder} holds no tokenizer (tokenizer.json): copy tokenizer.json and tokenizer_config.json into it "
-            "from the run's output folder (train.run writes them beside model.safetensors)"
+            "from the run's output folder (ode_transformer.train.run writes them beside model.safetensors)"
         )
 
 
@@ -304,7 +304,7 @@ def ode_model_config(model_name_or_path: str | Path) -> dict:
         raise ValueError(
             f"{model_name_or_path} is not an ODE Transformer folder: its config.json has {found}, expected "
             f"{ODETransformerConfig.model_type!r}. Pass a folder written by an ODE Transformer's save_pretrained "
-            "(train.run's output; hub.convert_fairseq converts the authors' fairseq checkpoints)."
+            "(ode_transformer.train.run's output; ode_transformer.hub.convert_fairseq converts the authors' fairseq checkpoints)."
         )
     return config
 
@@ -343,7 +343,7 @@ def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTra
         pickles = sorted(Path(model_name_or_path).glob("*.bin"))
         fix = (
             "convert weights you trust to model.safetensors (save_pretrained writes it), or give the folder "
-            "train.run wrote"
+            "ode_transformer.train.run wrote"
         )
         raise ValueError(
             unsafe_pickle_message(pickles[0] if pickles else model_name_or_path, error, fix)

@@ -693,7 +693,7 @@ def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], di
     * ``summarization``: ``rouge1``, ``rouge2``, ``rougeL``, ``rougeLsum``;
     * ``gec``: ``bleu``, ``chrf`` and ``exact_match`` against the target side. The M2 and GLEU
       scores need the source sentences and the M2 file, so they are computed after training
-      by ``python -m train.evaluate_predictions --task gec|gleu``.
+      by ``python -m ode_transformer.train.evaluate_predictions --task gec|gleu``.
     """
     if task not in _TASK_METRICS:
         raise ValueError(f"task must be one of {sorted(_TASK_METRICS)}, got {task!r}")

@@ -1,5 +1,5 @@
 """What a result records about where it was made: the code's git commit and the device. One home for the
-studies (``experiments.run``) and the demo (``train.demo``)."""
+studies (``experiments.run``) and the demo (``ode_transformer.train.demo``)."""
 
 from __future__ import annotations
 

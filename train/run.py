@@ -1,4 +1,4 @@
-"""Train and evaluate an ODE Transformer: ``python -m train.run [RECIPE.yaml] [--flag value ...]``.
+"""Train and evaluate an ODE Transformer: ``python -m ode_transformer.train.run [RECIPE.yaml] [--flag value ...]``.
 
 One entry point for the four tasks of the paper (``--task translation|summarization|gec|lm``) on
 :class:`~transformers.Seq2SeqTrainer` / :class:`~transformers.Trainer`. Arguments are the fields of
@@ -6,23 +6,23 @@ One entry point for the four tasks of the paper (``--task translation|summarizat
 :class:`~transformers.Seq2SeqTrainingArguments`, read by :class:`~transformers.HfArgumentParser`;
 a YAML/JSON recipe given first supplies defaults that flags on the command line override::
 
-    python -m train.run train/recipes/multi30k_en_de_cpu.yaml --max_steps 200
-    accelerate launch -m train.run train/recipes/wmt14_en_de_base.yaml   # GPUs; FSDP/DeepSpeed via accelerate config
-    accelerate launch --multi_gpu --num_processes 2 -m train.run RECIPE --use_cpu true  # 2 CPU processes, gloo
+    python -m ode_transformer.train.run train/recipes/multi30k_en_de_cpu.yaml --max_steps 200
+    accelerate launch -m ode_transformer.train.run train/recipes/wmt14_en_de_base.yaml   # GPUs; FSDP/DeepSpeed via accelerate config
+    accelerate launch --multi_gpu --num_processes 2 -m ode_transformer.train.run RECIPE --use_cpu true  # 2 CPU processes, gloo
 
 A run: load the data (a shared corpus, local files or a Hub dataset, optionally streamed), train
 or reuse a joint BPE tokenizer, tokenise, build the model from a preset plus overrides, train
 with token-budget batches (resumable: ``--resume_from_checkpoint last``), optionally average the
 last checkpoints, then on the test split write the hypotheses, ``hub_metrics.json`` (the schema of
-:mod:`hub.model_card`), ``loss_curves.png`` and the model card. Everything lands in
+:mod:`ode_transformer.hub.model_card`), ``loss_curves.png`` and the model card. Everything lands in
 ``--output_dir``: the model with its tokenizer and generation config (the paper's decoding
 defaults), checkpoints, TensorBoard logs (``runs/``).
 
 ``--do_train/--do_eval/--do_predict`` select the steps as in transformers' ``run_translation.py``
 (default: train and test); ``--do_train false --model_name_or_path MODEL --test_file ...`` evaluates a
 saved model and writes only the hypotheses and metrics. The test split is decoded by
-:mod:`train.translate` in fp32 on the plain model, so the reported score is that of ``python -m
-train.translate`` and of plain ``model.generate`` on the saved folder.
+:mod:`ode_transformer.train.translate` in fp32 on the plain model, so the reported score is that of ``python -m
+ode_transformer.train.translate`` and of plain ``model.generate`` on the saved folder.
 """
 
 from __future__ import annotations

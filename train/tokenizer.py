@@ -232,7 +232,7 @@ def check_tokenizer_files(folder: str | os.PathLike) -> None:
                 else str(error)
             )
             raise ValueError(
-                f"{path} is {what}; copy it again from the folder the tokenizer was saved in (train.run writes "
+                f"{path} is {what}; copy it again from the folder the tokenizer was saved in (ode_transformer.train.run writes "
                 "tokenizer.json and tokenizer_config.json beside model.safetensors)"
             ) from None
 

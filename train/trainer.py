@@ -20,7 +20,7 @@ Training stops at the first non-finite loss or gradient norm, before the optimiz
 the weights, with an error naming the step and the learning rate (:meth:`_TokenBudgetMixin.training_step`).
 
 Checkpoints are written aside and renamed into place, with the id of the run that wrote them
-(:mod:`train.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
+(:mod:`ode_transformer.train.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
 looks complete but is not.
 """
 

@@ -1,15 +1,15 @@
 """Translate (summarise, correct, continue) text with a trained model folder, one line per input line.
 
-    python -m train.translate MODEL --input src.txt --output hyp.txt --num_beams 4
-    cat src.txt | python -m train.translate MODEL > hyp.txt
+    python -m ode_transformer.train.translate MODEL --input src.txt --output hyp.txt --num_beams 4
+    cat src.txt | python -m ode_transformer.train.translate MODEL > hyp.txt
 
-``MODEL`` is a folder written by ``train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
+``MODEL`` is a folder written by ``ode_transformer.train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
 from the folder's ``generation_config.json`` (the run's beam size, length penalty and output length);
 flags override them. Inputs are batched by length (longest first) and written back in input order. A causal
 LM continues each line as a prompt and writes the continuation only; its prompts are padded on the left, which
 changes no output (positions come from the attention mask).
 
-This is the decoder ``train.run`` scores its test split with: fp32 by default, and then the hypotheses are
+This is the decoder ``ode_transformer.train.run`` scores its test split with: fp32 by default, and then the hypotheses are
 the ones plain ``model.generate`` gives, whatever the batching. ``--bf16`` runs the model under bf16
 autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the precision with a score).
 ``--quantize int8`` runs the Linear layers in dynamic int8 on a CPU (``modeling_ode.quantization``): faster than
@@ -253,7 +253,9 @@ def _parser() -> argparse.ArgumentParser:
         prog=program_name(__spec__.name),
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
     )
-    parser.add_argument("model", help="model folder (train.run output, save_pretrained) or Hub id")
+    parser.add_argument(
+        "model", help="model folder (ode_transformer.train.run output, save_pretrained) or Hub id"
+    )
     parser.add_argument("--input", default="-", help="text file, one input per line (.gz ok); '-' = stdin")
     parser.add_argument("--output", default="-", help="file for the outputs, one per line; '-' = stdout")
     parser.add_argument(

@@ -10,7 +10,7 @@ import datasets
 import evaluate
 
 try:  # the repository
-    from train.metrics import m2_score, parse_m2
+    from ode_transformer.train.metrics import m2_score, parse_m2
 except ImportError:  # the [train] extra
     from ode_transformer.train.metrics import m2_score, parse_m2
 
