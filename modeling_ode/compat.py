@@ -206,6 +206,23 @@ def compiled_graph_count() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
+def graph_breaks(function, *args) -> tuple[int, int, list]:
+    """How dynamo splits ``function(*args)``: its graph count, graph-break count and the reasons of the breaks,
+    from the private `torch._dynamo.explain` (torch.compiler has no public equivalent). Checked: torch 2.13.0."""
+    import torch._dynamo
+
+    explanation = torch._dynamo.explain(function)(*args)
+    return explanation.graph_count, explanation.graph_break_count, explanation.break_reasons
+
+
+def inductor_fallback_random_enabled() -> bool:
+    """Whether inductor compiles random operators with eager's generator (its private
+    `torch._inductor.config.fallback_random`; see `inductor_fallback_random`). Checked: torch 2.13.0."""
+    import torch._inductor.config
+
+    return bool(torch._inductor.config.fallback_random)
+
+
 @contextlib.contextmanager
 def inductor_fallback_random(enabled: bool) -> Iterator[None]:
     """Within the block, inductor compiles random operators (dropout) with eager's generator instead of its own

@@ -20,6 +20,7 @@ from modeling_ode import (
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
+from modeling_ode.compat import attention_implementation
 from ode_transformer.train.arguments import parse_arguments
 from ode_transformer.train.data import load_jsonl, load_local_file, load_tsv
 from ode_transformer.train.run import run
@@ -169,7 +170,7 @@ def test_truncated_or_empty_safetensors_named(tmp_path, keep, fragment):
 
 def test_output_attentions_under_sdpa_falls_back_to_eager():
     model = seq2seq()
-    assert model.config._attn_implementation == "sdpa"
+    assert attention_implementation(model.config) == "sdpa"
     out = model(input_ids=IDS, decoder_input_ids=IDS, output_attentions=True)
     model.set_attn_implementation("eager")
     eager = model(input_ids=IDS, decoder_input_ids=IDS, output_attentions=True)

@@ -234,13 +234,12 @@ def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setti
     """`benchmarks.bench_compile --quick --dropout`: residual eager and compiled, for dropout 0.1 with inductor's
     random numbers, with aten's (`fallback_random`) and for dropout 0, each row compiled afresh (a row that reused
     the previous row's graphs would never read its setting); the setting is inductor's again after."""
-    import torch._inductor.config
-
     from benchmarks import bench_compile
+    from modeling_ode.compat import inductor_fallback_random_enabled
 
     results = bench_compile.main(["--quick", "--dropout", "--out-dir", str(tmp_path), "--threads", "1"])
     assert list(results["dropout"]) == [label for label, _, _ in bench_compile.DROPOUT_PROBE]
-    assert torch._inductor.config.fallback_random is False
+    assert inductor_fallback_random_enabled() is False
     report = (tmp_path / "compile-dropout.md").read_text()
     for label, train in results["dropout"].items():
         assert train["eager_step_s"] > 0 and train["compiled_step_s"] > 0 and train["compiled_graphs"] >= 1

@@ -242,7 +242,24 @@ def test_inductor_fallback_random_is_set_within_the_block_only():
     before = torch._inductor.config.fallback_random
     with compat.inductor_fallback_random(not before):
         assert torch._inductor.config.fallback_random is (not before)
-    assert torch._inductor.config.fallback_random is before
+        assert compat.inductor_fallback_random_enabled() is (not before)
+    assert torch._inductor.config.fallback_random is before and compat.inductor_fallback_random_enabled() is before
+
+
+def test_graph_breaks_counts_the_graphs_and_the_breaks_with_their_reasons():
+    """`graph_breaks` (`torch._dynamo.explain`). Checked: torch 2.13.0."""
+
+    def straight(x):
+        return torch.sin(x) + 1
+
+    def broken(x):
+        y = torch.sin(x)
+        print("a graph break")  # dynamo cannot trace print: two graphs, one break
+        return y + 1
+
+    assert compat.graph_breaks(straight, torch.ones(3))[:2] == (1, 0)
+    graphs, breaks, reasons = compat.graph_breaks(broken, torch.ones(3))
+    assert (graphs, breaks) == (2, 1) and len(reasons) == 1
 
 
 def test_raise_recompile_limit_raises_and_never_lowers():

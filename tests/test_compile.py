@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
+from modeling_ode.compat import graph_breaks
 from tests.decoding import tiny
 
 BLOCKS = {
@@ -56,14 +57,14 @@ def training_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_training_forward_has_no_graph_break(block, device):
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(config(block, dropout=0.1)).train().to(device)
-    explanation = torch._dynamo.explain(training_loss)(model, batch(model.config.vocab_size, device))
-    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    graphs, breaks, reasons = graph_breaks(training_loss, model, batch(model.config.vocab_size, device))
+    assert (graphs, breaks) == (1, 0), reasons
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_fullgraph_training_step_equals_eager(block, device):
     """Forward and backward compiled as one graph (no dropout, so both runs compute the same function)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(config(block)).train().to(device)
     inputs = batch(model.config.vocab_size, device)
@@ -83,15 +84,15 @@ def test_causal_lm_training_forward_has_no_graph_break(device):
     model = ODETransformerForCausalLM(config("rk4", causal=True, dropout=0.1)).train().to(device)
     inputs = batch(model.config.vocab_size, device)
     inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
-    explanation = torch._dynamo.explain(training_loss)(model, inputs)
-    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    graphs, breaks, reasons = graph_breaks(training_loss, model, inputs)
+    assert (graphs, breaks) == (1, 0), reasons
 
 
 @pytest.mark.parametrize("block", ["rk2_gated", "rk4"])
 def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block, device):
     """Prefill eagerly into a static cache with a slot per (layer, stage), then one decoding step compiled with
     `fullgraph=True`: the logits of the eager step from the same cache state."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     model = ODETransformerForCausalLM(config(block, causal=True)).eval().to(device)
     generator = torch.Generator().manual_seed(1)
@@ -115,7 +116,7 @@ def test_one_cached_decoding_step_with_the_static_cache_is_one_graph(block, devi
 
 @pytest.mark.slow
 def test_inductor_compiles_a_training_step_and_matches_eager():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(config("rk2_gated")).train()
     inputs = batch(model.config.vocab_size)

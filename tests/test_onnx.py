@@ -17,7 +17,7 @@ import torch
 from tiny_folder import save_tiny_folder
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
-from modeling_ode.modeling_ode_transformer import CACHE_FIELD
+from modeling_ode.compat import CACHE_FIELD, attention_implementation
 from ode_transformer.hub.onnx_export import (
     DECODER,
     DECODER_WITH_PAST,
@@ -198,7 +198,7 @@ def exported(trained, tmp_path_factory):
 @pytest.mark.parametrize("graph", GRAPHS)
 def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
     folder = exported(exporter)
-    assert trained.config._attn_implementation == "sdpa"
+    assert attention_implementation(trained.config) == "sdpa"
     assert_graphs_match(trained, folder, [graph])
 
 
