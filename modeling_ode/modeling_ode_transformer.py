@@ -149,9 +149,9 @@ def fast_dropout(hidden: torch.Tensor, p: float, training: bool) -> torch.Tensor
     """Inverted dropout, as `nnf.dropout`, with a faster CPU path.
 
     On CPU `nnf.dropout` draws one Bernoulli sample per element and keeps a float32 noise tensor for the
-    backward pass; that is about 15% of a training step of the base model. Here four 16-bit uniforms come from
-    each 64-bit draw of torch's generator and the mask kept for backward is boolean: about 3x faster, a quarter
-    of the memory. The drop rate is p rounded to a multiple of 2^-16 and kept values are scaled by the exact keep
+    backward pass, a real share of a training step (docs/performance.md). Here four 16-bit uniforms come from
+    each 64-bit draw of torch's generator and the mask kept for backward is boolean: a quarter of the random
+    draws and of the memory. The drop rate is p rounded to a multiple of 2^-16 and kept values are scaled by the exact keep
     rate, so E[dropout(x)] = x still holds. Other devices, and `torch.compile` (which fuses it and cannot trace
     the in-place `random_`), use `nnf.dropout`.
     """

@@ -327,8 +327,8 @@ EMA_ALPHA_SIZES: dict[EmaAlphaSizeName, str] = {
     "dimension": "one alpha per hidden dimension (the released PCformer's `alpha_type='vector'`)",
 }
 
-# What the gate of the gated modes reads (Eq. (learnable) reads the raw stages). Beyond the paper: in every trained
-# model here the paper's gate saturates (g = 0 or 1 on > 98% of tokens); its logit [F1, F2] W + b grows with the
+# What the gate of the gated modes reads (Eq. (learnable) reads the raw stages). Beyond the paper: in the trained
+# models here the paper's gate saturates (g near 0 or 1 on most tokens: docs/model.md); its logit [F1, F2] W + b grows with the
 # stages' norms, which nothing bounds (with the code's F a stage carries the whole residual stream). The
 # layer-normalised reading is the authors' `rk_norm` (libeineu/shortformer), applied to the gate's input only.
 GateInputName = Literal["stages", "layer_norm"]
