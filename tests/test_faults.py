@@ -1185,3 +1185,59 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
     torch.save({"args": Payload(ran)}, checkpoint / "training_args.bin")
     train_run(out, *flags, "--resume_from_checkpoint", "last")
     assert not ran.exists() and (out / "trainer_state.json").is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 56: a finished run's results are never replaced; what a model folder holds is checked before use
+
+EVALUATE = ["--do_train", "false", "--do_predict", "true", "--num_beams", "1", "--max_target_length", "8"]
+
+
+@pytest.mark.both_cpus
+def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
+    tmp_path, monkeypatch, capsys
+):
+    """#56 row 1: `ode-train --do_train false --do_predict true --model_name_or_path RUN --output_dir RUN` replaced
+    the run's hub_metrics.json (its training section gone), hypotheses and scores, rc 0, with no lock."""
+    from ode_transformer.train.checkpoints import lock_output_dir
+    from ode_transformer.train.files import InUseError
+
+    data = ",".join(corpus(tmp_path / "data"))
+    finished = tmp_path / "run"
+    train_run(finished, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    assert "training" in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    before = snapshot(finished)
+    evaluate = ["--model_name_or_path", str(finished), "--test_file", data, *EVALUATE]
+    message = (
+        f"{finished} already holds the results of a training run that this evaluation would replace "
+        "(hub_metrics.json, test_hypotheses.txt, test_results.json); write the evaluation into a fresh "
+        "--output_dir, or pass --overwrite_output_dir true to replace them"
+    )
+    with pytest.raises(FileExistsError, match=f"^{re.escape(message)}$"):
+        train_run(finished, *evaluate)
+    assert snapshot(finished) == before
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["ode-train", *TINY_RUN, "--output_dir", str(finished), *evaluate])
+    with pytest.raises(SystemExit) as exit_:
+        cli.train()
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines()[-1].startswith(
+        f"ode-train: error: {message}"
+    )
+    assert snapshot(finished) == before
+
+    fresh = tmp_path / "evaluation"
+    with (
+        lock_output_dir(fresh),
+        pytest.raises(InUseError, match=f"^{re.escape(str(fresh))} is in use by another run"),
+    ):
+        train_run(fresh, *evaluate)  # a second writer of the folder is refused, as a second training run is
+    document = train_run(fresh, *evaluate)
+    assert "training" not in document and (fresh / "test_hypotheses.txt").is_file()
+    assert not any((fresh / name).exists() for name in (".run.lock", ".run.pid"))
+
+    train_run(
+        finished, *evaluate, "--overwrite_output_dir", "true"
+    )  # asked for: replaced, nothing else deleted
+    assert "training" not in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
+    assert (finished / "README.md").read_bytes() == before["README.md"][0]

@@ -243,7 +243,8 @@ class RunArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming)"
+            "help": "delete what --output_dir holds first (else a non-empty one is refused unless resuming); "
+            "with --do_train false, replace the results (hypotheses, scores) a run or evaluation left there"
         },
     )
     precision: str = field(

@@ -100,6 +100,36 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
     return resume
 
 
+EVALUATION_RESULTS = {
+    "do_predict": ("hub_metrics.json", "test_hypotheses.txt", "test_results.json"),
+    "do_eval": ("eval_results.json",),
+}
+"""The files an evaluation (``--do_train false``) writes into ``--output_dir`` (and ``all_results.json``, whose keys
+of the same splits it updates), by the flag that writes them."""
+
+
+def refuse_to_replace_results(training_args: Seq2SeqTrainingArguments, overwrite: bool) -> None:
+    """An evaluation (``--do_train false``) writes into a folder without replacing a run's results: pointed at a
+    finished run's own folder, it had replaced its ``hub_metrics.json`` (the training section gone), hypotheses and
+    scores while the model card kept showing the old ones. ``overwrite`` (``--overwrite_output_dir true``) replaces
+    them; with ``--do_train false`` nothing else in the folder is deleted. Called with the folder's lock held.
+
+    Raises:
+        FileExistsError: the files it would replace, and the two fixes.
+    """
+    out = Path(training_args.output_dir)
+    names = [
+        name for flag, files in EVALUATION_RESULTS.items() if getattr(training_args, flag) for name in files
+    ]
+    found = [name for name in names if (out / name).exists()]
+    if found and not overwrite:
+        whose = " of a training run" if (out / TRAINER_STATE).is_file() else ""
+        raise FileExistsError(
+            f"{out} already holds the results{whose} that this evaluation would replace ({', '.join(found)}); "
+            "write the evaluation into a fresh --output_dir, or pass --overwrite_output_dir true to replace them"
+        )
+
+
 def read_json(path: Path) -> dict | None:
     """A JSON file's object, or ``None`` when it is missing or cut off (a kill while it was written)."""
     try:

@@ -69,6 +69,7 @@ from .loading import (
 from .output_folder import (
     load_average,
     prepare_output_dir,
+    refuse_to_replace_results,
     restore_trained,
     resume_advice,
     run_finished,
@@ -156,14 +157,19 @@ def run(settings: Settings) -> dict:
     described in the module docstring; returns the metrics document (empty without ``--do_predict`` and on
     processes other than the main one).
 
-    A training run holds the output folder's lock throughout (:func:`train.checkpoints.lock_output_dir`): a
-    second run started into it at the same time is refused.
+    Every run that writes into the output folder (training, evaluation, test) holds its lock throughout
+    (:func:`train.checkpoints.lock_output_dir`): a second run started into it at the same time is refused. An
+    evaluation alone (``--do_train false``) does not replace a run's results unless ``--overwrite_output_dir``
+    (:func:`train.output_folder.refuse_to_replace_results`).
     """
     training_args = settings.training
+    writes = training_args.do_train or training_args.do_eval or training_args.do_predict
     try:
-        if not (training_args.do_train and training_args.should_save):
+        if not (writes and training_args.should_save):
             return _run(settings)
         with lock_output_dir(training_args.output_dir):
+            if not training_args.do_train:
+                refuse_to_replace_results(training_args, settings.run.overwrite_output_dir)
             return _run(settings)
     except (
         KeyboardInterrupt
@@ -192,7 +198,7 @@ def _run(settings: Settings) -> dict:
             saved_model = load_trainable_model(model_args, run_args.task)
     if own_tokenizer is not None:
         resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
-    # One run per output folder; evaluation alone writes only hypotheses and metrics, so it may use any folder.
+    # One run per output folder; evaluation alone writes only hypotheses and metrics (never over a run's: run()).
     resume = (
         prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
     )
