@@ -407,3 +407,19 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     train(tmp_path / "lm", "--train_file", data.split(",")[0], "--task", "lm",
           "--tokenizer_name", str(tmp_path / "lm_tokenizer"))  # fmt: skip
     assert (tmp_path / "lm" / "tokenizer.json").is_file()
+
+
+@pytest.mark.both_cpus
+@pytest.mark.parametrize(
+    ("line", "takes"),
+    [("max_steps: ten", "int"), ('learning_rate: "fast"', "float"), ("eval_strategy: sometimes", "one of")],
+)
+def test_a_recipe_string_the_flag_does_not_take_names_the_recipe_and_its_key(tmp_path, line, takes):
+    """#56 row 11: `max_steps: "ten"` in a recipe gave argparse's `argument --max_steps/--max-steps: invalid int
+    value: 'ten'`, blaming a flag the user never typed and not naming the recipe."""
+    recipe = write(tmp_path / "recipe.yaml", f"{line}\n")
+    key = line.split(":")[0]
+    with pytest.raises(ValueError) as raised:
+        parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out"), "--train_file", "a,b"])
+    message = str(raised.value)
+    assert message.startswith(f"recipe {recipe}: {key}: ") and f"(it takes {takes}" in message

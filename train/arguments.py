@@ -378,8 +378,9 @@ def check_recipe_values(parser: HfArgumentParser, recipe: dict, path: Path) -> N
     for key, value in recipe.items():
         action = actions[key]
         many = action.nargs in ("+", "*")
-        if value is None or (isinstance(value, str) and not many):
-            continue  # a string is converted (and checked) by argparse, as on the command line
+        if value is None:
+            continue
+        # a string too: argparse would convert it as the default of a flag the user never typed, and blame that flag
         if isinstance(value, dict) or (isinstance(value, list) and not many):
             raise RecipeError(
                 f"recipe {path}: {key}: {value!r} is a {type(value).__name__}; give one value (`{key}: VALUE`)"
