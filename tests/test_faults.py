@@ -1241,3 +1241,57 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
     assert "training" not in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
     assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
     assert (finished / "README.md").read_bytes() == before["README.md"][0]
+
+
+def _raw_pickle(path: Path, payload: object) -> None:
+    import pickle
+
+    path.write_bytes(pickle.dumps({"state": payload}))
+
+
+def _legacy_torch(path: Path, payload: object) -> None:
+    torch.save({"state": payload}, path, _use_new_zipfile_serialization=False)
+
+
+def _cut(path: Path, _payload: object) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+CHECKPOINT_DAMAGE = {  # file, damage, the start of what is said about it
+    "raw pickle rng_state": ("rng_state.pth", _raw_pickle, "holds objects other than tensors and plain values ("),
+    "legacy torch optimizer": ("optimizer.pt", _legacy_torch, "holds objects other than tensors and plain values ("),
+    "legacy torch scheduler": ("scheduler.pt", _legacy_torch, "holds objects other than tensors and plain values ("),
+    "truncated optimizer": ("optimizer.pt", _cut, "cannot be read (PytorchStreamReader failed reading zip archive"),
+    "empty rng_state": ("rng_state.pth", lambda path, _: path.write_bytes(b""), "cannot be read (EOFError)"),
+    "truncated weights": ("model.safetensors", _cut, "is truncated or not a safetensors file (it holds "),
+}  # fmt: skip
+
+
+@pytest.mark.both_cpus
+def test_a_checkpoint_file_in_any_pickle_format_or_cut_off_is_refused_by_name(tmp_path):
+    """#56 rows 12 and 13: a payload in a raw-pickle or legacy (non-zip) torch file passed the up-front check (it
+    skipped non-zip files) and stopped the run with a 43-line UnpicklingError suggesting weights_only=False; a
+    cut-off optimizer.pt or model.safetensors gave `[Errno 22] Invalid argument` or `incomplete metadata`, the
+    file not named. Now each is refused before anything runs, by name, with the fix; nothing is unpickled."""
+    data = ",".join(corpus(tmp_path / "data"))
+    out = tmp_path / "out"
+    flags = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
+    train_run(out, *flags)
+    (out / "trainer_state.json").unlink()  # the run did not finish: it resumes from checkpoint-2
+    checkpoint, ran = out / "checkpoint-2", tmp_path / "ran"
+    for name, damage, said in CHECKPOINT_DAMAGE.values():
+        original = (checkpoint / name).read_bytes()
+        damage(checkpoint / name, Payload(ran))
+        with pytest.raises(ValueError) as raised:
+            train_run(out, *flags, "--resume_from_checkpoint", "last")
+        message = str(raised.value)
+        assert message.startswith(f"{checkpoint / name} {said}"), message
+        assert message.endswith(
+            "resume from another checkpoint (its folder as --resume_from_checkpoint), or start the run again with "
+            "--overwrite_output_dir true"
+        )
+        assert "weights_only" not in message and "\n" not in message
+        (checkpoint / name).write_bytes(original)
+    assert not ran.exists()
+    train_run(out, *flags, "--resume_from_checkpoint", "last")  # the files restored: it resumes
+    assert (out / "trainer_state.json").is_file()

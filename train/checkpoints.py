@@ -157,31 +157,51 @@ _RESUMED_PICKLES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth
 
 
 def check_checkpoint_pickles(checkpoint: str | Path) -> None:
-    """Refuse, before anything else happens, a checkpoint whose pickle files hold more than tensors and plain
-    values: the trainer would stop on them at its first step with torch's UnpicklingError (never running them).
-    Only the pickles are read (``mmap``: the tensors' data stays on the disk).
+    """Refuse, before anything else happens, a checkpoint whose files the resumed run could not use: a pickle file
+    holding more than tensors and plain values, in any of torch's formats (zip, the legacy non-zip one, or a raw
+    pickle), which torch's UnpicklingError would stop at the first step (never running it), or a cut-off or damaged
+    ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` or ``model.safetensors``, which stopped the run with
+    ``[Errno 22] Invalid argument`` or ``incomplete metadata``, the file not named. The pickles are read with
+    ``torch.load(weights_only=True)`` (zip files with ``mmap``: the tensors' data stays on the disk); the weights'
+    header is checked against the file's size.
 
     Raises:
-        ValueError: the file named, with what it holds and the fix.
+        ValueError: the file named, with what is wrong and the fix.
     """
     import pickle
+    import zipfile
 
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
+    from modeling_ode.modeling_ode_transformer import check_safetensors_file
+
     folder = Path(checkpoint)
+    fix = (
+        "resume from another checkpoint (its folder as --resume_from_checkpoint), or start the run again "
+        "with --overwrite_output_dir true"
+    )
+    if (folder / WEIGHTS).is_file():
+        try:
+            check_safetensors_file(folder / WEIGHTS)
+        except OSError as error:
+            raise ValueError(f"{str(error).split('; ')[0]}; {fix}") from None
     for path in sorted(p for pattern in _RESUMED_PICKLES for p in folder.glob(pattern)):
         try:
             with safe_globals():
-                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
         except pickle.UnpicklingError as error:
-            fix = (
-                "resume from another checkpoint (its folder as --resume_from_checkpoint), or start the run again "
-                "with --overwrite_output_dir true"
-            )
-            raise ValueError(unsafe_pickle_message(path, error, fix)) from None
-        except Exception:  # another problem (an old, non-zip format): the trainer reports it
-            continue
+            if "GLOBAL" in str(error) or "Unsupported" in str(error):
+                raise ValueError(unsafe_pickle_message(path, error, fix)) from None
+            raise ValueError(_damaged(path, error, fix)) from None
+        except Exception as error:  # a cut-off zip, an empty file, bytes of something else
+            raise ValueError(_damaged(path, error, fix)) from None
+
+
+def _damaged(path: Path, error: Exception, fix: str) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = lines[0].split(". ")[0] if lines else type(error).__name__
+    return f"{path} cannot be read ({reason}): it is cut off or damaged (an interrupted copy or save); {fix}"
 
 
 def unsafe_pickle_message(path: str | Path, error: Exception, fix: str) -> str:
