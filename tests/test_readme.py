@@ -26,9 +26,34 @@ def test_readme_quickstart_runs():
 
 
 def test_readme_starts_with_the_two_commands():
+    """#55 item 11: the first lines are the two commands, one short sentence each; their figures and history
+    (commit hashes, test counts, "failing there and fixed since") live in the docs."""
     lines = README.read_text().splitlines()
-    commands = [line.split("#")[0].strip() for line in lines[:6] if line.startswith("make ")]
-    assert commands == ["make demo", "make test"]
+    assert lines[:3] == ["# ode-transformer", "", "```bash"] and lines[5] == "```"
+    commands = [line.split("#", 1) for line in lines[3:5]]
+    assert [command.strip() for command, _ in commands] == ["make demo", "make test"]
+    for _, sentence in commands:
+        assert len(sentence) <= 100 and sentence.count(";") == 0, sentence
+        assert not re.search(r"\b[0-9a-f]{7,40}\b|\.json|fixed since|BLEU", sentence), sentence
+
+
+def _install_block() -> str:
+    text = README.read_text()
+    return re.search(r"## Installing\n.*?```bash\n(.*?)```", text, re.DOTALL).group(1)
+
+
+def test_readme_installs_what_its_commands_need():
+    """#55 items 4 and 5: `python -m build --wheel` failed with "No module named build" (never installed), and the
+    Share section's `ode-export --onnx` needs the [onnx] extra, which the install block did not list."""
+    text = README.read_text()
+    for match in re.finditer(r"python -m build", text):
+        assert "pip install build" in text[: match.start()], text[match.start() - 200 : match.end()]
+    block = _install_block()
+    assert "pip install build" in block and block.index("pip install build") < block.index("python -m build")
+    for extra, command in (("train", "ode-train"), ("hub", "ode-export"), ("onnx", "ode-export --onnx")):
+        uses = [line for line in text.splitlines() if command in line and not line.startswith("pip ")]
+        assert uses, command
+        assert re.search(rf'pip install "\.\[{extra}\]".*{re.escape(command)}', block), extra
 
 
 def _config_table_row(field: str) -> str:
@@ -220,7 +245,7 @@ def test_the_documented_fsdp_flags_parse(tmp_path):
 
 
 def test_the_demo_figures_are_those_of_its_committed_runs():
-    """The README's demo line and docs/training.md quote results/demo/cpu-fp32-avx2.json, the current recipe on a CPU
+    """docs/training.md quotes results/demo/cpu-fp32-avx2.json, the current recipe on a CPU
     without native bf16, written by `python -m ode_transformer.train.demo --results FILE` (what `make demo` runs, plus the copy) from a
     clean checkout; the earlier bf16 run (results/demo/cpu.json, another recipe) is quoted with its machine."""
     import yaml
@@ -239,18 +264,15 @@ def test_the_demo_figures_are_those_of_its_committed_runs():
     assert current["steps"] == recipe["max_steps"] and current["d_model"] == recipe["d_model"]
     assert current["provenance"]["precision"]["precision"] == "fp32"
     assert current["provenance"]["device"]["capability"] == "AVX2"
-    line = next(line for line in README.read_text().splitlines() if line.startswith("make demo"))
-    assert f"{current['steps']:,} updates" in line and f"test BLEU {current['bleu']:.1f}" in line
-    assert f"{current['wall_seconds'] / 60:.1f} min" in line
     training = (REPO / "docs" / "training.md").read_text()
+    summary = f"{current['steps']} updates, {current['wall_seconds'] / 60:.1f} min, test BLEU {current['bleu']:.1f}"
+    assert summary in " ".join(training.split())
+    assert f"**{current['wall_seconds'] / 60:.1f} minutes**" in training
     for run in runs.values():
         assert f"| {run['steps']:,} | **{run['bleu']:.2f}** | **{run['chrf']:.2f}** |" in training
     assert f"| {current['copy_baseline_bleu']:.2f} | {current['copy_baseline_chrf']:.2f} |" in training
     bf16 = runs["cpu.json"]
-    assert (
-        f"{bf16['bleu']:.2f}" in README.read_text()
-        and f"{bf16['wall_seconds'] / 60:.1f} min" in README.read_text()
-    )
+    assert f"{bf16['bleu']:.2f}" in training and f"{bf16['wall_seconds'] / 60:.1f} min" in training
 
 
 # Words that claim an order, a gain or its absence: a sentence may use them only about a gap its own test supports
