@@ -1295,3 +1295,41 @@ def test_a_checkpoint_file_in_any_pickle_format_or_cut_off_is_refused_by_name(tm
     assert not ran.exists()
     train_run(out, *flags, "--resume_from_checkpoint", "last")  # the files restored: it resumes
     assert (out / "trainer_state.json").is_file()
+
+
+@pytest.mark.both_cpus
+def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_allocating(
+    tmp_path, monkeypatch
+):
+    """#56 row 15: `vocab_size` 2e8 in config.json allocated 12.8 GB before any check; a JSON list gave a raw
+    TypeError from inside transformers. Both are now refused by name before the model is built."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    src = write(tmp_path / "in.txt", "the dog\n")
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(ODETransformerForConditionalGeneration, "from_pretrained", never)
+    config_path.write_text(json.dumps({**config, "vocab_size": 200_000_000}), encoding="utf-8")
+    message = (
+        f"^{re.escape(str(config_path))} asks for a model of [0-9,]+ parameters \\(vocab_size 200000000, .*\\), but "
+        f"{re.escape(str(folder / 'model.safetensors'))} holds [0-9,]+: the config does not describe these weights.*"
+        "; copy config.json again from the folder the model was saved in$"
+    )
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        export_for_hub(folder, tmp_path / "exported")
+
+    config_path.write_text(json.dumps([config]), encoding="utf-8")
+    message = (
+        f"^{re.escape(str(config_path))} holds a JSON list, not an object of fields .*; copy it again from"
+    )
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()

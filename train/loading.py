@@ -7,7 +7,9 @@ model of a run: a fresh one from a preset, a saved one, or a residual one upcycl
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -287,6 +289,7 @@ def check_model_folder(model_name_or_path: str) -> None:
             f"the run has not finished. Give a checkpoint folder ({checkpoints[-1]}), or finish the run with "
             "--resume_from_checkpoint last"
         )
+    read_config_json(folder)  # the tokenizer's loader reads it too, with a raw TypeError on a JSON list
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise FileNotFoundError(
             f"{folder} holds no tokenizer (tokenizer.json): copy tokenizer.json and tokenizer_config.json into it "
@@ -294,9 +297,85 @@ def check_model_folder(model_name_or_path: str) -> None:
         )
 
 
+def read_config_json(model_name_or_path: str | Path, name: str = "config.json") -> dict | None:
+    """A local model folder's ``config.json`` (or ``name``) as a dict (``None`` for a Hub id or a missing file);
+    refused by name when it is not UTF-8 JSON of one object: transformers fails on a JSON list with a raw
+    ``TypeError`` from inside its loader.
+
+    Raises:
+        ValueError: the file, what is wrong with it, and the fix.
+    """
+    path = Path(model_name_or_path) / name
+    if not path.is_file():
+        return None
+    fix = "copy it again from the folder the model was saved in (save_pretrained writes it)"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; {fix}") from None
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}: cut off or damaged); {fix}") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f'{path} holds a JSON {type(data).__name__}, not an object of fields (`{{"model_type": ...}}`); {fix}'
+        )
+    return data
+
+
+# The config fields that size a model: named when a config.json asks for far more parameters than its weights hold.
+_SIZE_FIELDS = (
+    "vocab_size", "source_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+    "decoder_ffn_dim", "max_position_embeddings",
+)  # fmt: skip
+
+
+def _stored_parameters(weights: Path) -> int:
+    """How many numbers a safetensors file holds, from its header alone (checked whole first)."""
+    import struct
+
+    from modeling_ode.modeling_ode_transformer import check_safetensors_file
+
+    check_safetensors_file(weights)
+    with open(weights, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
+
+
+def check_config_fits_weights(model_name_or_path: str | Path, model_class, **config_changes) -> None:
+    """Refuse a local folder whose config.json asks for a model far larger than its ``model.safetensors`` holds
+    (``vocab_size`` 2e8 allocated 12.8 GB before any check): the model is built on the meta device, which
+    allocates nothing, and its parameters are counted against the file's header.
+
+    Raises:
+        ValueError: the sizes, the config's size fields and the fix.
+    """
+    import torch
+
+    weights = Path(model_name_or_path) / "model.safetensors"
+    if not weights.is_file():
+        return  # a Hub id, or pickle weights: transformers reads those
+    stored = _stored_parameters(weights)
+    config = model_class.config_class.from_pretrained(str(model_name_or_path), **config_changes)
+    with torch.device("meta"):
+        needed = sum(p.numel() for p in model_class(config).parameters())
+    if (
+        needed > 2 * stored + 1_000_000
+    ):  # tied weights are stored once: a model needs about what its file holds
+        fields = ", ".join(
+            f"{key} {getattr(config, key)}" for key in _SIZE_FIELDS if getattr(config, key, None) is not None
+        )
+        raise ValueError(
+            f"{Path(model_name_or_path) / 'config.json'} asks for a model of {needed:,} parameters ({fields}), but "
+            f"{weights} holds {stored:,}: the config does not describe these weights, and building the model would "
+            "allocate their memory for nothing; copy config.json again from the folder the model was saved in"
+        )
+
+
 def ode_model_config(model_name_or_path: str | Path) -> dict:
     """A saved model's config.json as a dict, refused unless it is an ODE Transformer's: given another model's
     (a BART folder, say) transformers only warns, and loads a randomly initialised ODE Transformer."""
+    read_config_json(model_name_or_path)  # a local one: JSON of the right shape, named otherwise
     config, _ = PretrainedConfig.get_config_dict(str(model_name_or_path))
     model_type = config.get("model_type")
     if model_type != ODETransformerConfig.model_type:
@@ -335,6 +414,7 @@ def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTra
     """
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
     model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
+    check_config_fits_weights(model_name_or_path, model_class, **config_changes)
     try:
         model, info = model_class.from_pretrained(
             model_name_or_path, output_loading_info=True, ignore_mismatched_sizes=True, **config_changes
