@@ -72,6 +72,7 @@ __all__ = [
     "usage_snippets",
     "count_parameters",
     "describe_ode",
+    "trained_length",
     "load_metrics",
     "validate_card_locally",
     "write_model_card",
@@ -332,7 +333,7 @@ def describe_ode(config) -> list[str]:
     lines.append(width)
     positions = []
     if config.use_absolute_positions:
-        positions.append(f"sinusoidal absolute positions (up to {config.max_position_embeddings})")
+        positions.append("sinusoidal absolute positions, computed for any length (no weights, no limit)")
     if config.max_relative_position > 0:
         kind = "keys and values" if config.relative_position_values else "keys"
         positions.append(
@@ -433,10 +434,15 @@ def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 def usage_snippets(
-    config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]
+    config,
+    repo: str,
+    metrics: dict[str, Any] | None,
+    generation: dict[str, Any],
+    trained_length: int | None = None,
 ) -> list[str]:
     """The card's code: transformers alone with remote code (runs where this package is not installed), then
-    the package's one-call helper. tests/test_hub.py runs both as written."""
+    the package's one-call helper. tests/test_hub.py runs both as written. ``trained_length``: the folder's
+    (:func:`trained_length`), the length its tokenizer truncates to."""
     metrics = metrics or {}
     task = metrics.get("task") or ("translation" if config.is_encoder_decoder else "text-generation")
     example = json.dumps(
@@ -456,9 +462,14 @@ def usage_snippets(
             ", max_new_tokens=20",
         )
         comment = "  # <s> + prompt: the model continues it"
+    cut = (
+        f"  # truncation=True cuts inputs to {trained_length} tokens, the trained length"
+        if trained_length
+        else ""
+    )
     plain = f"""from transformers import {auto_class}, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)  # cuts inputs to the model's trained length, {config.max_position_embeddings}
+tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True){cut}
 model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True).eval()
 inputs = tokenizer([{example}], truncation=True, padding=True, return_tensors="pt"){comment}
 print(tokenizer.batch_decode({generate}, skip_special_tokens=True))"""
@@ -469,8 +480,10 @@ print(generate_texts(model, tokenizer, [{example}]{extra}))  # a list of any len
     return [plain, helper]
 
 
-def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any]) -> str:
-    plain, helper = usage_snippets(config, repo, metrics, generation)
+def _usage(
+    config, repo: str, metrics: dict[str, Any] | None, generation: dict[str, Any], length: int | None
+) -> str:
+    plain, helper = usage_snippets(config, repo, metrics, generation, length)
     return f"""```python
 {plain}
 ```
@@ -478,7 +491,7 @@ def _usage(config, repo: str, metrics: dict[str, Any] | None, generation: dict[s
 The modeling code ships with the weights (`trust_remote_code=True`). With the `ode-transformer` package
 installed (it is not on PyPI: `pip install .` in a clone of its repository, or a wheel built there with
 `python -m build`), one call handles a list of texts (length-sorted batches, the decoding
-of `generation_config.json`, inputs truncated to the model's limit), and no remote code is needed:
+of `generation_config.json`, inputs truncated to its tokenizer's `model_max_length`), and no remote code is needed:
 
 ```python
 {helper}
@@ -547,6 +560,41 @@ def _load_config(model_dir: Path):
     return ODETransformerConfig(**data)
 
 
+_NO_LIMIT = 1_000_000  # transformers writes 1e30 for a tokenizer without a length limit
+
+
+def trained_length(model_dir: str | Path) -> int | None:
+    """The input length the model was trained on, as its tokenizer carries it: ``model_max_length`` in
+    ``tokenizer_config.json`` (``ode-train`` saves its ``--max_source_length`` there, a language model's
+    ``--max_target_length``), else the ``truncation`` of ``tokenizer.json``; None where the folder has neither.
+    Not ``max_position_embeddings``: the sinusoidal positions work at any length, and that field bounds nothing."""
+    model_dir = Path(model_dir)
+    for name, keys in (
+        ("tokenizer_config.json", ("model_max_length",)),
+        ("tokenizer.json", ("truncation", "max_length")),
+    ):
+        try:
+            value: Any = json.loads((model_dir / name).read_text(encoding="utf-8"))
+            for key in keys:
+                value = value.get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _NO_LIMIT:
+            return value
+    return None
+
+
+def _length_limits(length: int | None) -> str:
+    """The card's words on lengths: the trained length and the tokenizer's truncation are one number."""
+    positions = "longer inputs run (the sinusoidal positions are computed for any length; `max_position_embeddings`\nbounds nothing)"
+    if length is None:
+        return f"Its tokenizer records no trained length, so `truncation=True` cuts nothing; {positions}."
+    return (
+        f"The model was trained on inputs of up to {length} tokens, and its tokenizer truncates to that length with\n"
+        f"`truncation=True` (`model_max_length` {length}); {positions} but were never seen in training."
+    )
+
+
 def _generation_defaults(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "generation_config.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -580,6 +628,7 @@ def build_model_card(
         eval_results=_eval_results(data) if data else None,
     )
     params = count_parameters(config)
+    length = trained_length(model_dir)
     repo = repo_id or f"path/to/{model_name}"
     results = _results_table(data) if data else "No evaluation results were recorded for this model."
     body = f"""
@@ -607,14 +656,12 @@ Intended for research on ODE-inspired architectures and for {task.replace("-", "
 domain of its training data. It is not suited to other languages or domains without fine-tuning and inherits
 the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
 errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
-The model was trained on inputs of up to {config.max_position_embeddings} tokens, and its tokenizer truncates to that
-length with `truncation=True`; longer inputs run (the sinusoidal positions have no limit) but were never seen in
-training. Positions come from the attention mask, so padding on either side changes no output; a
+{_length_limits(length)} Positions come from the attention mask, so padding on either side changes no output; a
 causal LM's batched prompts are padded on the left (its saved tokenizer does so).
 
 ## How to use
 
-{_usage(config, repo, data, _generation_defaults(model_dir))}
+{_usage(config, repo, data, _generation_defaults(model_dir), length)}
 
 ## Citation
 

@@ -758,3 +758,29 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     ]
     assert dropped["input_ids"].shape[1] < 7 and all(eos in ids for ids in expected)
     assert dropped["labels"].tolist() == batch["labels"].tolist()
+
+
+@pytest.mark.parametrize("task", ["translation", "lm"])
+def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_path, task):
+    """#55 item 1: after a run with --max_source_length 64 the card said "trained on inputs of up to 1024 tokens"
+    (max_position_embeddings), while tokenizer_config.json had model_max_length 64, and tokenizer.json kept the
+    truncation of the last tokenizer call (the target length where the two differ). All now say the length the run
+    trained on: --max_source_length, a language model's --max_target_length."""
+    lines = [f"the dog {'runs ' * (i % 9)}in the park {i}" for i in range(60)]
+    source, target = tmp_path / "train.en", tmp_path / "train.de"
+    source.write_text("\n".join(lines) + "\n")
+    target.write_text("\n".join(line.replace("dog", "Hund") for line in lines) + "\n")
+    lengths = ["--max_source_length", "12", "--max_target_length", "20"]
+    data = [str(source)] if task == "lm" else [f"{source},{target}"]
+    out = tmp_path / "out"
+    train_and_test(out, "--task", task, "--train_file", *data, *lengths, "--max_steps", "2", "--max_tokens", "256",
+                   "--do_predict", "false")  # fmt: skip
+    trained = 20 if task == "lm" else 12
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == trained
+    assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
+    positions = json.loads((out / "config.json").read_text())["max_position_embeddings"]
+    assert positions != trained
+    card = write_model_card(out, None).read_text()
+    assert f"trained on inputs of up to {trained} tokens" in card and f"`model_max_length` {trained}" in card
+    assert f"cuts inputs to {trained} tokens, the trained length" in card
+    assert f"up to {positions}" not in card and "computed for any length" in card

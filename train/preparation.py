@@ -13,6 +13,8 @@ from typing import Literal
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import PreTrainedTokenizerFast
 
+from modeling_ode import fit_tokenizer_to_model
+
 from . import metrics
 from .arguments import DataArguments, Settings
 from .batching import seq2seq_lengths
@@ -267,6 +269,24 @@ def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
     if training_args.do_predict:
         splits["test"] = _slice(raw["test"], data_args.max_test_samples)
     return splits
+
+
+def trained_length(task: str, data_args: DataArguments) -> int:
+    """The input length a run trains on: ``--max_source_length``, a language model's ``--max_target_length``."""
+    return data_args.max_target_length if task == "lm" else data_args.max_source_length
+
+
+def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
+    """The tokenizer saved with the model carries one length, the one the run trained on: as ``model_max_length``
+    (:func:`modeling_ode.fit_tokenizer_to_model`) and as the truncation of ``tokenizer.json``, which a
+    ``tokenizers``-only deployment applies. That truncation is otherwise whatever the last ``tokenizer(...,
+    truncation=True, max_length=N)`` call left (the target length, say). A causal LM's prompt loses its start."""
+    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        direction = "right" if config.is_encoder_decoder else "left"
+        backend.enable_truncation(max_length=tokenizer.model_max_length, direction=direction)
+    return tokenizer
 
 
 def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:

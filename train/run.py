@@ -41,7 +41,6 @@ from transformers import (
     set_seed,
 )
 
-from modeling_ode import fit_tokenizer_to_model
 from ode_transformer.cli import report_interrupt, report_user_error
 
 from . import metrics
@@ -79,6 +78,7 @@ from .output_folder import (
 from .preparation import (
     check_splits_not_empty,
     drop_long_training_pairs,
+    fit_tokenizer_to_run,
     load_raw_data,
     prepare_tokenizer,
     splits_to_use,
@@ -218,7 +218,7 @@ def _run(settings: Settings) -> dict:
         splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
-    fit_tokenizer_to_model(tokenizer, model.config, data_args.max_source_length)  # saved with the model
+    fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
