@@ -1333,3 +1333,46 @@ def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_al
     with pytest.raises(ValueError, match=message):
         train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
     assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
+
+
+@pytest.mark.both_cpus
+def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_the_learning_rate(
+    tmp_path, monkeypatch, capsys
+):
+    """#56 row 16: divergence printed a 37-line traceback before the clear "training diverged at step 2" line, and
+    resuming from a checkpoint with NaN weights blamed the learning rate."""
+    data = ",".join(corpus(tmp_path / "data"))
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    diverging = [
+        *TINY_RUN,
+        "--output_dir",
+        str(tmp_path / "diverged"),
+        "--train_file",
+        data,
+        "--learning_rate",
+        "1e6",
+    ]
+    with pytest.raises(SystemExit) as exit_:
+        ode_transformer.train.run.main(diverging)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(
+        "python -m ode_transformer.train.run: error: training diverged at step 2"
+    )
+
+    out = tmp_path / "out"
+    flags = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
+    train_run(out, *flags)
+    (out / "trainer_state.json").unlink()  # the run did not finish: it resumes from checkpoint-2
+    weights_file = out / "checkpoint-2" / "model.safetensors"
+    state = load_file(weights_file)
+    state["model.shared.weight"][3, 0] = float("nan")
+    save_file(state, weights_file, metadata={"format": "pt"})
+    with pytest.raises(ValueError) as raised:
+        train_run(out, *flags, "--resume_from_checkpoint", "last")
+    message = str(raised.value)
+    assert message.startswith(
+        f"{weights_file} holds non-finite weights (NaN or infinity) in 1 tensors (model.shared.weight): the run had "
+        "diverged before this checkpoint was saved"
+    ), message
+    assert "resume from an earlier checkpoint" in message and "learning_rate" not in message

@@ -186,6 +186,12 @@ def check_checkpoint_pickles(checkpoint: str | Path) -> None:
             check_safetensors_file(folder / WEIGHTS)
         except OSError as error:
             raise ValueError(f"{str(error).split('; ')[0]}; {fix}") from None
+        if bad := _non_finite_weights(folder / WEIGHTS):
+            raise ValueError(
+                f"{folder / WEIGHTS} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
+                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the run had diverged before this "
+                f"checkpoint was saved, and training cannot recover them; {fix.replace('another', 'an earlier')}"
+            )
     for path in sorted(p for pattern in _RESUMED_PICKLES for p in folder.glob(pattern)):
         try:
             with safe_globals():
@@ -196,6 +202,20 @@ def check_checkpoint_pickles(checkpoint: str | Path) -> None:
             raise ValueError(_damaged(path, error, fix)) from None
         except Exception as error:  # a cut-off zip, an empty file, bytes of something else
             raise ValueError(_damaged(path, error, fix)) from None
+
+
+def _non_finite_weights(weights: Path) -> list[str]:
+    """The tensors of a safetensors file that hold NaN or infinity, read one at a time."""
+    import torch
+    from safetensors import safe_open
+
+    bad = []
+    with safe_open(str(weights), framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 (a safe_open handle is no dict)
+            tensor = f.get_tensor(key)
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad.append(key)
+    return bad
 
 
 def _damaged(path: Path, error: Exception, fix: str) -> str:

@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
         run(parse_arguments(argv))
     except (MissingCorpusError, RecipeNotFoundError, RecipeError) as error:  # a user's setting: one line
         raise SystemExit(report_user_error(__spec__.name, error)) from None
+    # training diverged: one line naming the step and the fix, not the trainer's traceback before it
+    except FloatingPointError as error:
+        raise SystemExit(report_user_error(__spec__.name, error)) from None
     except KeyboardInterrupt as interrupt:  # Ctrl-C: one line saying how to resume (resume_advice)
         raise SystemExit(report_interrupt(__spec__.name, interrupt)) from None
     # Under `accelerate launch` / torchrun: left to interpreter shutdown, the gloo process group's threads can
