@@ -524,6 +524,41 @@ MULTI30K_PAIRED = Study(
 )
 
 # --------------------------------------------------------------------------------------------
+# tatoeba_depth (issue 54): a test bed where depth helps? The paper's claim (an RK block buys the gains of a deeper
+# encoder) can only show where a deeper residual encoder is better, and on Multi30k the 12-layer one is 1.67 BLEU
+# behind the 3-layer one. Tatoeba En-De (../shared/data/tatoeba_de_en: 162,896 training pairs of short everyday
+# sentences, 3.4x Multi30k's tokens) with multi30k_paired's recipe, the data and the budget aside: residual encoders
+# of 3, 6 and 12 layers first, then RK2 and RK4 blocks in the 3-layer encoder (experiments/gpu_batch.sh runs those
+# only where a deeper residual row is ahead of the 3-layer one beyond noise: experiments.depth_gate).
+# The budget: 3,000 updates of 2,048-token batches, twice Multi30k's 1,500 (about 3.6 epochs here against about 6
+# there), what an H200 trains for the nine depth runs at once within one 10-minute device call. Its 2026-11-26 batch
+# (docs/performance.md) trained 75-85 updates a second over all the runs at once, a 12-layer encoder's run taking
+# 4.3 minutes beside a 6-layer one's 3.8: 9 x 3,000 updates take about 6 minutes, the tokenizers, the decoding of the
+# 3,408 test sentences and the call's installs most of the rest. Sized for a GPU: on the 2-core CPU one 3-layer run
+# would take about 5 hours.
+
+TATOEBA_STEPS = 3000
+# The rows of the depth probe, and the RK rows that experiments/gpu_batch.sh adds where depth helps.
+TATOEBA_DEPTH_ROWS = ("residual", "residual_x2", "residual_x4")
+TATOEBA_RK_ROWS = ("rk2", "rk4")
+TATOEBA_DEPTH = Study(
+    name="tatoeba_depth",
+    description="Tatoeba En-De (162,896 short sentence pairs), its test split (3,408 pairs): sacreBLEU and chrF, "
+    "beam 4, last 5 checkpoints averaged; multi30k_paired's recipe for 3,000 updates, one batch at one commit, runs "
+    "paired by seed, commit, device and precision; residual encoders of 3, 6 and 12 layers, RK2 / RK4 blocks in the "
+    "3-layer encoder, Euler decoder (3 layers).",
+    common={**MULTI30K_PAIRED.common, "dataset": "tatoeba_de_en"},
+    sizes={"cpu": {**MULTI30K_PAIRED.sizes["cpu"], "max_steps": TATOEBA_STEPS}},
+    # in multi30k_paired's order: the baseline, the RK rows, the deeper residual rows
+    variants={
+        key: MULTI30K_PAIRED.variants[key] for key in ("residual", *TATOEBA_RK_ROWS, *TATOEBA_DEPTH_ROWS[1:])
+    },
+    depth_flags=MULTI30K_PAIRED.depth_flags,
+    depths=MULTI30K_PAIRED.depths,
+    metrics=MULTI30K_PAIRED.metrics,
+    paper_gap={key: WMT14_BASE_GAPS[key] for key in ("rk2", "rk4")},
+)
+# --------------------------------------------------------------------------------------------
 # multi30k_upcycle (issue 45, beyond the paper): the trained residual models of `multi30k_paired` (3-layer encoder,
 # seeds 0-2), converted to RK2 and RK4 encoder blocks that start as the residual blocks (learnable coefficients at
 # (1, 0, ...): the same function, exactly), fine-tuned for the same updates as the residual model itself. Each run
@@ -695,5 +730,5 @@ CNNDM = Study(
 STUDIES: dict[str, Study] = {
     study.name: study
     for study in (PTB, PTB_PILOT, PTB_LONG, PTB_PAPER, MULTI30K, MULTI30K_PAIRED, MULTI30K_UPCYCLE)
-    + (ABLATIONS, GEC, CNNDM)
+    + (TATOEBA_DEPTH, ABLATIONS, GEC, CNNDM)
 }

@@ -12,9 +12,9 @@ import torch
 from experiments import report as report_module
 from experiments import run as runner
 from experiments.studies import STUDIES, run_id, size_and_batch
-from tests.tiny_folder import save_tiny_folder
 from ode_transformer.train.files import read_lines
 from ode_transformer.train.metrics import gleu_score
+from tests.tiny_folder import save_tiny_folder
 
 TINY = {
     "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "encoder_attention_heads": 2,
@@ -764,7 +764,9 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
 
     def fake_run(command, **kwargs):
         modules.append(command[2])
-        return subprocess.CompletedProcess(command, 3 if command[2] == "ode_transformer.train.translate" else 0)
+        return subprocess.CompletedProcess(
+            command, 3 if command[2] == "ode_transformer.train.translate" else 0
+        )
 
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     status = runner.execute(run, args)
@@ -886,3 +888,156 @@ def test_the_paired_batch_runs_in_the_precision_the_machine_computes_natively():
     assert flags["rk2_gated_tableau"]["ode_gate_init"] == "tableau"
     argv = runner.to_argv(flags["rk2_gated_tableau"])
     assert json.loads(argv[argv.index("--config_overrides") + 1]) == {"ode_gate_init": "tableau"}
+
+
+def test_the_tatoeba_depth_study_is_the_paired_recipe_on_tatoeba_with_its_own_budget(shared_data):
+    """tatoeba_depth (issue 54): multi30k_paired's flags but the data and the number of updates; residual encoders of
+    3, 6 and 12 layers and RK2 / RK4 in the 3-layer one; its corpus reads as the data README counts it."""
+    from ode_transformer.train.data import DataSpec, load_task_data
+
+    study, paired = STUDIES["tatoeba_depth"], STUDIES["multi30k_paired"]
+    for variant in study.variants:
+        ours, theirs = study.flags(variant, 3, 0, "cpu"), paired.flags(variant, 3, 0, "cpu")
+        assert {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)} == {
+            "dataset",
+            "max_steps",
+        }
+        assert ours["dataset"] == "tatoeba_de_en" and ours["precision"] == "auto"
+    layers = {variant: study.flags(variant, 3, 0, "cpu")["encoder_layers"] for variant in study.variants}
+    assert layers == {"residual": 3, "residual_x2": 6, "residual_x4": 12, "rk2": 3, "rk4": 3}
+    data = load_task_data("seq2seq", DataSpec("shared", "tatoeba_de_en", source_lang="en", target_lang="de"))
+    assert {split: rows.num_rows for split, rows in data.items()} == {
+        "train": 162896,
+        "validation": 3509,
+        "test": 3408,
+    }
+
+
+def gpu_batch(*args: str, **env: str):
+    """experiments/gpu_batch.sh run here (no GPU): its exit code, output and error output."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {key: value for key, value in os.environ.items() if key not in ("BATCH", "POWER_SEEDS")}
+    environment.update(PYTHON=sys.executable, **env)
+    done = subprocess.run(
+        ["bash", str(runner.REPO / "experiments" / "gpu_batch.sh"), *args],
+        cwd=runner.REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_the_gpu_batch_dry_run_prints_issue_54s_batches_in_order_as_valid_runner_calls():
+    """`gpu_batch.sh --dry-run`: the plan of issue 54's three batches, in its order and without a GPU; each printed
+    call parses as experiments.run's, and together they cover what the issue asks: (a) seeds 0-2 of every ptb_paper
+    row, residual and RK4 first, (b) residual / RK2 / RK4 of multi30k_paired in a batch of its own, with the seeds the power analysis of the
+    H200 batch asks for at Holm's first step over that batch's two tested rows, (c) residual with 3, 6 and 12
+    encoder layers on Tatoeba, then RK2 / RK4 at 3. A batch folder of another commit is refused."""
+    import shlex
+
+    code, out, err = gpu_batch(
+        "--dry-run", "570", "ptb:300", "ptbrest", "power", "depth", "depthrk", "paired"
+    )
+    assert code == 0, err
+    calls: dict[str, list] = {}
+    phase = None
+    for line in out.splitlines():
+        if line.startswith("  phase "):
+            phase = line.split()[1].rstrip(":")
+        elif line.startswith("  python3 -m experiments.run "):
+            args = runner.parse_args(shlex.split(line)[3:])
+            assert args.device == "cuda"
+            calls.setdefault(phase, []).append(args)
+    assert list(calls) == ["ptb", "ptbrest", "power", "depth", "depthrk", "paired"]
+
+    def runs(phase: str) -> set[tuple[int, str]]:
+        return {(seed, variant) for args in calls[phase] for seed in args.seeds for variant in args.only}
+
+    ptb = STUDIES["ptb_paper"]
+    assert {(args.study, args.batch) for args in calls["ptb"] + calls["ptbrest"]} == {("ptb_paper", "h200")}
+    assert runs("ptb") == {(seed, variant) for seed in (0, 1, 2) for variant in ("residual", "rk4")}
+    assert runs("ptb") | runs("ptbrest") == {
+        (seed, variant) for seed in (0, 1, 2) for variant in ptb.variants
+    }
+    assert "phase ptb: batch results/ptb_paper/cpu_h200, reads gpu_data/ptb, stops at 300 s" in out
+
+    (power,) = calls["power"]
+    assert (power.study, power.batch, power.only) == (
+        "multi30k_paired",
+        "h200power",
+        ["residual", "rk2", "rk4"],
+    )
+    assert power.seeds == list(range(len(power.seeds))) and len(power.seeds) >= 16
+    rows = {row["variant"]: row["BLEU"]["paired"] for row in json.loads(
+        (report_module.RESULTS / "multi30k_paired" / "cpu_h200" / "summary.json").read_text()
+    ) if row["variant"] in ("rk2", "rk4")}  # fmt: skip
+    holm_first_step = report_module.ALPHA / len(rows)
+    assert len(power.seeds) >= report_module.seeds_needed(
+        rows["rk4"]["gap"], rows["rk4"]["sd"], holm_first_step
+    )
+    for variant, row in rows.items():
+        paper = STUDIES["multi30k_paired"].paper_gap[variant]
+        assert len(power.seeds) >= report_module.seeds_needed(paper, row["sd"], holm_first_step)
+
+    assert {(args.study, args.batch) for args in calls["depth"] + calls["depthrk"]} == {
+        ("tatoeba_depth", "h200")
+    }
+    assert runs("depth") == {(s, v) for s in (0, 1, 2) for v in ("residual", "residual_x2", "residual_x4")}
+    assert runs("depthrk") == {(s, v) for s in (0, 1, 2) for v in ("rk2", "rk4")}
+    assert "only if: python3 -m experiments.depth_gate results/tatoeba_depth/cpu_h200" in out
+
+    # the H200 batch of 2026-11-26 ran at cf12255: more runs there would mix two commits in one batch
+    assert "REFUSED paired: results/multi30k_paired/cpu_h200 holds runs of commit cf12255" in out
+    assert out.count("REFUSED") == 1
+    code, out, _ = gpu_batch("--dry-run", "60", "power", BATCH="h100", POWER_SEEDS="16")
+    assert code == 0 and "--batch h100power --seeds " + " ".join(map(str, range(16))) + " --only" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("570",), ("ptb",), ("570", "ptb", "bogus"), ("570", "ptb+"), ("570", "depth+depthrk"), ("x", "ptb")],
+)
+def test_the_gpu_batch_refuses_bad_arguments_before_anything_runs(args):
+    code, out, err = gpu_batch("--dry-run", *args)
+    assert code == 2 and out == "" and err
+
+
+def test_the_depth_gate_is_the_reports_paired_t_test_with_holm(tmp_path, capsys):
+    """experiments.depth_gate: scipy's paired t-test p without scipy, Holm across the deeper rows; it opens the RK
+    phase only for a deeper row ahead beyond noise, from pairs of one commit, device and precision."""
+    from scipy.stats import ttest_1samp
+
+    from experiments import depth_gate
+
+    for differences in ([0.4, 1.1], [0.3, -0.2, 0.9], [1.0, 1.2, 0.8, 1.5], [0.1, -0.4, 0.3, 0.2, -0.1, 0.6]):
+        assert depth_gate.t_test_p(differences) == pytest.approx(
+            ttest_1samp(differences, 0.0).pvalue, abs=1e-12
+        )
+    assert depth_gate.t_test_p([0.5, 0.5]) is None and depth_gate.t_test_p([0.5]) is None
+
+    def write(folder, variant, seed, bleu, commit="abc"):
+        record = fake_result(variant, seed, bleu, commit=commit)
+        (folder / f"{variant}-3-seed{seed}.json").write_text(json.dumps(record))
+
+    deeper = tmp_path / "deeper"
+    deeper.mkdir()
+    for seed, base in enumerate([30.0, 31.0, 29.5]):
+        write(deeper, "residual", seed, base)
+        write(deeper, "residual_x2", seed, base + 0.2 * (seed - 1))  # within noise
+        write(deeper, "residual_x4", seed, base + 1.5 + 0.05 * seed)  # ahead, the same on every seed
+    rows = {row["variant"]: row for row in depth_gate.deeper_rows(report_module.load_results(deeper))}
+    assert rows["residual_x4"]["pairs"] == 3 and rows["residual_x4"]["gap"] == pytest.approx(1.55)
+    assert rows["residual_x4"]["holm_p"] < 0.05 <= rows["residual_x2"]["holm_p"]
+    assert depth_gate.main([str(deeper)]) == 0
+    assert "depth helps beyond noise" in capsys.readouterr().out
+
+    # the same scores, but the deeper rows ran at another commit: no pairs, so nothing to open the phase with
+    for seed, base in enumerate([30.0, 31.0, 29.5]):
+        write(deeper, "residual_x4", seed, base + 1.5 + 0.05 * seed, commit="def")
+    assert depth_gate.main([str(deeper)]) == 1
+    assert depth_gate.main([str(tmp_path / "none")]) == 1

@@ -7,7 +7,7 @@ columns documented per reader); language-modelling data has the column ``text``.
   :func:`load_tsv`, :func:`load_jsonl`, :func:`load_hub_dataset` (Hugging Face Hub id or a local
   dataset folder, optionally streaming).
 * Readers for the shared corpora in ``../shared/data`` (or ``$ODE_DATA_DIR``, see
-  :func:`data_root`): :func:`multi30k`, :func:`wmt_test`, :func:`cnndm`, :func:`fce`,
+  :func:`data_root`): :func:`multi30k`, :func:`tatoeba_de_en`, :func:`wmt_test`, :func:`cnndm`, :func:`fce`,
   :func:`wi_locness`, :func:`jfleg_dev`, :func:`conll2013_test`, :func:`ptb`, and
   :func:`libreoffice` for the built-in LibreOffice-help corpus.
 * :func:`load_task_data` builds a train/validation/test :class:`~datasets.DatasetDict` from a
@@ -51,6 +51,7 @@ __all__ = [
     "multi30k",
     "shared_folder",
     "ptb",
+    "tatoeba_de_en",
     "wi_locness",
     "wmt_test",
     "word_dropout",
@@ -411,6 +412,7 @@ class MissingCorpusError(FileNotFoundError):
 # Where each shared corpus lives under the data folder.
 SHARED_FOLDERS = {
     "multi30k": "multi30k",
+    "tatoeba_de_en": "tatoeba_de_en",
     "cnndm": "summarization",
     "wi_locness": "gec/wi_locness",
     "fce": "gec/fce",
@@ -454,6 +456,18 @@ def multi30k(split: str, src: str = "en", tgt: str = "de", root: PathLike | None
         },
     )
     folder = shared_folder("multi30k", root)
+    return load_parallel_files(folder / f"{name}.{src}.gz", folder / f"{name}.{tgt}.gz")
+
+
+def tatoeba_de_en(split: str, src: str = "en", tgt: str = "de", root: PathLike | None = None) -> Dataset:
+    """Tatoeba English-German pairs (manythings.org deu-eng, 2018-05-13), raw cased text: ``train`` (162,896),
+    ``valid`` (3,509), ``test`` (3,408); short everyday sentences. No English or German sentence occurs in two
+    splits (the data README says how they were made). ``src``/``tgt``: ``en`` and ``de`` either way round;
+    ``validation`` is an alias of ``valid``."""
+    name = _split_name(split, {"train": "train", "valid": "valid", "validation": "valid", "test": "test"})
+    if {src, tgt} != {"en", "de"}:
+        raise ValueError(f"tatoeba_de_en has en and de only, not {src}-{tgt}")
+    folder = shared_folder("tatoeba_de_en", root)
     return load_parallel_files(folder / f"{name}.{src}.gz", folder / f"{name}.{tgt}.gz")
 
 
@@ -597,7 +611,7 @@ class DataSpec:
     Attributes:
         kind: ``"shared"`` (a named shared corpus), ``"files"`` (local files, see :func:`load_local_file`) or
             ``"hub"`` (Hub id or local dataset folder, see :func:`load_hub_dataset`).
-        name: shared corpus name (``multi30k``, ``libreoffice``, ``cnndm``, ``wi_locness``,
+        name: shared corpus name (``multi30k``, ``tatoeba_de_en``, ``libreoffice``, ``cnndm``, ``wi_locness``,
             ``fce``, ``ptb``) or Hub id / local dataset folder.
         config: Hub configuration (e.g. ``de-en``, ``3.0.0``).
         source_lang, target_lang: languages (Multi30k, LibreOffice, Hub ``translation``) or,
@@ -672,6 +686,7 @@ def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
     src, tgt, root = spec.source_lang or "en", spec.target_lang or "de", spec.root
     corpora: dict[str, dict[str, Callable[[], Dataset]]] = {
         "multi30k": {s: (lambda s=s: multi30k(s, src, tgt, root)) for s in _SPLITS},
+        "tatoeba_de_en": {s: (lambda s=s: tatoeba_de_en(s, src, tgt, root)) for s in _SPLITS},
         "libreoffice": {s: (lambda s=s: libreoffice(s, root, src, tgt)) for s in _SPLITS},
         "cnndm": {s: (lambda s=s: cnndm(s, root)) for s in ("train", "validation")},
         "wi_locness": {s: (lambda s=s: wi_locness(s, root)) for s in ("train", "validation")},
