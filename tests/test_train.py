@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
 import shutil
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
+import yaml
 from datasets import Dataset
 from package_free import run_package_free
 from safetensors.torch import load_file
@@ -784,3 +787,55 @@ def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_
     assert f"trained on inputs of up to {trained} tokens" in card and f"`model_max_length` {trained}" in card
     assert f"cuts inputs to {trained} tokens, the trained length" in card
     assert f"up to {positions}" not in card and "computed for any length" in card
+
+
+def _multi30k_hub_layout(folder: Path, rows: int = 40) -> Path:
+    """A local folder laid out as the Hub's bentrevett/multi30k: train/val/test.jsonl of {"en": ..., "de": ...}."""
+    folder.mkdir(parents=True)
+    for split in ("train", "val", "test"):
+        records = [
+            {"en": f"a dog runs {split} {i}", "de": f"ein Hund rennt {split} {i}"} for i in range(rows)
+        ]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+@pytest.mark.both_cpus
+def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monkeypatch, capsys):
+    """#55 item 2: from an install (no ../shared) `ode-train multi30k_en_de_cpu` failed: "shared corpus 'multi30k'
+    not found". A recipe now takes the local folder when there is one (--data_dir), else the Hub dataset it names,
+    through datasets; offline it fails in one line naming --data_dir and the dataset id."""
+    from ode_transformer.train.preparation import load_raw_data
+
+    monkeypatch.setenv("ODE_DATA_DIR", str(tmp_path / "no_clone"))  # as from an install: no shared data
+    recipe = yaml.safe_load((RECIPES / "multi30k_en_de_cpu.yaml").read_text())
+    assert (recipe["dataset"], recipe["hub_dataset"]) == ("multi30k", "bentrevett/multi30k")
+    hub = _multi30k_hub_layout(tmp_path / "bentrevett_multi30k")
+    out = ["--output_dir", str(tmp_path / "out")]
+    settings = parse_arguments(["multi30k_en_de_cpu", *out, "--hub_dataset", str(hub)])
+    raw, _ = load_raw_data(settings.data, "translation")
+    assert sorted(raw) == ["test", "train", "validation"] and raw["train"].num_rows == 40
+    assert raw["validation"][3] == {"source": "a dog runs val 3", "target": "ein Hund rennt val 3"}
+    # a local folder, when given, is read and the Hub left alone
+    local = tmp_path / "data" / "multi30k"
+    local.mkdir(parents=True)
+    for name in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            with gzip.open(local / f"{name}.{lang}.gz", "wt") as file:
+                file.write(f"{lang} {name} one\n{lang} {name} two\n")
+    settings = parse_arguments(["multi30k_en_de_cpu", *out, "--data_dir", str(tmp_path / "data")])
+    raw, _ = load_raw_data(settings.data, "translation")
+    assert raw["train"]["source"] == ["en train one", "en train two"]
+    # offline, with neither: one line that names both ways
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["multi30k_en_de_cpu", *out])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert message.startswith(
+        "python -m ode_transformer.train.run: error: shared corpus 'multi30k': no local copy"
+    )
+    assert "--data_dir DIR" in message and "bentrevett/multi30k" in message

@@ -157,7 +157,13 @@ class DataArguments:
             "help": "folder of the shared corpora (default: $ODE_DATA_DIR, else ../shared/data of a clone)"
         },
     )
-    hub_dataset: str | None = field(default=None, metadata={"help": "Hub id or local dataset folder"})
+    hub_dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub id or local dataset folder; with --dataset, where that corpus comes from when it has no "
+            "local copy and --data_dir is not given (the recipes name it)"
+        },
+    )
     dataset_name: str | None = field(
         default=None,
         metadata={

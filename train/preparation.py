@@ -19,7 +19,9 @@ from . import metrics
 from .arguments import DataArguments, Settings
 from .batching import seq2seq_lengths
 from .data import (
+    SHARED_FOLDERS,
     DataSpec,
+    MissingCorpusError,
     conll2013_test,
     load_hub_dataset,
     load_local_file,
@@ -35,25 +37,50 @@ TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
 
 
 def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
-    """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``)."""
-    parts = [
-        load_task_data(
-            kind,
-            DataSpec(
-                "shared",
-                name,
-                source_lang=data_args.source_lang,
-                target_lang=data_args.target_lang,
-                # libreoffice is built locally in its own cache folder, not read from the shared data
-                root=data_args.data_dir if name != "libreoffice" else None,
-            ),
+    """A shared corpus; ``a+b`` concatenates the training splits (other splits from ``a``). Where no local copy
+    is found and ``--data_dir`` was not given, the Hub dataset the recipe names (``--hub_dataset``) instead."""
+    parts = []
+    for name in names.split("+"):
+        spec = DataSpec(
+            "shared",
+            name,
+            source_lang=data_args.source_lang,
+            target_lang=data_args.target_lang,
+            # libreoffice is built locally in its own cache folder, not read from the shared data
+            root=data_args.data_dir if name != "libreoffice" else None,
         )
-        for name in names.split("+")
-    ]
+        try:
+            parts.append(load_task_data(kind, spec))
+        except MissingCorpusError as missing:
+            if data_args.data_dir or not data_args.hub_dataset or "+" in names:
+                raise
+            parts.append(_hub_copy(name, kind, data_args, missing))
     result = parts[0]
     if len(parts) > 1:
         result["train"] = concatenate_datasets([part["train"] for part in parts])
     return result
+
+
+def _hub_copy(
+    name: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments, missing: Exception
+) -> DatasetDict:
+    """Shared corpus ``name`` from the Hub dataset ``--hub_dataset`` (the recipe names it), through ``datasets``;
+    offline or unreachable, one line naming both ways to get the data."""
+    hub = data_args.hub_dataset
+    spec = DataSpec("hub", hub, data_args.hub_config, data_args.source_lang, data_args.target_lang)
+    logger.info("shared corpus %r has no local copy (%s): loading the Hub dataset %s", name, missing, hub)
+    try:
+        return load_task_data(kind, spec)
+    except ValueError:  # the dataset loaded, but its columns do not fit: that message says so
+        raise
+    except Exception as error:  # noqa: BLE001 - offline, unreachable, not found: datasets raises many kinds
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        where = SHARED_FOLDERS.get(name, name)
+        raise MissingCorpusError(
+            f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded ({reason}); "
+            f"pass --data_dir DIR, DIR being the folder that holds {where}/ (docs/data-and-tests.md lists its "
+            f"files), or go online so that datasets can download {hub}"
+        ) from None
 
 
 def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
@@ -139,7 +166,9 @@ def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
 
 def streaming_train_split(data_args: DataArguments, raw: DatasetDict, world_size: int) -> IterableDataset:
     """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
-    if data_args.hub_dataset:
+    if (
+        data_args.hub_dataset and not data_args.dataset
+    ):  # with --dataset, the Hub is where that corpus comes from
         return load_hub_dataset(
             data_args.hub_dataset,
             data_args.hub_config,
