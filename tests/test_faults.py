@@ -1376,3 +1376,42 @@ def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_
         "diverged before this checkpoint was saved"
     ), message
     assert "resume from an earlier checkpoint" in message and "learning_rate" not in message
+
+
+@pytest.mark.both_cpus
+@pytest.mark.parametrize(
+    ("name", "change", "said"),
+    [
+        ("generation_config.json", {"max_length": -1}, ": max_length -1 is not a whole number of at least 1; "),
+        ("generation_config.json", {"num_beams": 0}, ": num_beams 0 is not a whole number of at least 1; "),
+        ("generation_config.json", {"length_penalty": "abc"}, ": length_penalty 'abc' is not a number; "),
+        ("tokenizer_config.json", [], " holds a JSON list, not an object of tokenizer fields; copy it again"),
+        ("tokenizer_config.json", {"eos_token": 7}, ": eos_token (a string) is of another type; copy it again"),
+        ("tokenizer.json", {"added_tokens": None}, ": added_tokens (a list) is missing or of another type; copy it"),
+        ("tokenizer.json", {"model": {"type": "BPE", "vocab": 3}}, " is not a tokenizer ("),
+        ("tokenizer.json", [], " holds a JSON list, not an object of tokenizer fields; copy it again"),
+    ],
+    ids=["max_length -1", "num_beams 0", "length_penalty abc", "tokenizer_config list", "eos_token number",
+         "tokenizer.json without added_tokens", "tokenizer.json model of another shape", "tokenizer.json list"],
+)  # fmt: skip
+def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_path, name, change, said):
+    """#56 rows 10 and 14: valid JSON of the wrong shape gave ~40-line tracebacks (`'list' object has no attribute
+    'get'`, `KeyError: 'added_tokens'`, a raw ZeroDivisionError or TypeError) or transformers' message, the file
+    not named."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    path = folder / name
+    if isinstance(change, dict):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.update(change)
+        data = {k: v for k, v in data.items() if v is not None}
+    else:
+        data = change
+    path.write_text(json.dumps(data), encoding="utf-8")
+    message = f"^{re.escape(str(path) + said)}"
+    src = write(tmp_path / "in.txt", "the dog\n")
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert not (tmp_path / "out").exists()

@@ -290,6 +290,7 @@ def check_model_folder(model_name_or_path: str) -> None:
             "--resume_from_checkpoint last"
         )
     read_config_json(folder)  # the tokenizer's loader reads it too, with a raw TypeError on a JSON list
+    check_generation_config(folder)
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise FileNotFoundError(
             f"{folder} holds no tokenizer (tokenizer.json): copy tokenizer.json and tokenizer_config.json into it "
@@ -370,6 +371,45 @@ def check_config_fits_weights(model_name_or_path: str | Path, model_class, **con
             f"{weights} holds {stored:,}: the config does not describe these weights, and building the model would "
             "allocate their memory for nothing; copy config.json again from the folder the model was saved in"
         )
+
+
+# generation_config.json fields: (whole number?, lowest value, lowest value allowed itself?)
+_GENERATION_FIELDS = {
+    "max_length": (True, 1, True), "max_new_tokens": (True, 1, True), "min_length": (True, 0, True),
+    "min_new_tokens": (True, 0, True), "num_beams": (True, 1, True), "num_beam_groups": (True, 1, True),
+    "num_return_sequences": (True, 1, True), "no_repeat_ngram_size": (True, 0, True), "top_k": (True, 0, True),
+    "length_penalty": (False, None, True), "temperature": (False, 0, False), "top_p": (False, 0, False),
+    "repetition_penalty": (False, 0, False),
+}  # fmt: skip
+
+
+def check_generation_config(folder: str | Path) -> None:
+    """A local folder's ``generation_config.json``: one JSON object whose decoding fields are numbers in range
+    (``max_length`` -1, ``num_beams`` 0 or ``length_penalty`` "abc" gave transformers' message without the file,
+    or a raw ZeroDivisionError / TypeError from inside generation).
+
+    Raises:
+        ValueError: the file, the field, what it must be and the fix.
+    """
+    data = read_config_json(folder, "generation_config.json")
+    path = Path(folder) / "generation_config.json"
+    for key, (whole, lowest, inclusive) in _GENERATION_FIELDS.items():
+        value = data.get(key) if data else None
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        fits = number and (not whole or isinstance(value, int))
+        fits = fits and (lowest is None or value > lowest or (inclusive and value == lowest))
+        if key == "top_p":
+            fits = fits and value <= 1
+        if not fits:
+            kind = "a whole number" if whole else "a number"
+            bound = "" if lowest is None else f" {'of at least' if inclusive else 'above'} {lowest}"
+            bound += " and at most 1" if key == "top_p" else ""
+            raise ValueError(
+                f"{path}: {key} {value!r} is not {kind}{bound}; correct it, or remove the field to decode with "
+                "the default"
+            )
 
 
 def ode_model_config(model_name_or_path: str | Path) -> dict:
@@ -464,6 +504,65 @@ def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved with a model (folder or Hub id); a local folder without one, or with a damaged
     tokenizer file, is refused by name."""
     check_model_folder(model_name_or_path)
-    if Path(model_name_or_path).is_dir():
-        check_tokenizer_files(model_name_or_path)
-    return AutoTokenizer.from_pretrained(model_name_or_path)
+    if not Path(model_name_or_path).is_dir():
+        return AutoTokenizer.from_pretrained(model_name_or_path)
+    check_tokenizer_files(model_name_or_path)
+    check_tokenizer_shapes(model_name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_name_or_path)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:  # a shape the checks above let through
+        raise ValueError(
+            f"the tokenizer files of {model_name_or_path} (tokenizer.json, tokenizer_config.json) do not load "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); {_TOKENIZER_FIX}"
+        ) from None
+
+
+_TOKENIZER_FIX = (
+    "copy them again from the folder the tokenizer was saved in (ode_transformer.train.run writes tokenizer.json "
+    "and tokenizer_config.json beside model.safetensors)"
+)
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def check_tokenizer_shapes(folder: str | Path) -> None:
+    """Tokenizer files that are JSON of the wrong shape (a list, a missing ``added_tokens``, a token that is a
+    number) are refused by name: transformers failed with ~40-line tracebacks (``'list' object has no attribute
+    'get'``, ``KeyError: 'added_tokens'``) naming neither file. ``tokenizer.json`` is parsed by the tokenizers
+    library itself; ``tokenizer_config.json``'s special tokens must be strings (or token objects).
+
+    Raises:
+        ValueError: the file, what is wrong, and the fix.
+    """
+    from tokenizers import Tokenizer
+
+    for name in _TOKENIZER_FILES:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))  # JSON text: check_tokenizer_files
+        fix = _TOKENIZER_FIX.replace("them", "it")
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{path} holds a JSON {type(data).__name__}, not an object of tokenizer fields; {fix}"
+            )
+        if name == "tokenizer.json":
+            needed = (("added_tokens", list, "a list"), ("model", dict, "an object"))
+            if wrong := [
+                f"{key} ({what})" for key, kind, what in needed if not isinstance(data.get(key), kind)
+            ]:
+                raise ValueError(f"{path}: {', '.join(wrong)} is missing or of another type; {fix}")
+            try:
+                Tokenizer.from_file(str(path))
+            except Exception as error:  # the Rust parser's message: the field and where
+                raise ValueError(f"{path} is not a tokenizer ({str(error).splitlines()[0]}); {fix}") from None
+            continue
+        decoder = data.get("added_tokens_decoder", {})
+        wrong = [] if isinstance(decoder, dict) and all(isinstance(v, dict) for v in decoder.values()) else [
+            "added_tokens_decoder (an object of token objects)"
+        ]  # fmt: skip
+        wrong += [
+            f"{key} (a string)" for key in _SPECIAL_TOKENS if data.get(key) is not None
+            and not isinstance(data[key], (str, dict))
+        ]  # fmt: skip
+        if wrong:
+            raise ValueError(f"{path}: {', '.join(wrong)} is of another type; {fix}")
