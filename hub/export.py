@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from ode_transformer.cli import program_name, report_user_error
 
 from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ..train.loading import load_saved_model
-from ..train.tokenizer import check_tokenizer_files
+from ..train.tokenizer import check_tokenizer_files, own_tokenizer_config
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 from .onnx_export import (
     EXPORT_PACKAGES,
@@ -131,6 +132,20 @@ def _write_generation_config(model: ODETransformerPreTrainedModel, out_dir: Path
     GenerationConfig(**generation).save_pretrained(out_dir)
 
 
+def _write_card(staged: Path, name: str, metrics, repo_id: str | None) -> None:
+    """The card of ``staged``, written as if the folder were already ``name``: a card names its folder (the
+    model's name, ``from_pretrained("path/to/NAME")``), and it must never name the staging folder, nor any local
+    path beyond that name."""
+    with tempfile.TemporaryDirectory(prefix="ode-card-") as scratch:
+        named = Path(scratch) / name
+        named.mkdir()
+        for file in ("config.json", "generation_config.json"):
+            if (staged / file).is_file():
+                shutil.copy2(staged / file, named / file)
+        write_model_card(named, metrics, repo_id)
+        shutil.move(named / "README.md", staged / "README.md")
+
+
 def export_for_hub(
     model_dir_or_model: str | Path | ODETransformerPreTrainedModel,
     out_dir: str | Path,
@@ -209,11 +224,13 @@ def _export(
         model.save_pretrained(staged)  # weights, config with auto_map, and the modeling code
         _write_generation_config(model, staged, source_dir)
         if _copy_tokenizer(tokenizer, tokenizer_folder, tokenizer_names, staged):
+            own_tokenizer_config(staged, tokenizer_folder or "the tokenizer")  # before anything loads it
             _fit_tokenizer(staged, model.config)
+            own_tokenizer_config(staged, tokenizer_folder or "the tokenizer")
         if copy_card:
             shutil.copy2(source_dir / "README.md", staged / "README.md")
         else:
-            write_model_card(staged, metrics, repo_id)
+            _write_card(staged, out_dir.resolve().name, metrics, repo_id)
         if onnx:
             export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
     return out_dir

@@ -3,8 +3,10 @@
 Each runs a module's ``main``. What a user can fix ends the command with one line on stderr and exit code 2,
 not a traceback: a third-party module missing because an extra was not installed (the extra named), and the
 ``OSError`` / ``ValueError`` our tools raise for bad input (a missing file, a damaged ``.gz``, a full disk, ...),
-whose messages name the problem and the fix. The traceback is kept in a file the line names (an unexpected
-``ValueError`` after hours of training must not lose it), and ``ODE_TRACEBACK=1`` prints it instead. Ctrl-C
+whose messages name the problem and the fix. Where such an error was raised by a library rather than by one of
+the project's own checks, its traceback is kept in a file the line names (an unexpected ``ValueError`` after
+hours of training must not lose it; only the newest few such files are kept), and ``ODE_TRACEBACK=1`` prints it
+instead. A refusal by the project's own checks (an occupied folder, a second writer, a bad file named) keeps none. Ctrl-C
 (SIGINT) ends it with one line too, ``PROG: interrupted; ADVICE`` (how to resume, from the ``KeyboardInterrupt``'s
 message where the module gives one) and exit code 130 (128 + SIGINT, as shells report it). A closed
 output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m ode_transformer.train.translate`` and the other
@@ -14,6 +16,7 @@ modules keep Python's traceback: that is the developer's path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -22,6 +25,8 @@ import traceback
 from pathlib import Path
 
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
+KEPT_TRACEBACKS = 10
+"""How many ``ode-*.traceback`` files the temporary folder keeps: the newest; older ones are deleted."""
 _running_command: str | None = None  # the console command being run, set by _launch
 
 
@@ -102,8 +107,42 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _own_code_folders() -> list[Path]:
+    folders = []
+    for name in ("ode_transformer", "ode_transformer.train", "ode_transformer.hub", "modeling_ode"):
+        module = sys.modules.get(name)
+        folders += [Path(path).resolve() for path in getattr(module, "__path__", [])]
+    return folders
+
+
+def raised_by_own_check(error: BaseException) -> bool:
+    """Whether ``error`` was raised by the project's own code (a check that names the problem and the fix), not
+    inside a library or the standard library (an unexpected failure, whose traceback is worth keeping)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return False
+    raised_in = Path(frames[-1].filename).resolve()
+    return any(raised_in.is_relative_to(folder) for folder in _own_code_folders())
+
+
+def _prune_tracebacks(keep: int = KEPT_TRACEBACKS) -> None:
+    """Delete this user's ``ode-*.traceback`` files in the temporary folder but the newest ``keep``."""
+    folder = Path(tempfile.gettempdir())
+    mine = []
+    for path in folder.glob("ode-*.traceback"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if stat.st_uid == os.getuid():
+            mine.append((stat.st_mtime_ns, path))
+    for _, path in sorted(mine, reverse=True)[keep:]:
+        Path(path).unlink(missing_ok=True)
+
+
 def _keep_traceback(command: str) -> str:
-    """Write the traceback being handled to a temporary file; where it is, in words (on a full disk: nowhere)."""
+    """Write the traceback being handled to a temporary file; where it is, in words (on a full disk: nowhere).
+    Older traceback files beyond the newest :data:`KEPT_TRACEBACKS` are deleted."""
     path = None
     try:
         with tempfile.NamedTemporaryFile(
@@ -115,6 +154,8 @@ def _keep_traceback(command: str) -> str:
         if path is not None:
             Path(path).unlink(missing_ok=True)
         return "the traceback could not be written either"
+    with contextlib.suppress(OSError):
+        _prune_tracebacks()
     return f"traceback in {path}"
 
 
@@ -138,6 +179,8 @@ def _launch(command: str, module: str, extra: str | None) -> None:
     except (OSError, ValueError) as error:
         if _traceback_wanted():
             raise
+        if raised_by_own_check(error):  # a refusal that names its problem and fix: nothing more to keep
+            _fail(f"{command}: error: {error}")
         _fail(f"{command}: error: {error} ({_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)")
     finally:
         _running_command = None

@@ -7,6 +7,7 @@ the problem and the fix. Tiny models on a few lines of data keep every case at a
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -593,13 +594,10 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         cli.translate()
     assert exit_info.value.code == 2
-    kept = kept_traceback(
-        capsys.readouterr().err,
-        rf"ode-translate: error: no model folder {re.escape(str(missing))}: give the folder ode_transformer.train.run wrote \(its "
-        r"--output_dir\) or a Hub id \(USER/NAME\)",
+    assert capsys.readouterr().err == (  # a refusal of the project's own: no traceback kept (issue 56 row 19)
+        f"ode-translate: error: no model folder {missing}: give the folder ode_transformer.train.run wrote (its "
+        "--output_dir) or a Hub id (USER/NAME)\n"
     )
-    assert "Traceback" in kept.read_text() and "FileNotFoundError: no model folder" in kept.read_text()
-    kept.unlink()
     monkeypatch.setenv("ODE_TRACEBACK", "1")
     with pytest.raises(FileNotFoundError, match="^no model folder"):
         cli.translate()
@@ -802,11 +800,10 @@ def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(tm
         with pytest.raises(SystemExit) as exit_:
             cli.translate()
         assert exit_.value.code == 2
-        kept_traceback(
-            capsys.readouterr().err,
-            rf"ode-translate: error: {re.escape(str(output))} is in use by another process \(pid {first.pid}\); "
-            r"wait for it to finish or stop it, or choose another --output.",
-        ).unlink()
+        assert capsys.readouterr().err == (
+            f"ode-translate: error: {output} is in use by another process (pid {first.pid}); "
+            "wait for it to finish or stop it, or choose another --output.\n"
+        )
         code, stderr = interrupt(first, seen)
     finally:
         first.kill()
@@ -923,13 +920,9 @@ def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, c
     with lock_output_dir(out), pytest.raises(SystemExit) as exit_:  # the first run, holding the folder
         cli.train()
     assert exit_.value.code == 2
-    assert (
-        capsys.readouterr()
-        .err.splitlines()[-1]
-        .startswith(
-            f"ode-train: error: {out} is in use by another run (pid {os.getpid()}); wait for it to finish or stop it, "
-            "or choose another --output_dir. (traceback in "
-        )
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ode-train: error: {out} is in use by another run (pid {os.getpid()}); wait for it to finish or stop it, "
+        "or choose another --output_dir."
     )
 
 
@@ -1333,6 +1326,325 @@ def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_al
     with pytest.raises(ValueError, match=message):
         train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
     assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 56 rows 3-9, 17-19 and issue 55 items 8-10: what a folder lets through, how files are written
+
+
+def _foreign_tokenizer(folder: Path, tokenizer_class: str) -> Path:
+    """Give ``folder``'s tokenizer_config.json ``tokenizer_class`` and another project's auto_map, with the code
+    it names beside it: importing it leaves a marker file."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.update(tokenizer_class=tokenizer_class, auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    path.write_text(json.dumps(config))
+    marker = folder.parent / "evil_tokenizer_ran"
+    code = f"open({str(marker)!r}, 'w').close()\nfrom transformers import PreTrainedTokenizerFast\n"
+    write(folder / "evil.py", code + "class EvilTokenizer(PreTrainedTokenizerFast): pass\n")
+    return marker
+
+
+def _assert_standard_tokenizer(folder: Path, marker: Path) -> None:
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "auto_map" not in config
+    assert tokenizer_class_from_name(config["tokenizer_class"]) is not None  # transformers' own class
+    write(folder / "evil.py", (folder.parent / "model" / "evil.py").read_text())  # dropped beside it later
+    AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # what its card says to run
+    assert not marker.exists()
+
+
+@pytest.mark.both_cpus
+def test_a_foreign_tokenizer_auto_map_is_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
+    """#56 row 3, #55 item 9: tokenizer_config.json's auto_map (another project's tokenizer code) was copied by
+    ode-export and ode-train; the card's own AutoTokenizer.from_pretrained(trust_remote_code=True) then ran it.
+    A saved tokenizer names transformers' own fast class and carries no auto_map."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    marker = _foreign_tokenizer(folder, "EvilTokenizer")
+    with caplog.at_level(logging.WARNING):
+        export_for_hub(folder, tmp_path / "exported")
+    assert "tokenizer_config.json: dropped auto_map" in caplog.text and "'EvilTokenizer'" in caplog.text
+    _assert_standard_tokenizer(tmp_path / "exported", marker)
+    # ode-train loads a tokenizer of transformers' own class (another one needs the remote code: refused there),
+    # and saved its auto_map with it
+    _foreign_tokenizer(folder, "PreTrainedTokenizerFast")
+    src, tgt = corpus(tmp_path / "data")
+    train_run(tmp_path / "trained", "--model_name_or_path", str(folder), "--train_file", f"{src},{tgt}",
+              "--max_steps", "1")  # fmt: skip
+    config = json.loads((tmp_path / "trained" / "tokenizer_config.json").read_text())
+    assert "auto_map" not in config
+    assert not marker.exists()
+
+
+def test_an_exported_card_names_neither_the_staging_folder_nor_a_local_path(tmp_path):
+    """#56 row 4: without --repo-id the card said `name: OUT.incomplete` and from_pretrained("path/to/OUT.incomplete")."""
+    save_tiny_folder(tmp_path / "model")
+    (tmp_path / "model" / "README.md").unlink(missing_ok=True)
+    out = export_for_hub(tmp_path / "model", tmp_path / "my-model")
+    card = (out / "README.md").read_text()
+    assert ".incomplete" not in card and str(tmp_path) not in card
+    assert 'from_pretrained("path/to/my-model"' in card or "path/to/my-model" in card
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "my-model"]  # no scratch folder left
+
+
+def _training_folder(folder: Path) -> Path:
+    save_tiny_folder(folder)
+    (folder / "checkpoint-2").mkdir()
+    for name in ("optimizer.pt", "rng_state.pth", "model.safetensors"):
+        write(folder / "checkpoint-2" / name, "x")
+    write(folder / "trainer_state.json", "{}")
+    write(folder / "training_args.bin", "pickle")
+    return folder
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "push"])
+def test_push_refuses_a_training_folder_naming_what_would_leave(tmp_path, monkeypatch, capsys, dry_run):
+    """#56 row 5: ode-push of a training folder listed (and would upload) its checkpoints, optimizer states and
+    pickled training arguments, with no warning."""
+    import huggingface_hub
+
+    folder = _training_folder(tmp_path / "run")
+    monkeypatch.setattr(huggingface_hub, "HfApi", None)  # nothing may reach the network code
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    argv = ["ode-push", str(folder), "--repo-id", "u/n", *(["--dry-run"] if dry_run else [])]
+    monkeypatch.setattr(sys, "argv", argv)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.push()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"ode-push: error: {folder} is a training folder: 5 of its files are training state, not the model "
+        "(checkpoint-2/, trainer_state.json, training_args.bin), and would leave the machine; export it first "
+        f"(ode-export {folder} OUT_DIR) and push OUT_DIR\n"
+    )
+    export_for_hub(folder, tmp_path / "exported")  # what the message says to do
+    monkeypatch.setattr(
+        sys, "argv", ["ode-push", str(tmp_path / "exported"), "--repo-id", "u/n", "--dry-run"]
+    )
+    with pytest.raises(SystemExit) as exit_:
+        cli.push()
+    assert exit_.value.code == 0 and "checkpoint" not in capsys.readouterr().out
+
+
+class ConnectError(Exception):
+    """As httpx names the failure to connect (huggingface_hub's HTTP client)."""
+
+
+def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
+    """#56 row 17, #55 item 8: no network and HF_HUB_OFFLINE unset gave a 60-line httpx ConnectError traceback
+    and exit code 1. (The Hub client is patched to fail as it does offline: no real network.)"""
+    import huggingface_hub
+
+    class OfflineApi:
+        def create_repo(self, *args, **kwargs):
+            try:
+                raise OSError("[Errno -3] Temporary failure in name resolution")
+            except OSError as error:
+                raise ConnectError("[Errno -3] Temporary failure in name resolution") from error
+
+    save_tiny_folder(tmp_path / "model")
+    export_for_hub(tmp_path / "model", tmp_path / "exported")
+    monkeypatch.setattr(huggingface_hub, "HfApi", OfflineApi)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["ode-push", str(tmp_path / "exported"), "--repo-id", "u/n"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.push()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "ode-push: error: could not reach the Hugging Face Hub to push u/n (ConnectError: [Errno -3] Temporary "
+        "failure in name resolution); check the network (or HF_ENDPOINT, a proxy) and run the command again; "
+        "--dry-run lists the files without it\n"
+    )
+
+
+def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
+    """#56 row 6: `--output LINK` replaced the link by a regular file; its target kept the old content. Every
+    file writer (write_atomic, replacing) and folder writer (staged_folder) writes through the link."""
+    from ode_transformer.train.files import staged_folder, write_atomic
+
+    target = write(tmp_path / "real.txt", "old\n")
+    link = tmp_path / "out.txt"
+    link.symlink_to(target)
+    write_atomic(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == str(target) and target.read_text() == "new\n"
+    dangling = tmp_path / "later.txt"
+    dangling.symlink_to(tmp_path / "created.txt")  # a link to a file not written yet
+    write_atomic(dangling, "x\n")
+    assert dangling.is_symlink() and (tmp_path / "created.txt").read_text() == "x\n"
+
+    (tmp_path / "folder").mkdir()
+    write(tmp_path / "folder" / "a.txt", "old")
+    (tmp_path / "folder-link").symlink_to(tmp_path / "folder")
+    with staged_folder(tmp_path / "folder-link") as staged:
+        write(staged / "a.txt", "new")
+    assert (tmp_path / "folder-link").is_symlink() and (tmp_path / "folder" / "a.txt").read_text() == "new"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_files_get_the_modes_the_umask_gives(tmp_path, umask):
+    """#56 row 7: model.safetensors was written 0600 (safetensors' own temporary file) while every other file was
+    0644: another user could not read an exported model. Folders written whole and files written whole get the
+    modes open() and mkdir give under the umask."""
+    from ode_transformer.train.files import replacing
+
+    save_tiny_folder(tmp_path / "model")
+    old = os.umask(umask)
+    try:
+        out = export_for_hub(tmp_path / "model", tmp_path / "exported")
+        with replacing(tmp_path / "weights.safetensors") as temporary:
+            save_file({"w": torch.zeros(2)}, temporary)
+    finally:
+        os.umask(old)
+    modes = {
+        p.name: p.stat().st_mode & 0o777 for p in [out, *out.rglob("*"), tmp_path / "weights.safetensors"]
+    }
+    wanted = {name: (0o777 if name == "exported" else 0o666) & ~umask for name in modes}
+    assert modes == wanted
+
+
+def _version(folder: Path) -> str:
+    """Which export a folder is, read from its two files: a mix of two exports reads as 'mixed'."""
+    config, weights = (folder / "config.json").read_text(), (folder / "model.safetensors").read_text()
+    return config if config == weights else "mixed"
+
+
+@pytest.mark.parametrize("kill_at", range(4))
+def test_a_folder_is_replaced_whole_and_a_kill_at_any_step_leaves_one_version(
+    tmp_path, monkeypatch, caplog, kill_at
+):
+    """#56 rows 8 and 9: between the two renames of `ode-export --overwrite`, the folder was missing (a reader got
+    one export's config.json with the other's weights; a kill left no folder, and `OUT.incomplete.old`, which the
+    rerun neither named nor removed). Now the old and new folders swap in one rename: at every step the folder
+    is one version whole, a kill leaves one in place, and the next write removes and names what was left."""
+    import shutil
+
+    from ode_transformer.train import files
+
+    final = tmp_path / "out"
+    final.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        write(final / name, "old")
+    seen, steps = [], []
+
+    def step(name, original):
+        def wrapped(*args, **kwargs):
+            result = original(*args, **kwargs)
+            seen.append(_version(final))  # what a reader finds after this step
+            steps.append(name)
+            if len(steps) > kill_at:
+                raise Killed
+            return result
+
+        return wrapped
+
+    monkeypatch.setattr(Path, "rename", step("rename", Path.rename))
+    monkeypatch.setattr(files, "_exchange", step("exchange", files._exchange))
+    monkeypatch.setattr(shutil, "rmtree", step("rmtree", shutil.rmtree))
+    staged = tmp_path / "out.incomplete"
+    staged.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        write(staged / name, "new")
+    with contextlib.suppress(Killed):
+        files.replace_folder(staged, final)
+    monkeypatch.undo()
+    assert set(seen) <= {"old", "new"}, (steps, seen)
+    assert _version(final) in ("old", "new")
+    with caplog.at_level(logging.WARNING), files.staged_folder(final) as again:  # the rerun
+        for name in ("config.json", "model.safetensors"):
+            write(again / name, "newer")
+    assert _version(final) == "newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    for left in ("out.incomplete", "out.incomplete.old"):
+        if f"{left}:" in caplog.text:
+            assert f"removing {tmp_path / left}: left by an interrupted write of {final}" in caplog.text
+
+
+def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
+    """#56 row 18: with 0 bytes free, the lock's pid file failed first, as a bare `[Errno 28] No space left on
+    device`: no path, no fix."""
+    import errno
+
+    from ode_transformer.train.files import claim_output
+
+    original = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.endswith(".pid"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    output = write(tmp_path / "out.txt", "old\n")
+    message = rf"no space left on device while saving {re.escape(str(output))} .*free some"
+    with pytest.raises(OSError, match=message), claim_output(output, "--output"):
+        pass
+    monkeypatch.undo()
+    assert output.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_tracebacks_are_kept_only_for_unexpected_errors_and_do_not_pile_up(tmp_path, monkeypatch, capsys):
+    """#56 row 19: every refusal, even "in use by another run", left a /tmp/ode-*.traceback file (50 in one round).
+    A refusal raised by the project's own checks keeps none; an error from inside a library keeps one, and only
+    the newest cli.KEPT_TRACEBACKS are kept."""
+    import tempfile
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    for index in range(cli.KEPT_TRACEBACKS + 3):  # old ones, oldest first
+        old = write(temporary / f"ode-translate-old{index}.traceback", "old")
+        os.utime(old, (1_000_000 + index, 1_000_000 + index))
+    missing = tmp_path / "missing"
+    monkeypatch.setattr(
+        sys, "argv", ["ode-translate", str(missing), "--input", str(write(tmp_path / "in", "a\n"))]
+    )
+    with pytest.raises(SystemExit):
+        cli.translate()  # a refusal: no model folder
+    assert capsys.readouterr().err.endswith("(USER/NAME)\n")
+    assert len(list(temporary.iterdir())) == cli.KEPT_TRACEBACKS + 3  # nothing added, nothing pruned yet
+
+    def library_failure():
+        json.loads("{")  # raised inside the standard library: unexpected, worth a traceback
+
+    monkeypatch.setattr(translate, "main", library_failure)
+    with pytest.raises(SystemExit) as exit_:
+        cli.translate()
+    assert exit_.value.code == 2
+    kept = kept_traceback(capsys.readouterr().err, r"ode-translate: error: Expecting property name .*")
+    assert "json.loads" in kept.read_text()
+    left = sorted(p.name for p in temporary.iterdir())
+    assert len(left) == cli.KEPT_TRACEBACKS and kept.name in left
+    assert "ode-translate-old0.traceback" not in left and "ode-translate-old12.traceback" in left
+
+
+def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, monkeypatch):
+    """#55 item 10: `ode-translate MODEL --max_new_tokens 20` made transformers warn that both max_new_tokens and
+    max_length (the saved generation config's) were set."""
+    import transformers.generation.utils
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)  # its generation config has max_length 9
+    warnings = []
+    monkeypatch.setattr(
+        transformers.generation.utils.logger,
+        "warning",
+        lambda message, *a, **k: warnings.append(str(message)),
+    )
+    source = write(tmp_path / "in.txt", "the dog runs in the park\na cat\n")
+    model, tokenizer = translate.load_for_generation(str(tmp_path / "model"), "cpu")
+    ids = [tokenizer(line)["input_ids"] for line in read_lines(source)]
+    for new_tokens in (2, 5):
+        outputs = translate.generate_ids(model, ids, num_beams=1, max_new_tokens=new_tokens)
+        longest = max(len(output) for output in outputs)
+        assert longest == 1 + new_tokens  # the decoder's start token + new tokens (the random model runs on)
+    translate.main([str(tmp_path / "model"), "--input", str(source), "--output", str(tmp_path / "out.txt"),
+                    "--max_new_tokens", "3", "--no_progress"])  # fmt: skip
+    assert not [w for w in warnings if "max_new_tokens" in w], warnings
 
 
 @pytest.mark.both_cpus

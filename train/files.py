@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import ctypes
 import errno
 import gzip
 import logging
@@ -32,6 +33,7 @@ __all__ = [
     "claim",
     "claim_output",
     "clear_folder",
+    "match_umask",
     "read_byte_lines",
     "read_lines",
     "refuse_occupied",
@@ -195,16 +197,48 @@ def saving(path: str | Path) -> Iterator[None]:
         ) from None
 
 
+def _through_links(path: str | Path) -> Path:
+    """``path``, or the file a symbolic link ``path`` points to (followed to the end, also where that file does not
+    exist yet): an output that is a link is written through to its target, never replaced by a regular file."""
+    target = Path(path)
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def match_umask(path: str | Path) -> None:
+    """Give ``path`` (a file, or a folder and everything in it) the modes ``open()`` and ``mkdir`` give under the
+    umask (0644 and 0755 under the usual 022): some writers (safetensors, ``tempfile``) create their files 0600,
+    which other users then cannot read while every other file of the folder is readable."""
+    mask = _umask()
+    root = Path(path)
+    paths = [root, *root.rglob("*")] if root.is_dir() and not root.is_symlink() else [root]
+    for item in paths:
+        if item.is_symlink():
+            continue
+        wanted = (0o777 if item.is_dir() else 0o666) & ~mask
+        if item.is_file() and item.stat().st_mode & 0o111:
+            wanted = 0o777 & ~mask  # an executable stays executable
+        if item.stat().st_mode & 0o777 != wanted:
+            item.chmod(wanted)
+
+
 @contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` (same folder, same suffix: savefig reads the format from it) for a writer
     that takes a path; renamed over ``path`` when the block ends without an error, deleted otherwise. A full
-    disk is named (:func:`saving`)."""
-    target = Path(path)
+    disk is named (:func:`saving`). A ``path`` that is a symbolic link is written through to its target (the
+    link stays); the file gets the umask's mode whatever mode its writer gave it (:func:`match_umask`)."""
+    target = _through_links(path)
     temporary = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}")
     try:
         with saving(target):
             yield temporary
+            match_umask(temporary)
             os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
@@ -222,17 +256,47 @@ def write_atomic(path: str | Path, data: str | bytes, encoding: str = "utf-8") -
             os.fsync(file.fileno())
 
 
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux 3.15+): swap two paths in one step
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap the folders ``first`` and ``second`` in one rename (``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system has no such rename (then nothing happened)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not Linux, or a C library without it
+        return False
+    at_cwd = -100
+    if renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, f"{os.strerror(code)}: swapping {first} and {second}")
+
+
 def replace_folder(staged: Path, final: Path) -> None:
-    """Move the fully written folder ``staged`` to ``final``; an existing ``final`` is replaced (moved aside, then
-    deleted), so ``final`` is the old folder or the new one at any moment but the one between two renames."""
-    if final.exists():
+    """Move the fully written folder ``staged`` to ``final``, replacing an existing ``final`` in one rename that
+    swaps the two (Linux); ``staged`` then holds the old folder, which is deleted. So ``final`` is the complete
+    old folder or the complete new one at every moment, and a kill leaves one of them in place (the old one
+    parked in ``staged``, which the next write removes). Where that rename does not exist, the old folder is
+    moved aside to ``STAGED.old`` first (a moment without ``final``). The new files get the umask's modes
+    (:func:`match_umask`).
+
+    A reader that loads files of ``final`` one by one (``from_pretrained``) while it is replaced can still take
+    one from each; one that may load during a replacement loads from a path that changes by one rename
+    (README, "Safety and recovery")."""
+    match_umask(staged)
+    if not final.exists():
+        staged.rename(final)
+    elif _exchange(staged, final):
+        shutil.rmtree(staged)
+    else:
         old = staged.with_name(staged.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
         staged.rename(final)
         shutil.rmtree(old)
-    else:
-        staged.rename(final)
 
 
 @contextmanager
@@ -242,9 +306,10 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
     deletes it (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
     final = Path(folder).resolve()
     staged = final.with_name(final.name + INCOMPLETE)
-    if staged.exists():
-        logger.warning("removing %s: an earlier write of %s was interrupted", staged, final)
-        shutil.rmtree(staged)
+    for left in (staged, staged.with_name(staged.name + ".old")):  # .old: an old folder set aside
+        if left.exists():
+            logger.warning("removing %s: left by an interrupted write of %s", left, final)
+            shutil.rmtree(left)
     staged.mkdir(parents=True)
     try:
         with saving(staged):
@@ -295,7 +360,8 @@ def claim(
             f"it, or choose another {option}."
         ) from None
     try:
-        pid_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        with saving(target):  # a full disk is named here too, not as a bare [Errno 28] of the pid file
+            pid_file.write_text(f"{os.getpid()}\n", encoding="utf-8")
         yield
     finally:
         for path in (pid_file, lock_file):

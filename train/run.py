@@ -84,6 +84,7 @@ from .preparation import (
     splits_to_use,
     tokenize_splits,
 )
+from .tokenizer import drop_foreign_tokenizer_code
 from .trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ def _run(settings: Settings) -> dict:
     tokenizer = own_tokenizer or prepare_tokenizer(
         model_args, training_args, raw_splits.get("train"), run_args.task
     )
+    drop_foreign_tokenizer_code(tokenizer, model_args.tokenizer_name or model_args.model_name_or_path)
     if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
         resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):

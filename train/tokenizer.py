@@ -38,7 +38,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from .files import saving
+from .files import saving, write_atomic
 
 __all__ = [
     "JSON_TOKENIZER_FILES",
@@ -46,7 +46,9 @@ __all__ = [
     "TOKENIZER_KINDS",
     "TRAINING_RECORD",
     "check_tokenizer_files",
+    "drop_foreign_tokenizer_code",
     "load_or_train_tokenizer",
+    "own_tokenizer_config",
     "tokenizer_sides",
     "train_tokenizer",
     "truncated_rows",
@@ -235,6 +237,61 @@ def check_tokenizer_files(folder: str | os.PathLike) -> None:
                 f"{path} is {what}; copy it again from the folder the tokenizer was saved in (ode_transformer.train.run writes "
                 "tokenizer.json and tokenizer_config.json beside model.safetensors)"
             ) from None
+
+
+STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+"""The class a saved ``tokenizer_config.json`` names: transformers' own fast tokenizer over ``tokenizer.json``
+(this project has no tokenizer class of its own), so ``AutoTokenizer`` loads it without remote code."""
+
+
+def _library_class(name: object) -> bool:
+    """Whether ``name`` is a tokenizer class of transformers itself (no remote code)."""
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    return isinstance(name, str) and tokenizer_class_from_name(name) is not None
+
+
+def drop_foreign_tokenizer_code(tokenizer: PreTrainedTokenizerBase, source: str | os.PathLike) -> None:
+    """Forget an ``auto_map`` (code of another project) that ``tokenizer``, loaded from ``source``, was saved with:
+    ``save_pretrained`` would write it into every folder saved from it (:func:`own_tokenizer_config`)."""
+    auto_map = tokenizer.init_kwargs.pop("auto_map", None)
+    if auto_map is not None:
+        logger.warning(
+            "%s/tokenizer_config.json: dropped auto_map %s, not this project's: the folders saved from this run carry "
+            "no tokenizer code", source, json.dumps(auto_map),
+        )  # fmt: skip
+    if getattr(tokenizer, "_auto_class", None) is not None:
+        tokenizer._auto_class = None
+
+
+def own_tokenizer_config(folder: str | os.PathLike, source: str | os.PathLike) -> None:
+    """Make ``folder/tokenizer_config.json`` name the standard fast tokenizer and carry no ``auto_map``: a
+    tokenizer this project saved runs no code, and one copied from elsewhere (``source``) must not bring code
+    of another project with it (``AutoTokenizer.from_pretrained(..., trust_remote_code=True)`` would run a
+    ``.py`` file put beside it). What is dropped is named in a warning. A folder without ``tokenizer.json``
+    (a slow tokenizer's files only) is left as it is."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.is_file() or not (Path(folder) / "tokenizer.json").is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        return  # check_tokenizer_files' concern
+    dropped = []
+    if "auto_map" in config:
+        dropped.append(f"auto_map {json.dumps(config.pop('auto_map'))}")
+    named = config.get("tokenizer_class")
+    if named is not None and not _library_class(named):
+        dropped.append(f"tokenizer_class {named!r}")
+    if not dropped and named is not None:
+        return
+    config["tokenizer_class"] = STANDARD_TOKENIZER_CLASS
+    if dropped:
+        logger.warning(
+            "%s/tokenizer_config.json: dropped %s, not this project's: the tokenizer is saved as transformers' "
+            "%s over tokenizer.json, which loads without remote code",
+            source, ", ".join(dropped), STANDARD_TOKENIZER_CLASS,
+        )  # fmt: skip
+    write_atomic(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_or_train_tokenizer(

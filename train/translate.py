@@ -128,6 +128,21 @@ def _pad(
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
+def _length_cap(model: PreTrainedModel, generate_kwargs: dict, inputs: dict) -> dict:
+    """``generate_kwargs`` with ``max_new_tokens`` given as the ``max_length`` it means for this batch (the prompt's
+    padded length, or the decoder's start token, plus the new tokens): passed beside the ``max_length`` of a
+    saved generation config, ``max_new_tokens`` makes transformers warn that both are set. (A generation config
+    that sets ``max_new_tokens`` itself keeps it: it would take precedence over ``max_length``.)"""
+    new_tokens = generate_kwargs.get("max_new_tokens")
+    if new_tokens is None or model.generation_config.max_new_tokens is not None:
+        return generate_kwargs
+    start = inputs["input_ids"].shape[1] if not model.config.is_encoder_decoder else 1
+    return {
+        **{k: v for k, v in generate_kwargs.items() if k != "max_new_tokens"},
+        "max_length": start + new_tokens,
+    }
+
+
 @torch.no_grad()
 def generate_ids(
     model: PreTrainedModel,
@@ -159,7 +174,7 @@ def generate_ids(
         for batch in length_batches([len(seq) for seq in sequences], batch_size):
             inputs = _pad([sequences[i] for i in batch], pad_id, model.device, left=causal)
             with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-                generated = model.generate(**inputs, **generate_kwargs)
+                generated = model.generate(**inputs, **_length_cap(model, generate_kwargs, inputs))
             new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
             for index, ids in zip(batch, new.tolist()):
                 outputs[index] = ids
