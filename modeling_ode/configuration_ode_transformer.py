@@ -28,6 +28,7 @@ from .ode import (
     ODEFunctionName,
     ODEMethodName,
     gate_start_logits,
+    paper_coefficients,
     resolve_tableau,
 )
 
@@ -177,7 +178,9 @@ class ODETransformerConfig(PreTrainedConfig):
     - `encoder_ode_method` / `decoder_ode_method`: a named method of `ODE_METHODS` or a user Butcher tableau
       `{"a": [[], [1.0]], "b": [0.5, 0.5]}`.
     - `encoder_ode_coefficients` / `decoder_ode_coefficients`: how the stage results are combined, one of
-      `COEFFICIENT_MODES` (Table "scale_function").
+      `COEFFICIENT_MODES` (Table "scale_function"). Not given (None), the paper's block for the side's method
+      (`PAPER_COEFFICIENTS`): `gated` for `rk2` (Eq. (learnable)), `tableau` for `rk4` (Eq. (rk4)) and every other
+      method; the field then holds that mode, and a saved config.json writes it.
     - `encoder_ode_function` / `decoder_ode_function`: what F is, one of `ODE_FUNCTIONS` (Figure "components").
     - `ode_step_size`: h.
     - `ode_function_includes_residual`: False (the paper): F(y) = G(LN(y)), the layer without its residual.
@@ -242,8 +245,9 @@ class ODETransformerConfig(PreTrainedConfig):
 
     encoder_ode_method: ODEMethodName | dict = "rk2"
     decoder_ode_method: ODEMethodName | dict = "euler"
-    encoder_ode_coefficients: CoefficientModeName = "gated"
-    decoder_ode_coefficients: CoefficientModeName = "tableau"
+    # None: the paper's block for the side's method (`paper_coefficients`), written into the config at construction
+    encoder_ode_coefficients: CoefficientModeName | None = None
+    decoder_ode_coefficients: CoefficientModeName | None = None
     encoder_ode_function: ODEFunctionName = "layer"
     decoder_ode_function: ODEFunctionName = "layer"
     ode_step_size: float | int = 1.0
@@ -281,18 +285,33 @@ class ODETransformerConfig(PreTrainedConfig):
         if self.share_encoder_decoder_embeddings and self.source_vocab_size == self.vocab_size:
             # one table, of vocab_size rows, which resize_token_embeddings changes
             self.source_vocab_size = None
+        self._resolve_coefficients()
         self._check_fields()
         super().__post_init__(**kwargs)
 
     def validate_ode_transformer(self) -> None:
         """`@strict` class validator: the checks of construction, run again by `validate()`, which models call
         when they are built and `save_pretrained` calls before it writes (fields may change after construction)."""
+        self._resolve_coefficients()
         self._check_fields()
+
+    def _resolve_coefficients(self) -> None:
+        """Coefficients not given become the paper's block for the side's method (RK2: `gated`, Eq. (learnable);
+        RK4 and every other method: `tableau`), written into the field: `save_pretrained` writes the concrete
+        mode, so a saved config keeps its block whatever a later version's default is. (Every version has written
+        both coefficient fields; a config.json without them, written by hand, gets the paper's block.)"""
+        for side in ("encoder", "decoder"):
+            if getattr(self, f"{side}_ode_coefficients") is None:
+                setattr(
+                    self, f"{side}_ode_coefficients", paper_coefficients(getattr(self, f"{side}_ode_method"))
+                )
 
     def _check_fields(self) -> None:
         """Every field checked at construction; a ValueError names the field, the value and what is allowed."""
         self._check_sizes()
         for field, (allowed, default) in _choice_fields().items():
+            if default is None:  # the coefficients: the example is the paper's block for the side's method
+                default = paper_coefficients(getattr(self, field.replace("_coefficients", "_method")))
             _check_choice(field, getattr(self, field), allowed, default)
         for side in ("encoder", "decoder"):
             self._check_ode_side(side)
@@ -420,12 +439,18 @@ class ODETransformerConfig(PreTrainedConfig):
 
 @cache
 def _choice_fields() -> dict[str, tuple[tuple[str, ...], str]]:
-    """The fields declared `Literal[...]`: name -> (allowed values, default). The annotations are the one list of
-    choices (the catalogue's Literal types of `ode.py`); `@strict` does not type-check them (this module's
-    annotations are postponed, so it sees strings), `validate_ode_transformer` does, with errors that name the fix."""
+    """The fields declared `Literal[...]` (or `Literal[...] | None`, None being resolved at construction): name ->
+    (allowed values, default). The annotations are the one list of choices (the catalogue's Literal types of
+    `ode.py`); `@strict` does not type-check them (this module's annotations are postponed, so it sees strings),
+    `validate_ode_transformer` does, with errors that name the fix."""
     hints = inspect.get_annotations(ODETransformerConfig, eval_str=True)  # this class's own fields
-    return {
-        field.name: (get_args(hints[field.name]), field.default)
-        for field in dataclasses.fields(ODETransformerConfig)
-        if get_origin(hints.get(field.name)) is Literal
-    }
+    choices = {}
+    for field in dataclasses.fields(ODETransformerConfig):
+        hint = hints.get(field.name)
+        if get_origin(hint) is not Literal:
+            literals = [arg for arg in get_args(hint) if get_origin(arg) is Literal]
+            if len(literals) != 1 or set(get_args(hint)) != {literals[0], type(None)}:
+                continue
+            hint = literals[0]
+        choices[field.name] = (get_args(hint), field.default)
+    return choices

@@ -52,6 +52,7 @@ __all__ = [
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
     "ODE_METHODS",
+    "PAPER_COEFFICIENTS",
     "ButcherTableau",
     "CoefficientMode",
     "ODEStageRecorder",
@@ -60,6 +61,7 @@ __all__ = [
     "euler_weights",
     "gate_start_logits",
     "ode_step",
+    "paper_coefficients",
     "resolve_tableau",
     "start_weights",
     "tableau_gate_logits",
@@ -286,6 +288,16 @@ COEFFICIENT_MODES: dict[CoefficientModeName, CoefficientMode] = {
     ),
 }
 GATED_MODES = tuple(name for name, mode in COEFFICIENT_MODES.items() if mode.gated)
+# The paper's block for each method, built when no coefficients are given: its RK2-block is the learnable (gated)
+# one, Eq. (learnable); RK4 and every other named method is its fixed tableau (Eq. (rk4): gamma = b), as is a user
+# tableau. `encoder_ode_coefficients` / `decoder_ode_coefficients` choose another combination.
+PAPER_COEFFICIENTS: dict[ODEMethodName, CoefficientModeName] = {"rk2": "gated"}
+
+
+def paper_coefficients(method: str | dict | ButcherTableau) -> CoefficientModeName:
+    """The coefficients of the paper's block for `method` (`PAPER_COEFFICIENTS`, else `tableau`)."""
+    return PAPER_COEFFICIENTS.get(method, "tableau") if isinstance(method, str) else "tableau"
+
 
 # What F is (Figure "components"). Sublayers that are not part of F stay residual.
 ODEFunctionName = Literal["layer", "attention", "ffn", "sublayers"]

@@ -64,6 +64,7 @@ DECODER_VARIANTS = [
     },
     {
         "decoder_ode_method": "rk2",
+        "decoder_ode_coefficients": "tableau",
         "decoder_ode_function": "attention",
         "decoder_layer_connections": "multistep",
         "relative_position_values": True,
@@ -262,6 +263,57 @@ def test_a_saved_config_with_the_old_label_smoothing_field_loads_with_a_note(tmp
     assert not hasattr(loaded, "label_smoothing")
     loaded.save_pretrained(tmp_path / "again")
     assert "label_smoothing" not in json.loads((tmp_path / "again" / "config.json").read_text())
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_a_method_without_coefficients_builds_the_papers_block(side):
+    """Issue 55: given no coefficients, RK2 is the paper's learnable gate (Eq. (learnable)) and RK4, like every other
+    method and a user tableau, its fixed tableau (Eq. (rk4)); the config holds the mode it built."""
+    from modeling_ode.ode import ODE_METHODS
+
+    for method in ODE_METHODS:
+        config = ODETransformerConfig.from_preset("tiny", **{f"{side}_ode_method": method})
+        assert getattr(config, f"{side}_ode_coefficients") == ("gated" if method == "rk2" else "tableau"), (
+            method
+        )
+    user = ODETransformerConfig(**{f"{side}_ode_method": {"a": [[], [1.0]], "b": [0.5, 0.5]}})
+    assert getattr(user, f"{side}_ode_coefficients") == "tableau"
+    rk4 = seq2seq(**{f"{side}_ode_method": "rk4"})
+    coefficients = getattr(rk4.model, side).ode_coefficients
+    assert [list(module.parameters()) for module in coefficients] == [[]] * len(coefficients)  # b, not a gate
+    assert ODETransformerConfig(encoder_ode_method="rk4").encoder_ode_coefficients == "tableau"
+    assert ODETransformerConfig().encoder_ode_coefficients == "gated"  # the default RK2 encoder, as before
+
+
+def test_a_saved_config_keeps_its_coefficients(tmp_path):
+    """save_pretrained writes both coefficient fields (every version has), so a folder loads with the block it was
+    saved with: RK4 saved by the earlier default (gated) stays gated, a default RK4 saved now stays tableau. A
+    config.json without the fields (written by hand) gets the paper's block."""
+    tiny(encoder_ode_method="rk4").save_pretrained(tmp_path / "now")
+    written = json.loads((tmp_path / "now" / "config.json").read_text())
+    assert (written["encoder_ode_coefficients"], written["decoder_ode_coefficients"]) == (
+        "tableau",
+        "tableau",
+    )
+    # config.json as the earlier default wrote `ODETransformerConfig.from_preset("tiny", encoder_ode_method="rk4")`
+    old = {**written, "encoder_ode_coefficients": "gated", "transformers_version": "5.23.0"}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(old))
+    loaded = ODETransformerConfig.from_pretrained(tmp_path / "old")
+    assert (loaded.encoder_ode_method, loaded.encoder_ode_coefficients) == ("rk4", "gated")
+    gate = ODETransformerForConditionalGeneration(loaded).model.encoder.ode_coefficients[0]
+    assert any(True for _ in gate.parameters())  # the 4-way softmax gate it was trained with
+    for mode in ("tableau", "ones", "learnable", "gated_tanh", "ema"):
+        tiny(encoder_ode_method="rk4", encoder_ode_coefficients=mode).save_pretrained(tmp_path / mode)
+        assert ODETransformerConfig.from_pretrained(tmp_path / mode).encoder_ode_coefficients == mode
+    bare = {k: v for k, v in written.items() if not k.endswith("_ode_coefficients")}
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({**bare, "decoder_ode_method": "rk2"}))
+    bare_loaded = ODETransformerConfig.from_pretrained(tmp_path / "bare")
+    assert (bare_loaded.encoder_ode_coefficients, bare_loaded.decoder_ode_coefficients) == (
+        "tableau",
+        "gated",
+    )
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(device):

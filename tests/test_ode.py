@@ -552,7 +552,9 @@ def test_tableau_gate_init_needs_a_gate_and_a_tableau_a_gate_can_output():
     ):
         ODETransformerConfig.from_preset("tiny", encoder_ode_coefficients="tableau", ode_gate_init="tableau")
     with pytest.raises(ValueError, match="no gated gate outputs the weights"):
-        ODETransformerConfig.from_preset("tiny", encoder_ode_method="midpoint", ode_gate_init="tableau")
+        ODETransformerConfig.from_preset(
+            "tiny", encoder_ode_method="midpoint", encoder_ode_coefficients="gated", ode_gate_init="tableau"
+        )
 
 
 def test_coefficient_and_gate_starts_by_hand():

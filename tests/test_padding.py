@@ -17,7 +17,12 @@ BLOCKS = {
     "euler": {"encoder_ode_method": "euler", "encoder_ode_coefficients": "tableau"},
     "rk2": {"encoder_ode_method": "rk2", "encoder_ode_coefficients": "tableau"},
     "rk2_gated": {},  # the paper's default
-    "rk4_values": {"encoder_ode_method": "rk4", "relative_position_values": True},
+    # a 4-way softmax gate (the method alone builds RK4's tableau)
+    "rk4_values": {
+        "encoder_ode_method": "rk4",
+        "encoder_ode_coefficients": "gated",
+        "relative_position_values": True,
+    },
     "pc_rk2": {
         "encoder_ode_method": "rk2",
         "encoder_ode_coefficients": "ema",

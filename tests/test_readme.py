@@ -265,7 +265,9 @@ def test_the_demo_figures_are_those_of_its_committed_runs():
     assert current["provenance"]["precision"]["precision"] == "fp32"
     assert current["provenance"]["device"]["capability"] == "AVX2"
     training = (REPO / "docs" / "training.md").read_text()
-    summary = f"{current['steps']} updates, {current['wall_seconds'] / 60:.1f} min, test BLEU {current['bleu']:.1f}"
+    summary = (
+        f"{current['steps']} updates, {current['wall_seconds'] / 60:.1f} min, test BLEU {current['bleu']:.1f}"
+    )
     assert summary in " ".join(training.split())
     assert f"**{current['wall_seconds'] / 60:.1f} minutes**" in training
     for run in runs.values():
@@ -396,3 +398,38 @@ def test_within_noise_always_comes_with_its_interval():
                 if "95% CI [" not in near:
                     bare.append(f"{name}: ...{block[max(0, match.start() - 80) : match.end() + 40]}...")
     assert not bare, "\n".join(bare)
+
+
+def test_readme_formulas_are_what_each_config_line_builds():
+    """Each formula of the README's first code block is the block its config line builds (the method's tableau
+    equation, or the gate's), and every method the Quickstart names has its line: a config that names only a
+    method builds the paper's block (issue 55: `encoder_ode_method="rk4"` is the tableau RK4, not a gated one)."""
+    from modeling_ode import ODETransformerConfig
+    from modeling_ode.ode import COEFFICIENT_MODES, ODE_METHODS
+
+    text = README.read_text()
+    block = re.search(r"for every stage:\n\n```\n(.*?)```", text, re.DOTALL).group(1).splitlines()
+    built = {}
+    for config_line, formula in zip(block[::2], block[1::2], strict=True):
+        fields = dict(re.findall(r'(\w+)="(\w+)"', config_line.partition(":")[0]))
+        config = ODETransformerConfig(**fields)
+        method, mode = config.encoder_ode_method, config.encoder_ode_coefficients
+        if mode == "tableau":
+            assert formula.strip() == ODE_METHODS[method].equation.partition(",")[0], config_line
+        else:
+            assert mode == "gated" and method == "rk2", config_line
+            assert formula.strip().startswith("y + g F1 + (1 - g) F2,"), config_line
+            assert "g = sigmoid([F1, F2] W + b)" in COEFFICIENT_MODES[mode].equation
+            assert formula.strip().endswith("g = sigmoid([F1, F2] W + b)"), config_line
+        if "(the default)" in config_line:
+            assert (
+                ODETransformerConfig().encoder_ode_method,
+                ODETransformerConfig().encoder_ode_coefficients,
+            ) == (
+                method,
+                mode,
+            )
+        built[tuple(sorted(fields.items()))] = mode
+    quickstart = re.search(r"## Quickstart\n\n```python\n(.*?)```", text, re.DOTALL).group(1)
+    for method in re.findall(r'encoder_ode_method="(\w+)"', quickstart):
+        assert (("encoder_ode_method", method),) in built, method
