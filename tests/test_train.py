@@ -7,6 +7,8 @@ import json
 import logging
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -839,3 +841,40 @@ def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monke
         "python -m ode_transformer.train.run: error: shared corpus 'multi30k': no local copy"
     )
     assert "--data_dir DIR" in message and "bentrevett/multi30k" in message
+
+
+_STREAM_PEAK = """
+import resource, sys
+from itertools import islice
+from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.preparation import load_raw_data, splits_to_use
+settings = parse_arguments(["--train_file", sys.argv[1], "--streaming", "true", "--max_steps", "5",
+                            "--do_predict", "false", "--output_dir", sys.argv[2], "--use_cpu", "true"])
+raw, _ = load_raw_data(settings.data, "translation")
+rows = list(islice(iter(splits_to_use(raw, settings)["train"]), 2000))
+assert rows[1999] == {"source": "a sentence number 1999 of the big file", "target": "ein Satz Nummer 1999"}, rows[1999]
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_local_training_files_stream_in_bounded_memory(tmp_path):
+    """#56 row 2: `--train_file big.en,big.de --streaming true` read a 346 MB pair whole (3.51 GB peak RSS); a
+    local file now streams line by line: the peak is that of a small file, whatever the file's size."""
+    peaks = {}
+    for name, lines in (("small", 2_000), ("big", 5_000_000)):
+        source, target = tmp_path / f"{name}.en", tmp_path / f"{name}.de"
+        with open(source, "w") as src, open(target, "w") as tgt:
+            for start in range(0, lines, 100_000):
+                block = range(start, min(start + 100_000, lines))
+                src.write("".join(f"a sentence number {i} of the big file\n" for i in block))
+                tgt.write("".join(f"ein Satz Nummer {i}\n" for i in block))
+        pair = f"{source},{target}"
+        result = subprocess.run(
+            [sys.executable, "-c", _STREAM_PEAK, pair, str(tmp_path / f"out_{name}")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        peaks[name] = int(result.stdout.split()[-1])
+    assert (tmp_path / "big.en").stat().st_size + (tmp_path / "big.de").stat().st_size > 250_000_000
+    assert peaks["big"] < peaks["small"] + 100, peaks  # MB: no more than a small file's, give or take
