@@ -13,16 +13,26 @@ axis dynamic):
         out: logits (batch, target_length, vocab_size), present.* (the self- and cross-attention cache)
     decoder_with_past_model.onnx            the next tokens, with the cache of the tokens before
         in:  input_ids (batch, target_length), encoder_attention_mask, past_key_values.*
-        out: logits, present.{layer}.{stage}.{key,value} (the self-attention cache, grown by target_length)
+        out: logits, present.{layer}.decoder*.{key,value} (the self-attention cache, grown by target_length)
 
 The cache is the decoder's `StageCacheLayout`: every stage of an ODE block attends over the keys and values that
 stage computed at earlier positions, so the self-attention cache has one (key, value) pair per (layer, stage), and
-the cross-attention one per layer (the encoder's keys and values, the same for every stage):
+the cross-attention one per layer (the encoder's keys and values, the same for every stage). The names are Optimum's,
+`{past_key_values|present}.{layer}.{decoder|encoder}.{key|value}`, with one more for the stages after the first:
 
-    past_key_values.{layer}.{stage}.key / .value    (batch, heads, past_length, head_dim), stage 0..stages-1
-    past_key_values.{layer}.encoder.key / .value    (batch, heads, source_length, head_dim)
+    past_key_values.{layer}.decoder.key / .value          stage 0 (Optimum's name; an Euler decoder has only it)
+    past_key_values.{layer}.decoder_stage{k}.key / .value stage k = 1..stages-1 of an RK decoder
+                                                          (batch, heads, past_length, head_dim)
+    past_key_values.{layer}.encoder.key / .value          (batch, heads, source_length, head_dim)
 
-and `present.*` the same names after the step. `ode_transformer.hub.onnx_generation` decodes the graphs with onnxruntime through
+and `present.*` the same names after the step: a loop that feeds each `present.X` back as `past_key_values.X`, and
+takes the self-attention cache as the names with `.decoder` in them, decodes an RK decoder as it does Optimum's.
+In each graph the self-attention tensors come first (layer by layer, stage by stage, key then value), then the
+cross-attention ones (`cache_names`).
+
+With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
+`decoder_model_quantized.onnx`, `decoder_with_past_model_quantized.onnx` (`QUANTIZED_GRAPHS`). No merged decoder
+(`decoder_model_merged.onnx`) is written: hub/README.md says why. `ode_transformer.hub.onnx_generation` decodes the graphs with onnxruntime through
 transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 """
 
@@ -46,13 +56,17 @@ __all__ = [
     "ENCODER",
     "GRAPHS",
     "ONNX_OPSET",
+    "QUANTIZED_GRAPHS",
+    "QUANTIZED_SUFFIX",
     "ONNX_QUANTIZE_CHOICES",
     "RUNTIME_PACKAGES",
     "cache_names",
     "check_exportable",
     "export_onnx",
     "quantize_graph_int8",
+    "quantized_name",
     "require",
+    "self_attention_name",
 ]
 
 ONNX_OPSET = 18  # the dynamo exporter's own opset (no version conversion); onnxruntime >= 1.14 runs it
@@ -62,6 +76,16 @@ ENCODER, DECODER, DECODER_WITH_PAST = (
     "decoder_with_past_model.onnx",
 )
 GRAPHS = (ENCODER, DECODER, DECODER_WITH_PAST)
+QUANTIZED_SUFFIX = "_quantized"  # Optimum's ORTQuantizer: model.onnx -> model_quantized.onnx
+
+
+def quantized_name(graph: str) -> str:
+    """The file name of `graph`'s int8 version: `encoder_model.onnx` -> `encoder_model_quantized.onnx`."""
+    stem, dot, suffix = graph.rpartition(".")
+    return f"{stem}{QUANTIZED_SUFFIX}{dot}{suffix}"
+
+
+QUANTIZED_GRAPHS = tuple(quantized_name(graph) for graph in GRAPHS)
 EXPORT_PACKAGES = ("onnx", "onnxscript")  # torch.onnx.export needs them (the dynamo exporter both)
 RUNTIME_PACKAGES = ("onnxruntime",)
 ONNX_QUANTIZE_CHOICES = ("int8",)
@@ -78,11 +102,17 @@ def require(packages: Sequence[str], purpose: str) -> None:
         )
 
 
+def self_attention_name(layer: int, stage: int) -> str:
+    """The middle of a self-attention cache tensor's name: `{layer}.decoder` for stage 0 (Optimum's), and
+    `{layer}.decoder_stage{stage}` for the later stages of an RK decoder."""
+    return f"{layer}.decoder" if stage == 0 else f"{layer}.decoder_stage{stage}"
+
+
 def cache_names(num_layers: int, stages: int, prefix: str, cross_attention: bool = True) -> list[str]:
     """The flat cache's tensor names in graph order: the self-attention slots (layer, stage) in the order of
     `StageCacheLayout.slot`, key then value, then (with `cross_attention`) each layer's cross-attention pair."""
     names = [
-        f"{prefix}.{layer}.{stage}.{kv}"
+        f"{prefix}.{self_attention_name(layer, stage)}.{kv}"
         for layer in range(num_layers)
         for stage in range(stages)
         for kv in ("key", "value")
@@ -278,8 +308,10 @@ def export_onnx(
         dynamo: `torch.onnx.export(..., dynamo=True)` (torch.export, torch's default) or the TorchScript exporter.
         opset: the ONNX opset.
         graphs: which of `GRAPHS` to write.
-        quantize: "int8" writes the graphs with int8 weights (:func:`quantize_graph_int8`; needs onnxruntime).
-    Returns: the seconds each graph's export took, by file name.
+        quantize: "int8" writes the graphs with int8 weights (:func:`quantize_graph_int8`; needs onnxruntime),
+            named as Optimum's quantizer names them (`quantized_name`: `encoder_model_quantized.onnx`, ...) and
+            without the float32 files.
+    Returns: the seconds each graph's export took, by the file name written.
     """
     import torch
 
@@ -304,10 +336,12 @@ def export_onnx(
         for name in graphs:
             spec = specs[name]
             start = time.perf_counter()
-            _export_graph(spec, out_dir / name, dynamo, opset)
+            path = out_dir / name
+            _export_graph(spec, path, dynamo, opset)
             if quantize:
-                quantize_graph_int8(out_dir / name, model)
-            seconds[name] = time.perf_counter() - start
+                quantize_graph_int8(path, model)
+                path = path.replace(out_dir / quantized_name(name))
+            seconds[path.name] = time.perf_counter() - start
     finally:
         model.train(was_training)
     return seconds

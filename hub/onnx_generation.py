@@ -28,7 +28,15 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from modeling_ode.compat import CACHE_FIELD, CACHE_KWARGS
 
-from .onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, RUNTIME_PACKAGES, require
+from .onnx_export import (
+    DECODER,
+    DECODER_WITH_PAST,
+    ENCODER,
+    GRAPHS,
+    QUANTIZED_GRAPHS,
+    RUNTIME_PACKAGES,
+    require,
+)
 
 __all__ = ["ONNXSeq2SeqGenerator", "ORTModelForODESeq2SeqLM", "open_sessions"]
 
@@ -36,28 +44,40 @@ __all__ = ["ONNXSeq2SeqGenerator", "ORTModelForODESeq2SeqLM", "open_sessions"]
 _TOKEN_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id")
 
 
+def _complete(folder: Path, names: Sequence[str]) -> bool:
+    return all((folder / name).is_file() for name in names)
+
+
 def graphs_folder(folder: str | Path) -> Path:
-    """The folder holding the three graphs: `folder` itself, or its `onnx/` (where `ode-export --onnx` writes)."""
+    """The folder holding the three graphs (float32, or int8 `*_quantized.onnx`): `folder` itself, or its `onnx/`
+    (where `ode-export --onnx` writes)."""
     folder = Path(folder)
-    graphs = folder / "onnx" if (folder / "onnx" / ENCODER).is_file() else folder
-    missing = [name for name in GRAPHS if not (graphs / name).is_file()]
-    if missing:
+    inner = folder / "onnx"
+    graphs = inner if any(_complete(inner, names) for names in (GRAPHS, QUANTIZED_GRAPHS)) else folder
+    if not any(_complete(graphs, names) for names in (GRAPHS, QUANTIZED_GRAPHS)):
+        missing = [name for name in GRAPHS if not (graphs / name).is_file()]
         raise FileNotFoundError(
-            f"{graphs} lacks the ONNX graphs {missing}; write them with `ode-export MODEL OUT --onnx` (into "
-            "OUT/onnx) or `hub.onnx_export.export_onnx(model, folder)`."
+            f"{graphs} lacks the ONNX graphs {missing} (or their int8 {list(QUANTIZED_GRAPHS)}); write them with "
+            "`ode-export MODEL OUT --onnx` (into OUT/onnx) or `hub.onnx_export.export_onnx(model, folder)`."
         )
     return graphs
 
 
+def graph_files(graphs: Path) -> dict[str, str]:
+    """The file of each graph, by its float32 name: the float32 graphs where the folder has all three, else the int8
+    ones (`*_quantized.onnx`)."""
+    return dict(zip(GRAPHS, GRAPHS if _complete(graphs, GRAPHS) else QUANTIZED_GRAPHS))
+
+
 def open_sessions(graphs: Path, providers: Sequence[str] | None = None, session_options: Any = None) -> dict:
-    """An onnxruntime session per graph, by file name."""
+    """An onnxruntime session per graph, by its float32 file name (`GRAPHS`), whichever file `graph_files` picks."""
     require(RUNTIME_PACKAGES, "decoding with onnxruntime")
     import onnxruntime
 
     providers = list(providers or ["CPUExecutionProvider"])
     return {
-        name: onnxruntime.InferenceSession(str(graphs / name), session_options, providers=providers)
-        for name in GRAPHS
+        name: onnxruntime.InferenceSession(str(graphs / file), session_options, providers=providers)
+        for name, file in graph_files(graphs).items()
     }
 
 
@@ -220,7 +240,8 @@ class ONNXSeq2SeqGenerator:
     between runtimes.
 
     Args:
-        folder: the folder of the graphs, or the folder of `ode-export --onnx` (the graphs in its `onnx/`).
+        folder: the folder of the graphs, or the folder of `ode-export --onnx` (the graphs in its `onnx/`): the
+            float32 graphs where the folder has them, else the int8 ones (`encoder_model_quantized.onnx`, ...).
         generation_config: the decoding defaults and token ids (a dict or a `GenerationConfig`); by default the
             `generation_config.json` beside the graphs (or, for an `onnx/` folder, in the folder above), the token
             ids missing there from `config.json`.

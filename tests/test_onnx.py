@@ -23,6 +23,7 @@ from ode_transformer.hub.onnx_export import (
     DECODER_WITH_PAST,
     ENCODER,
     GRAPHS,
+    QUANTIZED_GRAPHS,
     cache_names,
     export_onnx,
 )
@@ -84,11 +85,12 @@ def flat_cache(model, cache, prefix: str, cross_attention: bool = True) -> dict[
     layout = model.get_decoder().cache_layout
     flat = {}
     for name in cache_names(layout.num_layers, layout.stages, prefix, cross_attention):
-        _, layer, stage, kind = name.split(".")
-        if stage == "encoder":
+        _, layer, attention, kind = name.split(".")
+        if attention == "encoder":
             tensors = cache.cross_attention_cache.layers[int(layer)]
         else:
-            tensors = cache.self_attention_cache.layers[layout.slot(int(layer), int(stage))]
+            stage = int(attention.removeprefix("decoder_stage")) if attention != "decoder" else 0
+            tensors = cache.self_attention_cache.layers[layout.slot(int(layer), stage)]
         flat[name] = (tensors.keys if kind == "key" else tensors.values).numpy()
     return flat
 
@@ -205,7 +207,8 @@ def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
-    """Two decoder layers of two stages: past_key_values.{layer}.{stage}.{key,value}, then the cross-attention's
+    """Two decoder layers of two stages, under Optimum's names: past_key_values.{layer}.decoder.{key,value} (stage
+    0) and past_key_values.{layer}.decoder_stage1.{key,value}, then the cross-attention's
     past_key_values.{layer}.encoder.{key,value}; every batch and length axis named, not fixed."""
     folder = exported(exporter)
     sessions = {
@@ -216,7 +219,12 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     }
     inputs = {graph: [i.name for i in session.get_inputs()] for graph, session in sessions.items()}
     outputs = {graph: [o.name for o in session.get_outputs()] for graph, session in sessions.items()}
-    self_names = [f"{layer}.{stage}.{kv}" for layer in (0, 1) for stage in (0, 1) for kv in ("key", "value")]
+    self_names = [
+        f"{layer}.{attention}.{kv}"
+        for layer in (0, 1)
+        for attention in ("decoder", "decoder_stage1")
+        for kv in ("key", "value")
+    ]
     cross_names = [f"{layer}.encoder.{kv}" for layer in (0, 1) for kv in ("key", "value")]
     assert inputs[ENCODER] == ["input_ids", "attention_mask"] and outputs[ENCODER] == ["last_hidden_state"]
     assert inputs[DECODER] == ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
@@ -236,6 +244,11 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
         )
         assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
     assert past[2].shape[2] != past[-1].shape[2]  # the target's past and the source: distinct axes
+    # an Optimum-style loop: each present.X fed back as past_key_values.X, the rest by name
+    present_names = {
+        o.name.replace("present.", "past_key_values.", 1) for o in sessions[DECODER].get_outputs()[1:]
+    }
+    assert present_names == {i.name for i in past[2:]}
 
 
 @pytest.mark.xdist_group("onnx_trained")
@@ -267,6 +280,21 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
     # not degenerate: the trained model writes varied tokens, and sequences that end at different lengths
     assert len({tuple(row) for row in expected.tolist()}) == len(expected)
     assert len({int((row != PAD).sum()) for row in expected}) > 1
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("beams", [1, 3])
+def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, trained, beams):
+    """Issue 55: `ONNXSeq2SeqGenerator.generate(ids, mask, max_length=5)`, as `model.generate` takes it: 5 tokens,
+    the decoder start included, and `generate`'s."""
+    folder = exported("torchscript")
+    ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, max_length=5, num_beams=beams).numpy()
+    generator = ONNXSeq2SeqGenerator(folder, trained.generation_config, session_options=session_options())
+    got = generator.generate(ids.numpy(), mask.numpy(), max_length=5, num_beams=beams)
+    assert got.shape[1] == expected.shape[1] == 5
+    np.testing.assert_array_equal(got, expected)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -345,11 +373,17 @@ def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, ca
         )
         == 0
     )
-    for graph in GRAPHS:
+    for graph in QUANTIZED_GRAPHS:
         assert "MatMulInteger" in {
             node.op_type for node in onnx.load(str(out / "onnx" / graph)).graph.node
         }, graph
-    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(GRAPHS)  # no temporary file left
+    # Optimum's quantizer's names (model_quantized.onnx), and no float32 or temporary file left
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(QUANTIZED_GRAPHS)
+    assert QUANTIZED_GRAPHS == (
+        "encoder_model_quantized.onnx",
+        "decoder_model_quantized.onnx",
+        "decoder_with_past_model_quantized.onnx",
+    )
 
 
 def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -184,14 +184,21 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from ode_transformer.hub.onnx_export import DECODER, DECODER_WITH_PAST, ENCODER, export_onnx
+    from ode_transformer.hub.onnx_export import (
+        DECODER,
+        DECODER_WITH_PAST,
+        ENCODER,
+        export_onnx,
+        quantized_name,
+    )
     from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
 
     # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
     # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs
     graphs = (ENCODER,) if exporter == "dynamo" else (ENCODER, DECODER, DECODER_WITH_PAST)
     export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8", graphs=graphs)
-    encoder = onnx.load(str(tmp_path / ENCODER)).graph
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(map(quantized_name, graphs))
+    encoder = onnx.load(str(tmp_path / quantized_name(ENCODER))).graph
     assert "MatMulInteger" in {n.op_type for n in encoder.node}
     weights = {init.name: onnx.numpy_helper.to_array(init) for init in encoder.initializer}
     gates = [m.weight.detach().numpy().T for m in trained.modules() if isinstance(m, StageGate)]
@@ -201,7 +208,8 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
         assert any(node.op_type in ("MatMul", "Gemm") and names & set(node.input) for node in encoder.node)
     if exporter == "dynamo":
         return
-    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(tmp_path / DECODER_WITH_PAST)).graph.node}
+    with_past = onnx.load(str(tmp_path / quantized_name(DECODER_WITH_PAST))).graph
+    assert "MatMulInteger" in {n.op_type for n in with_past.node}
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     generator = ONNXSeq2SeqGenerator(tmp_path, trained.generation_config, session_options=options)
