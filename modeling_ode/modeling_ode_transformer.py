@@ -174,8 +174,8 @@ class FastDropout(nn.Dropout):
 
 class ODETransformerEmbeddings(nn.Module):
     """sqrt(d) * token embedding + sinusoidal position, then dropout. The positions hold no parameters and have no
-    length limit: `max_position_embeddings` is the length the model was trained for (the tokenizer's default limit),
-    not a bound of the model."""
+    length limit: `max_position_embeddings` records the positions a model was built for (at least its training
+    lengths), not a bound; the length it was trained on is its tokenizer's `model_max_length`."""
 
     def __init__(self, config: ODETransformerConfig):
         super().__init__()

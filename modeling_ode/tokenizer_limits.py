@@ -12,7 +12,7 @@ __all__ = ["fit_tokenizer_to_model", "tokenizer_limits"]
 
 def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None = None) -> dict[str, Any]:
     """``model_max_length``: the source length the model was trained with (``max_source_length``), at most its
-    ``max_position_embeddings`` (longer inputs are refused by the model). ``padding_side``: right for the
+    ``max_position_embeddings`` (the positions the model was built for; sinusoidal, so longer inputs run too). ``padding_side``: right for the
     encoder-decoder (the encoder masks padding), left for the causal LM, so that a batch of prompts is continued
     after each prompt's last token rather than after padding."""
     limit = config.max_position_embeddings

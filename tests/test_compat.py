@@ -243,7 +243,10 @@ def test_inductor_fallback_random_is_set_within_the_block_only():
     with compat.inductor_fallback_random(not before):
         assert torch._inductor.config.fallback_random is (not before)
         assert compat.inductor_fallback_random_enabled() is (not before)
-    assert torch._inductor.config.fallback_random is before and compat.inductor_fallback_random_enabled() is before
+    assert (
+        torch._inductor.config.fallback_random is before
+        and compat.inductor_fallback_random_enabled() is before
+    )
 
 
 def test_graph_breaks_counts_the_graphs_and_the_breaks_with_their_reasons():

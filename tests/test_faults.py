@@ -500,7 +500,10 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
     with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
-    assert "1 input line(s) longer than 128 tokens were truncated (the model's trained length" in caplog.text
+    assert (
+        "1 input line(s) longer than 128 tokens were truncated (the model's max_position_embeddings"
+        in caplog.text
+    )
     assert "--max_source_length" in caplog.text
     assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
     caplog.clear()
@@ -1505,6 +1508,15 @@ def test_written_files_get_the_modes_the_umask_gives(tmp_path, umask):
     }
     wanted = {name: (0o777 if name == "exported" else 0o666) & ~umask for name in modes}
     assert modes == wanted
+
+
+def test_a_trained_runs_final_model_gets_the_umask_modes(end_phase_run):
+    """#56 row 7 for ode-train: its final model.safetensors was 0600 while config.json was 0644."""
+    folder, _ = end_phase_run
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {name: (folder / name).stat().st_mode & 0o777 for name in ("model.safetensors", "config.json")}
+    assert modes == dict.fromkeys(modes, 0o666 & ~mask)
 
 
 def _version(folder: Path) -> str:

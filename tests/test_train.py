@@ -443,6 +443,23 @@ def test_resume_keeps_the_early_stopping_count(tmp_path):
 CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")
 
 
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_a_recipes_block_is_the_papers_and_a_method_flag_alone_changes_it(recipe):
+    """Issue 55: a recipe names the method, not the coefficients, so it builds the paper's block (RK2: the learnable
+    gate) and `--encoder_ode_method rk4` on top of it builds the paper's RK4 (its tableau), not a gated RK4."""
+    side = "decoder" if recipe == "ptb_lm.yaml" else "encoder"
+
+    def block(*flags: str) -> tuple[str, str]:
+        settings = parse_arguments([str(RECIPES / recipe), "--use_cpu", "true", *flags])
+        config = ODETransformerConfig.from_preset(
+            settings.model.preset, **settings.model.task_overrides(settings.run.task)
+        )
+        return getattr(config, f"{side}_ode_method"), getattr(config, f"{side}_ode_coefficients")
+
+    assert block() == ("rk2", "gated")
+    assert block(f"--{side}_ode_method", "rk4") == ("rk4", "tableau")
+
+
 @pytest.mark.both_cpus
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_recipes_parse(recipe):

@@ -62,7 +62,7 @@ def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuatio
             (text,) = translate.generate_texts(
                 model, tokenizer, [prompt], max_new_tokens=new_tokens, num_beams=1
             )
-        assert f"1 input line(s) longer than {len(kept)} tokens were truncated (the model's trained length, " \
+        assert f"1 input line(s) longer than {len(kept)} tokens were truncated (the model's " \
                f"max_position_embeddings 128 less max_new_tokens {new_tokens or 20})" in caplog.text  # fmt: skip
         with torch.no_grad():
             expected = model.generate(

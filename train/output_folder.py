@@ -28,7 +28,7 @@ from .checkpoints import (
     missing_part,
     remove_staging,
 )
-from .files import clear_folder, refuse_occupied, saving
+from .files import clear_folder, match_umask, refuse_occupied, saving
 from .loading import load_state
 
 if TYPE_CHECKING:  # the arguments module imports this one
@@ -191,6 +191,7 @@ def save_final_model(trainer) -> None:
         trainer.save_model(str(staged))  # every process takes part (FSDP gathers the weights)
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
+        match_umask(staged)  # safetensors writes its file 0600; the folder's other files are the umask's
         for file in sorted(staged.iterdir()):
             os.replace(file, out / file.name)  # one rename per file: each is whole, old or new
         staged.rmdir()

@@ -220,10 +220,11 @@ def generate_texts(
         raise TypeError(f"texts[{bad}] is {type(texts[bad]).__name__}, not a string: give a list of strings")
     if max_source_length is not None and max_source_length < 1:
         raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
-    # The model has no length limit (sinusoidal positions); max_position_embeddings is the length it was trained
-    # for, so inputs are cut to it by default, and a causal LM's prompt leaves room there for its continuation.
+    # The model has no length limit (sinusoidal positions); inputs are cut to the tokenizer's model_max_length (the
+    # trained length) and at most max_position_embeddings (the positions it was built for), where a causal LM's
+    # prompt leaves room for its continuation.
     positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
-    limit, model_limit = positions, f"the model's trained length, max_position_embeddings {positions}"
+    limit, model_limit = positions, f"the model's max_position_embeddings {positions}"
     if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
         raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
     if causal:  # a prompt shares the positions with its continuation, counted in new tokens
@@ -242,7 +243,7 @@ def generate_texts(
             f"--max_source_length {max_source_length}" if length == max_source_length
             else model_limit if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
             "raise --max_source_length to keep them whole"
-            + ("" if length < limit else " (past the trained length, which the model never saw in training)"),
+            + ("" if length < limit else " (past the positions the model was built for)"),
         )  # fmt: skip
     return decode(tokenizer, generate_ids(model, encoded["input_ids"], **kwargs))
 
