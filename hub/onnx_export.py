@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,6 +339,8 @@ def export_onnx(
             start = time.perf_counter()
             path = out_dir / name
             _export_graph(spec, path, dynamo, opset)
+            if not dynamo:
+                _fix_cache_dims(path, model.config)
             if quantize:
                 quantize_graph_int8(path, model)
                 path = path.replace(out_dir / quantized_name(name))
@@ -390,6 +393,22 @@ def quantize_graph_int8(path: Path, model) -> None:
     quantized.replace(path)
 
 
+def _fix_cache_dims(path: Path, config) -> None:
+    """Give the cache tensors of a TorchScript graph their fixed heads and head_dim: the exporter leaves the
+    dims it cannot trace to an input as symbols (`Concatpresent..._dim_1`), where the dynamo exporter and Optimum's
+    graphs state the numbers, which a loop preallocating its cache reads."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    heads = config.decoder_attention_heads
+    fixed = {1: heads, 3: config.d_model // heads}
+    for value in [*graph.graph.input, *graph.graph.output]:
+        if value.name.startswith(("past_key_values.", "present.")):
+            for index, size in fixed.items():
+                value.type.tensor_type.shape.dim[index].dim_value = size
+    onnx.save(graph, str(path))
+
+
 def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> None:
     import torch
 
@@ -401,4 +420,11 @@ def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> Non
         )
         program.save(str(path), external_data=False)
     else:
-        torch.onnx.export(spec.module, spec.inputs, str(path), dynamo=False, dynamic_axes=spec.axes, **names)
+        with warnings.catch_warnings():
+            # The tracer warns at each Python check on a tensor (transformers' cache and mask code, the model's
+            # input checks): each holds for the example inputs and for any other, and the graphs are checked
+            # against the eager model at several lengths (tests/test_onnx.py), so the warnings would only alarm.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            torch.onnx.export(
+                spec.module, spec.inputs, str(path), dynamo=False, dynamic_axes=spec.axes, **names
+            )

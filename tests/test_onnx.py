@@ -10,6 +10,7 @@ implementations (`@pytest.mark.slow`) export a random tiny model each."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -189,10 +190,24 @@ def exported(trained, tmp_path_factory):
     def folder(exporter: str):
         if exporter not in folders:
             folders[exporter] = tmp_path_factory.mktemp(f"onnx-{exporter}")
-            export_onnx(trained, folders[exporter], dynamo=EXPORTERS[exporter])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                export_onnx(trained, folders[exporter], dynamo=EXPORTERS[exporter])
+            folder.tracer_warnings[exporter] = [
+                w for w in caught if issubclass(w.category, torch.jit.TracerWarning)
+            ]
         return folders[exporter]
 
+    folder.tracer_warnings = {}
     return folder
+
+
+@pytest.mark.xdist_group("onnx_trained")
+def test_the_torchscript_export_prints_no_tracer_warning(exported):
+    """Issue 55 item 6: the TorchScript export printed about ten TracerWarnings, one per Python check on a tensor,
+    which hold for any input (the graphs match the eager model: the tests below)."""
+    exported("torchscript")
+    assert [str(w.message)[:80] for w in exported.tracer_warnings["torchscript"]] == []
 
 
 @pytest.mark.xdist_group("onnx_trained")
@@ -243,6 +258,9 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
             tensor.shape,
         )
         assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
+    for session in (sessions[DECODER], sessions[DECODER_WITH_PAST]):  # the presents too (TorchScript left symbols)
+        for tensor in session.get_outputs()[1:]:
+            assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
     assert past[2].shape[2] != past[-1].shape[2]  # the target's past and the source: distinct axes
     # an Optimum-style loop: each present.X fed back as past_key_values.X, the rest by name
     present_names = {
