@@ -166,8 +166,14 @@ if [[ $DRY == 1 ]]; then
   exit 0
 fi
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site ODE_DATA_DIR=$PWD/gpu_data PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# A venv over the machine's Python (its CUDA torch), the wheels, and this checkout installed editable: the tools'
+# one import name, ode_transformer.train, exists only through the install (pyproject's package-dir), as after
+# `make setup` here. The editable install needs a setuptools new enough for pyproject's license field (in .whl).
+python3 -m venv --system-site-packages /tmp/venv || exit 1
+/tmp/venv/bin/pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
+/tmp/venv/bin/pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+export PATH=/tmp/venv/bin:$PATH ODE_DATA_DIR=$PWD/gpu_data PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+python3 -c "import ode_transformer.train.run, ode_transformer.hub.export" || exit 1
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > /tmp/logs/nvidia.txt
 echo "BATCH=$BATCH commit=$HEAD" >> /tmp/logs/nvidia.txt
