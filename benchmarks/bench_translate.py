@@ -11,7 +11,7 @@ each round times every system once per setting, and a system's figure is its bes
 
 Systems: `marian` (MarianMTModel of the same dims, dynamic cache); `<model>` (float32, `generate` with its default
 dynamic cache); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, dynamic cache); `<model>-int8-compiled`
-(int8 with `train.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
+(int8 with `ode_transformer.train.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
 greedy settings only, as transformers compiles no beam-search step); `ct2` / `ct2-int8` (the Marian model converted
 with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
 installed: `pip install '.[bench]'`). The goals of issue #43 are checked as ratios of one run, and a torch.profiler
@@ -169,7 +169,7 @@ def onnx_int8_system(
     model: torch.nn.Module, threads: int, folder: Path, new_tokens: int, profile: bool = False
 ):
     """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: much quicker
-    than dynamo) decoded by `hub.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
+    than dynamo) decoded by `ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
     end-of-sentence id is one the model cannot write. None without the onnx extra.
     `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
     try:
@@ -246,7 +246,7 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
     systems.update(ct2)
     notes = [
         note,
-        f"int8 compiled (train.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
+        f"int8 compiled (ode_transformer.train.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
         "onnx-int8: ode-export --onnx --quantize int8 (TorchScript exporter), decoded with ONNXSeq2SeqGenerator"
         if "residual-onnx-int8" in systems
         else "onnx, onnxscript or onnxruntime is not installed (pip install '.[onnx]'): the ONNX rows are skipped",

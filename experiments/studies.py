@@ -526,16 +526,14 @@ MULTI30K_PAIRED = Study(
 # --------------------------------------------------------------------------------------------
 # tatoeba_depth (issue 54): a test bed where depth helps? The paper's claim (an RK block buys the gains of a deeper
 # encoder) can only show where a deeper residual encoder is better, and on Multi30k the 12-layer one is 1.67 BLEU
-# behind the 3-layer one. Tatoeba En-De (../shared/data/tatoeba_de_en: 162,896 training pairs of short everyday
-# sentences, 3.4x Multi30k's tokens) with multi30k_paired's recipe, the data and the budget aside: residual encoders
+# behind the 3-layer one. Tatoeba En-De (../shared/data/tatoeba_de_en: real pairs of short everyday sentences,
+# several times Multi30k's tokens) with multi30k_paired's recipe, the data and the budget aside: residual encoders
 # of 3, 6 and 12 layers first, then RK2 and RK4 blocks in the 3-layer encoder (experiments/gpu_batch.sh runs those
 # only where a deeper residual row is ahead of the 3-layer one beyond noise: experiments.depth_gate).
-# The budget: 3,000 updates of 2,048-token batches, twice Multi30k's 1,500 (about 3.6 epochs here against about 6
-# there), what an H200 trains for the nine depth runs at once within one 10-minute device call. Its 2026-11-26 batch
-# (docs/performance.md) trained 75-85 updates a second over all the runs at once, a 12-layer encoder's run taking
-# 4.3 minutes beside a 6-layer one's 3.8: 9 x 3,000 updates take about 6 minutes, the tokenizers, the decoding of the
-# 3,408 test sentences and the call's installs most of the rest. Sized for a GPU: on the 2-core CPU one 3-layer run
-# would take about 5 hours.
+# The budget: 3,000 updates of 2,048-token batches, twice Multi30k's 1,500 (fewer epochs of this larger corpus),
+# sized so that an H200 trains the nine depth runs at once within one 10-minute device call (the estimate, from the
+# speed of the 2026-11-26 H200 batch, is in results/README.md's "GPU batches of issue 54"); a GPU study: on the
+# 2-core CPU one run would take hours.
 
 TATOEBA_STEPS = 3000
 # The rows of the depth probe, and the RK rows that experiments/gpu_batch.sh adds where depth helps.

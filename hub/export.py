@@ -11,7 +11,7 @@
       README.md                the model card (hub/model_card.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
                                (hub/onnx_export.py: their inputs and outputs; hub/onnx_generation.py decodes them);
-                               `--quantize int8` writes them with int8 products
+                               `--quantize int8` writes them with int8 products, as *_quantized.onnx (Optimum's names)
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
 classes (`register_for_auto_class`), so every saved folder carries them. This module adds what an upload
@@ -139,8 +139,8 @@ def _write_card(staged: Path, name: str, metrics, repo_id: str | None) -> None:
     with tempfile.TemporaryDirectory(prefix="ode-card-") as scratch:
         named = Path(scratch) / name
         named.mkdir()
-        for file in ("config.json", "generation_config.json"):
-            if (staged / file).is_file():
+        for file in ("config.json", "generation_config.json", *TOKENIZER_FILES):  # the card reads the trained
+            if (staged / file).is_file():  # length from the tokenizer's files
                 shutil.copy2(staged / file, named / file)
         write_model_card(named, metrics, repo_id)
         shutil.move(named / "README.md", staged / "README.md")
@@ -172,12 +172,12 @@ def export_for_hub(
         onnx: also write the ONNX graphs into ``out_dir/onnx`` (an encoder-decoder only; needs the `onnx` extra).
         onnx_dynamo: export them with ``torch.onnx.export(..., dynamo=True)`` (torch's default), else with the
             TorchScript exporter.
-        onnx_quantize: "int8": the graphs with int8 products (``hub.onnx_export.quantize_graph_int8``; needs
+        onnx_quantize: "int8": the graphs with int8 products (``ode_transformer.hub.onnx_export.quantize_graph_int8``; needs
             onnxruntime too), the fastest way to translate on a CPU (docs/performance.md).
     Returns: out_dir.
 
     The folder is written as ``OUT_DIR.incomplete`` and renamed to ``out_dir`` once complete
-    (:func:`train.files.staged_folder`): a kill leaves no ``out_dir`` that looks complete, and the next export
+    (:func:`ode_transformer.train.files.staged_folder`): a kill leaves no ``out_dir`` that looks complete, and the next export
     deletes the incomplete one. One export into ``out_dir`` at a time (a second is refused, naming the first).
     """
     source_dir = (
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         "--onnx",
         action="store_true",
         help="also write the ONNX graphs encoder_model.onnx, decoder_model.onnx and decoder_with_past_model.onnx "
-        "into OUT_DIR/onnx (an encoder-decoder; needs the onnx extra)",
+        "into OUT_DIR/onnx (an encoder-decoder; needs the onnx extra; with --quantize int8: *_quantized.onnx instead)",
     )
     parser.add_argument(
         "--onnx-exporter",
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
     )
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:

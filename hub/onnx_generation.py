@@ -58,7 +58,7 @@ def graphs_folder(folder: str | Path) -> Path:
         missing = [name for name in GRAPHS if not (graphs / name).is_file()]
         raise FileNotFoundError(
             f"{graphs} lacks the ONNX graphs {missing} (or their int8 {list(QUANTIZED_GRAPHS)}); write them with "
-            "`ode-export MODEL OUT --onnx` (into OUT/onnx) or `hub.onnx_export.export_onnx(model, folder)`."
+            "`ode-export MODEL OUT --onnx` (into OUT/onnx) or `ode_transformer.hub.onnx_export.export_onnx(model, folder)`."
         )
     return graphs
 

@@ -154,6 +154,15 @@ MODEL_HOOKS = (
 """transformers' underscore hooks the model classes define (attributes and methods transformers reads from a model
 class; `_reorder_cache` only from a generating model that has one). Checked: transformers 5.23.0, 5.24.0."""
 
+
+def forget_auto_class(obj) -> None:
+    """Make ``save_pretrained`` write no ``auto_map`` for ``obj`` (a tokenizer loaded with another project's code):
+    transformers keeps the class to map in the private ``_auto_class``, set by ``register_for_auto_class`` or by
+    loading remote code. Checked: transformers 5.23.0, 5.24.0."""
+    if getattr(obj, "_auto_class", None) is not None:
+        obj._auto_class = None
+
+
 TRAINER_HOOKS = ("_get_output_dir", "_get_grad_norm", "_load_callback_state", "_save_checkpoint")
 """`Trainer`'s private methods that ode_transformer.train.trainer's token-budget trainers override: where a checkpoint is written
 (staged, then published whole), the gradient norm (checked for divergence), and the callback state read on

@@ -349,8 +349,7 @@ def test_resume_with_another_model_config_names_the_fields(tmp_path):
               "--max_steps", "4")  # fmt: skip
     assert (
         "was trained with another model configuration (encoder_ode_coefficients: 'gated' in the checkpoint, "
-        "'tableau' now, encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)"
-        in str(raised.value)
+        "'tableau' now, encoder_ode_method: 'rk2' in the checkpoint, 'midpoint' now)" in str(raised.value)
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import platform
 import re
 
@@ -194,6 +195,24 @@ def test_trainer_hooks_exist_with_the_signatures_overridden_and_are_listed():
             if name.startswith("_") and not name.startswith("__") and hasattr(Trainer, name)
         }
         assert overridden == set(compat.TRAINER_HOOKS), overridden
+
+
+def test_forget_auto_class_keeps_save_pretrained_from_writing_an_auto_map(tmp_path):
+    """`forget_auto_class` (`_auto_class`, which `save_pretrained` maps into `auto_map`). Checked: transformers
+    5.23.0, 5.24.0."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    class LocalTokenizer(PreTrainedTokenizerFast):  # a class of this file: save_pretrained copies it as code
+        pass
+
+    tokenizer = LocalTokenizer(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, "<unk>")))
+    tokenizer.register_for_auto_class("AutoTokenizer")
+    tokenizer.save_pretrained(tmp_path / "mapped")
+    assert "auto_map" in json.loads((tmp_path / "mapped" / "tokenizer_config.json").read_text())
+    compat.forget_auto_class(tokenizer)
+    tokenizer.save_pretrained(tmp_path / "plain")
+    assert "auto_map" not in json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
 
 
 def test_order_argument_groups_puts_the_named_groups_first_in_help():

@@ -1362,7 +1362,7 @@ def _assert_standard_tokenizer(folder: Path, marker: Path) -> None:
 
 @pytest.mark.both_cpus
 def test_a_foreign_tokenizer_auto_map_is_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
-    """#56 row 3, #55 item 9: tokenizer_config.json's auto_map (another project's tokenizer code) was copied by
+    """#56 row 3: tokenizer_config.json's auto_map (another project's tokenizer code) was copied by
     ode-export and ode-train; the card's own AutoTokenizer.from_pretrained(trust_remote_code=True) then ran it.
     A saved tokenizer names transformers' own fast class and carries no auto_map."""
     folder = tmp_path / "model"
@@ -1392,6 +1392,9 @@ def test_an_exported_card_names_neither_the_staging_folder_nor_a_local_path(tmp_
     assert ".incomplete" not in card and str(tmp_path) not in card
     assert 'from_pretrained("path/to/my-model"' in card or "path/to/my-model" in card
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "my-model"]  # no scratch folder left
+    # the card is written in a scratch copy: the tokenizer's files go with it, so it states the trained length
+    limit = json.loads((out / "tokenizer_config.json").read_text())["model_max_length"]
+    assert f"trained on inputs of up to {limit} tokens" in card, card
 
 
 def _training_folder(folder: Path) -> Path:

@@ -258,7 +258,10 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
             tensor.shape,
         )
         assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
-    for session in (sessions[DECODER], sessions[DECODER_WITH_PAST]):  # the presents too (TorchScript left symbols)
+    for session in (
+        sessions[DECODER],
+        sessions[DECODER_WITH_PAST],
+    ):  # the presents too (TorchScript left symbols)
         for tensor in session.get_outputs()[1:]:
             assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
     assert past[2].shape[2] != past[-1].shape[2]  # the target's past and the source: distinct axes

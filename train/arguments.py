@@ -148,7 +148,7 @@ class DataArguments:
     dataset: str | None = field(
         default=None,
         metadata={
-            "help": "shared corpus: multi30k, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
+            "help": "shared corpus: multi30k, tatoeba_de_en, libreoffice, cnndm, wi_locness, fce, ptb; '+' joins training sets"
         },
     )
     data_dir: str | None = field(
@@ -539,7 +539,7 @@ def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, 
     an explicit ``--bf16``/``--fp16`` is taken as asked, with a warning where bf16 would be emulated. The
     arguments are parsed again with ``--bf16 true`` rather than patched, so transformers derives its mixed
     precision settings from the flag as usual. ``run_args.precision`` ends as what was asked (auto, bf16, fp16,
-    fp32): :func:`train.precision.choose_precision` gives the same choice from it anywhere later."""
+    fp32): :func:`ode_transformer.train.precision.choose_precision` gives the same choice from it anywhere later."""
     run_args, training_args = parsed[2], parsed[3]
     if run_args.precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {run_args.precision!r}")

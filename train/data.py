@@ -591,7 +591,7 @@ def ptb(split: str, root: PathLike | None = None) -> Dataset:
 def libreoffice(split: str, root: PathLike | None = None, src: str = "en", tgt: str = "de") -> Dataset:
     """LibreOffice-help en-de corpus (``train``/``dev``/``test``, held-out help pages).
 
-    Built (or reused) by :func:`train.libreoffice_corpus.build_corpus` in ``root`` (default
+    Built (or reused) by :func:`ode_transformer.train.libreoffice_corpus.build_corpus` in ``root`` (default
     ``.cache/libreoffice-help`` in the repo); ``validation`` = ``dev``.
     """
     name = _split_name(split, {"train": "train", "dev": "dev", "validation": "dev", "test": "test"})

@@ -58,7 +58,7 @@ def test_results(
 ) -> tuple[list[dict], list[str]]:
     """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
 
-    Seq2seq hypotheses come from :func:`train.translate.generate_ids` on the plain model in fp32, the
+    Seq2seq hypotheses come from :func:`ode_transformer.train.translate.generate_ids` on the plain model in fp32, the
     decoder of ``python -m ode_transformer.train.translate`` and the same hypotheses plain ``model.generate`` gives: not
     from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
     """

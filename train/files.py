@@ -302,8 +302,9 @@ def replace_folder(staged: Path, final: Path) -> None:
 @contextmanager
 def staged_folder(folder: str | Path) -> Iterator[Path]:
     """``FOLDER.incomplete`` to write a folder into; renamed to ``folder`` (replacing it) when the block ends
-    without an error. A kill leaves ``FOLDER.incomplete``, named as what it is, and no ``folder``; the next write
-    deletes it (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
+    without an error (:func:`replace_folder`: one rename that swaps an existing ``folder`` out). A kill leaves
+    ``folder`` whole, old or new, and the staging folder (holding the new files, or the old ones swapped out),
+    which the next write names and deletes (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
     final = Path(folder).resolve()
     staged = final.with_name(final.name + INCOMPLETE)
     for left in (staged, staged.with_name(staged.name + ".old")):  # .old: an old folder set aside

@@ -345,7 +345,7 @@ def _stored_parameters(weights: Path) -> int:
 
 def check_config_fits_weights(model_name_or_path: str | Path, model_class, **config_changes) -> None:
     """Refuse a local folder whose config.json asks for a model far larger than its ``model.safetensors`` holds
-    (``vocab_size`` 2e8 allocated 12.8 GB before any check): the model is built on the meta device, which
+    (a hostile ``vocab_size`` was allocated in full before any check): the model is built on the meta device, which
     allocates nothing, and its parameters are counted against the file's header.
 
     Raises:
@@ -526,7 +526,7 @@ _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_toke
 
 def check_tokenizer_shapes(folder: str | Path) -> None:
     """Tokenizer files that are JSON of the wrong shape (a list, a missing ``added_tokens``, a token that is a
-    number) are refused by name: transformers failed with ~40-line tracebacks (``'list' object has no attribute
+    number) are refused by name: transformers failed with long tracebacks (``'list' object has no attribute
     'get'``, ``KeyError: 'added_tokens'``) naming neither file. ``tokenizer.json`` is parsed by the tokenizers
     library itself; ``tokenizer_config.json``'s special tokens must be strings (or token objects).
 

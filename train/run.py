@@ -159,9 +159,9 @@ def run(settings: Settings) -> dict:
     processes other than the main one).
 
     Every run that writes into the output folder (training, evaluation, test) holds its lock throughout
-    (:func:`train.checkpoints.lock_output_dir`): a second run started into it at the same time is refused. An
+    (:func:`ode_transformer.train.checkpoints.lock_output_dir`): a second run started into it at the same time is refused. An
     evaluation alone (``--do_train false``) does not replace a run's results unless ``--overwrite_output_dir``
-    (:func:`train.output_folder.refuse_to_replace_results`).
+    (:func:`ode_transformer.train.output_folder.refuse_to_replace_results`).
     """
     training_args = settings.training
     writes = training_args.do_train or training_args.do_eval or training_args.do_predict

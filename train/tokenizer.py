@@ -38,6 +38,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from modeling_ode.compat import forget_auto_class
+
 from .files import saving, write_atomic
 
 __all__ = [
@@ -241,7 +243,10 @@ def check_tokenizer_files(folder: str | os.PathLike) -> None:
 
 STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 """The class a saved ``tokenizer_config.json`` names: transformers' own fast tokenizer over ``tokenizer.json``
-(this project has no tokenizer class of its own), so ``AutoTokenizer`` loads it without remote code."""
+(this project has no tokenizer class of its own), so the tokenizer's own files name no code to run.
+``AutoTokenizer.from_pretrained(folder)`` still reads ``config.json`` first (transformers 5.24), whose ``auto_map``
+is the model's remote code: it asks for ``trust_remote_code`` unless given; ``PreTrainedTokenizerFast.from_pretrained``
+or ``trust_remote_code=False`` loads the tokenizer without it."""
 
 
 def _library_class(name: object) -> bool:
@@ -260,8 +265,7 @@ def drop_foreign_tokenizer_code(tokenizer: PreTrainedTokenizerBase, source: str 
             "%s/tokenizer_config.json: dropped auto_map %s, not this project's: the folders saved from this run carry "
             "no tokenizer code", source, json.dumps(auto_map),
         )  # fmt: skip
-    if getattr(tokenizer, "_auto_class", None) is not None:
-        tokenizer._auto_class = None
+    forget_auto_class(tokenizer)
 
 
 def own_tokenizer_config(folder: str | os.PathLike, source: str | os.PathLike) -> None:

@@ -1,7 +1,7 @@
 """Trainer pieces: padding collators (with GEC word dropout) and token-budget batching.
 
 :class:`TokenBudgetSeq2SeqTrainer` / :class:`TokenBudgetTrainer` replace the fixed-size batches of
-the HF trainers by :class:`~train.batching.TokenBudgetBatchSampler` batches (fairseq
+the HF trainers by :class:`~ode_transformer.train.batching.TokenBudgetBatchSampler` batches (fairseq
 ``--max-tokens``) when ``max_tokens`` is set.
 
 Distributed sharding, one mechanism: the sampler itself is rank-aware (``num_replicas`` = world
@@ -172,7 +172,7 @@ class _TokenBudgetMixin:
 
     def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
         """transformers' ``save_metrics`` (``SPLIT_results.json``, merged into ``all_results.json``), each file
-        written whole or not at all (:func:`train.files.write_atomic`)."""
+        written whole or not at all (:func:`ode_transformer.train.files.write_atomic`)."""
         if not self.is_world_process_zero():
             return
         out = Path(self.args.output_dir)
