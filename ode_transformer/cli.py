@@ -122,7 +122,9 @@ def raised_by_own_check(error: BaseException) -> bool:
     if not frames:
         return False
     raised_in = Path(frames[-1].filename).resolve()
-    return any(raised_in.is_relative_to(folder) for folder in _own_code_folders())
+    # a `raise` of the project's: a builtin failing on a project line (zip, int(...)) is no check of its own
+    explicit = (frames[-1].line or "").lstrip().startswith("raise")
+    return explicit and any(raised_in.is_relative_to(folder) for folder in _own_code_folders())
 
 
 def _prune_tracebacks(keep: int = KEPT_TRACEBACKS) -> None:

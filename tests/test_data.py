@@ -23,6 +23,7 @@ from ode_transformer.train.data import (
     cnndm,
     conll2013_test,
     fce,
+    iter_local_rows,
     jfleg_dev,
     load_hub_dataset,
     load_jsonl,
@@ -678,3 +679,36 @@ def test_every_corpus_reader_names_odes_data_dir_when_its_folder_is_missing(
     message = str(error.value)
     assert f"no folder {tmp_path / folder}" in message and "ODE_DATA_DIR=DIR" in message
     assert "root=DIR" in message and f"holds {folder}/" in message
+
+
+def test_streamed_rows_are_the_whole_file_readers_rows_with_its_checks(tmp_path):
+    """`--streaming true` reads local files line by line (iter_local_rows): the same rows as load_local_file, and
+    the same refusals, named, where its first version streamed zero rows from a wrong TSV column, trained a
+    language model on raw JSON, and failed on misaligned files with a bare zip() error."""
+    src, tgt = tmp_path / "a.en", tmp_path / "a.de"
+    src.write_text("one\n\ntwo\nthree\n", encoding="utf-8")
+    tgt.write_text("eins\nleer\nzwei\ndrei\n", encoding="utf-8")
+    tsv = tmp_path / "a.tsv"
+    tsv.write_text("en\tde\none\teins\n\t\ntwo\tzwei\n", encoding="utf-8")
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text(
+        '{"t": {"en": "one", "de": "eins"}}\n\n{"t": {"en": "two", "de": "zwei"}}\n', encoding="utf-8"
+    )
+    for spec, columns in (
+        (f"{src},{tgt}", ("source", "target")),
+        (str(tsv), ("en", "de")),
+        (str(jsonl), ("t.en", "t.de")),
+    ):
+        whole = load_local_file(spec, "seq2seq", *columns)
+        assert list(iter_local_rows(spec, "seq2seq", *columns)) == [
+            {"source": s, "target": t} for s, t in zip(whole["source"], whole["target"])
+        ], spec
+    with pytest.raises(ValueError, match=r"column 'fr' not found in .*a\.tsv"):
+        next(iter_local_rows(str(tsv), "seq2seq", "en", "fr"))
+    with pytest.raises(ValueError, match=r"a\.jsonl has no row with text in both 't\.en' and 't\.fr'"):
+        list(iter_local_rows(str(jsonl), "seq2seq", "t.en", "t.fr"))
+    with pytest.raises(ValueError, match="a language model trains on a plain text file"):
+        next(iter_local_rows(str(jsonl), "lm"))
+    tgt.write_text("eins\nleer\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"a\.en and .*a\.de have different line counts"):
+        list(iter_local_rows(f"{src},{tgt}", "seq2seq"))

@@ -1638,6 +1638,19 @@ def test_tracebacks_are_kept_only_for_unexpected_errors_and_do_not_pile_up(tmp_p
     assert "ode-translate-old0.traceback" not in left and "ode-translate-old12.traceback" in left
 
 
+def test_a_builtin_failing_on_a_project_line_is_unexpected_and_keeps_its_traceback():
+    """A refusal is a `raise` of the project's own; a builtin failing on one of its lines (a KeyError, a zip of
+    unequal lengths) is an unexpected error, whose traceback is kept."""
+    from ode_transformer.train import data
+
+    with pytest.raises(KeyError) as builtin:
+        data._get_field({}, "missing")
+    assert not cli.raised_by_own_check(builtin.value)
+    with pytest.raises(ValueError) as own:
+        data._file_pair("a,b,c")
+    assert cli.raised_by_own_check(own.value)
+
+
 def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, monkeypatch):
     """#55 item 10: `ode-translate MODEL --max_new_tokens 20` made transformers warn that both max_new_tokens and
     max_length (the saved generation config's) were set."""

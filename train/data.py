@@ -17,11 +17,13 @@ columns documented per reader); language-modelling data has the column ``text``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Literal
 
@@ -655,6 +657,78 @@ def _file_pair(spec: str) -> tuple[str, str]:
     return source, target
 
 
+def _check_lm_text_file(spec: str, name: str) -> None:
+    if name.endswith((".tsv", ".jsonl", ".json")):  # read as text, its JSON or header would be learned
+        raise ValueError(
+            f"{spec}: a language model trains on a plain text file, one sequence per line; write the file's text "
+            "column to a .txt file first (e.g. jq -r .text FILE.jsonl > FILE.txt)"
+        )
+
+
+def iter_local_rows(
+    spec: str, task: Literal["seq2seq", "lm"], source_column: str = "source", target_column: str = "target"
+) -> Iterator[dict]:
+    """The training rows of :func:`load_local_file`, read one line at a time (``--streaming true``): memory does not
+    grow with the file. The same formats and checks (columns, a language model's plain text, aligned pairs); blank
+    or empty-sided rows are skipped, without :func:`load_local_file`'s count (the file is not read ahead)."""
+    name = spec.removesuffix(".gz")
+    if task == "lm":
+        _check_lm_text_file(spec, name)
+        with _open_text(spec) as lines:
+            yield from ({"text": line.strip()} for line in lines if line.strip())
+        return
+    if "," in spec:
+        source, target = _file_pair(spec)
+        with _open_text(source) as sources, _open_text(target) as targets:
+            for number, (src, tgt) in enumerate(zip_longest(sources, targets), start=1):
+                if src is None or tgt is None:
+                    raise ValueError(
+                        f"{source} and {target} have different line counts (one ends at line {number - 1}): give "
+                        "line-aligned files, one segment per line"
+                    )
+                src, tgt = src.rstrip("\r\n"), tgt.rstrip("\r\n")
+                if src.strip() and tgt.strip():
+                    yield {"source": src, "target": tgt}
+        return
+    if not name.endswith((".tsv", ".jsonl")):
+        raise ValueError(
+            f"--streaming true reads 'SRC,TGT' text files or a .tsv/.jsonl file line by line, not {spec!r}"
+        )
+    with _open_text(spec) as lines:
+        header = next(lines, "").rstrip("\r\n").split("\t") if name.endswith(".tsv") else None
+        if header is not None:
+            _check_fields(header, [source_column, target_column], spec, "--source_column/--target_column")
+        kept = 0
+        for number, line in enumerate(lines, start=2 if header else 1):
+            if not line.strip():
+                continue
+            if header is None:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{spec}, line {number}: not a JSON object ({error.msg})") from None
+                src, tgt = _optional_field(record, source_column), _optional_field(record, target_column)
+            else:
+                fields = dict(zip(header, line.rstrip("\r\n").split("\t")))
+                src, tgt = fields.get(source_column), fields.get(target_column)
+            if isinstance(src, str) and isinstance(tgt, str) and src.strip() and tgt.strip():
+                kept += 1
+                yield {"source": src, "target": tgt}
+        if not kept:  # a field that no record has (JSONL's fields are not known before reading it all)
+            raise ValueError(
+                f"{spec} has no row with text in both {source_column!r} and {target_column!r}: choose them with "
+                "--source_column/--target_column (a.b reads key b of field a, e.g. translation.en)"
+            )
+
+
+def _open_text(path: str):
+    return (
+        gzip.open(path, "rt", encoding="utf-8-sig")
+        if path.endswith(".gz")
+        else open(path, encoding="utf-8-sig")
+    )
+
+
 def load_local_file(
     spec: tuple[str, str] | str,
     task: Literal["seq2seq", "lm"],
@@ -667,11 +741,7 @@ def load_local_file(
     row per line, stripped). ``skip_empty=False`` keeps every row (an evaluation split)."""
     name = spec.removesuffix(".gz") if isinstance(spec, str) else ""
     if task == "lm":
-        if name.endswith((".tsv", ".jsonl", ".json")):  # read as text, its JSON or header would be learned
-            raise ValueError(
-                f"{spec}: a language model trains on a plain text file, one sequence per line; write the file's text "
-                "column to a .txt file first (e.g. jq -r .text FILE.jsonl > FILE.txt)"
-            )
+        _check_lm_text_file(spec, name)
         return _text_dataset(spec, skip_empty)
     if isinstance(spec, tuple) or "," in spec:
         return load_parallel_files(*(spec if isinstance(spec, tuple) else _file_pair(spec)), skip_empty)

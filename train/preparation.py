@@ -4,8 +4,6 @@ silently)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 from collections.abc import Iterator
 from itertools import islice
@@ -25,6 +23,7 @@ from .data import (
     DataSpec,
     MissingCorpusError,
     conll2013_test,
+    iter_local_rows,
     load_hub_dataset,
     load_local_file,
     load_task_data,
@@ -188,65 +187,18 @@ def streaming_train_split(
     return raw["train"].to_iterable_dataset(num_shards=max(world_size, 1))
 
 
-def _open_text(path: str):
-    return (
-        gzip.open(path, "rt", encoding="utf-8-sig")
-        if path.endswith(".gz")
-        else open(path, encoding="utf-8-sig")
-    )
-
-
-def _local_rows(spec: str, kind: str, source_column: str, target_column: str) -> Iterator[dict]:
-    """The rows of a local training file, one line at a time (blank or empty-sided rows skipped)."""
-    name = spec.removesuffix(".gz")
-    if kind == "lm":
-        with _open_text(spec) as lines:
-            yield from ({"text": line.strip()} for line in lines if line.strip())
-    elif "," in spec:
-        source, target = spec.split(",", 1)
-        with _open_text(source) as sources, _open_text(target) as targets:
-            for src, tgt in zip(sources, targets, strict=True):
-                src, tgt = src.rstrip("\r\n"), tgt.rstrip("\r\n")
-                if src.strip() and tgt.strip():
-                    yield {"source": src, "target": tgt}
-    elif name.endswith((".tsv", ".jsonl")):
-        with _open_text(spec) as lines:
-            header = next(lines).rstrip("\r\n").split("\t") if name.endswith(".tsv") else None
-            for line in lines:
-                if not line.strip():
-                    continue
-                if header is None:
-                    record = json.loads(line)
-                    src, tgt = (_json_field(record, source_column), _json_field(record, target_column))
-                else:
-                    fields = dict(zip(header, line.rstrip("\r\n").split("\t")))
-                    src, tgt = fields.get(source_column), fields.get(target_column)
-                if isinstance(src, str) and isinstance(tgt, str) and src.strip() and tgt.strip():
-                    yield {"source": src, "target": tgt}
-    else:
-        raise ValueError(
-            f"--streaming true reads 'SRC,TGT' text files or a .tsv/.jsonl file line by line, not {spec!r}"
-        )
-
-
-def _json_field(record: dict, name: str) -> object:
-    for part in name.split("."):
-        record = record.get(part) if isinstance(record, dict) else None
-    return record
-
-
 def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> IterableDataset:
     """A local training file as a stream: read line by line while training, so memory does not grow with the
-    file (``--streaming true``); the rows are those :func:`load_local_file` keeps."""
-    return IterableDataset.from_generator(
-        _local_rows,
-        gen_kwargs={
-            "spec": spec,
-            "kind": kind,
-            "source_column": data_args.source_column,
-            "target_column": data_args.target_column,
-        },
-    )
+    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks. The first row
+    is read now, so that a wrong column or format is refused before training starts."""
+    rows = {
+        "spec": spec,
+        "task": kind,
+        "source_column": data_args.source_column,
+        "target_column": data_args.target_column,
+    }
+    next(iter_local_rows(**rows), None)
+    return IterableDataset.from_generator(iter_local_rows, gen_kwargs=rows)
 
 
 def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[str]:
