@@ -69,8 +69,8 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows:
         name, hub_id = data_name(data_args)
     sliced = data_args.max_test_samples is not None and rows == data_args.max_test_samples
     card = {"name": name, "id": hub_id, "split": f"test[:{rows}]" if sliced else "test", "rows": rows}
-    if data_args.hub_config and not data_args.test_file:
-        card["config"] = data_args.hub_config
+    if data_args.hub_config and not data_args.test_file and not data_args.dataset:  # the Hub dataset's own
+        card["config"] = data_args.hub_config  # config (a recipe's names the Hub copy of its shared corpus)
     return card
 
 
