@@ -199,19 +199,65 @@ def forward_flops(dims: Dims, batch: int, src: int, tgt: int, stages: int, gated
     }
 
 
-def train_flops(name: str, dims: Dims, batch: int, src: int, tgt: int) -> dict:
+def encoder_evaluations(name: str) -> tuple[int, bool, int]:
+    """A variant's evaluations of F per encoder block (stages; PCformer's corrector adds one: its history weights
+    are not matmuls), whether its coefficients are gated, and its relative-position clip (0 = none)."""
     spec = VARIANTS[name]
     method, coefficients, features, extra = spec if spec is not None else ("euler", "tableau", PLAIN, {})
     config = {**features, **extra}
-    # PCformer's corrector evaluates F once more per block (its history weights are not matmuls).
     s = STAGES[method] + (config["encoder_layer_connections"] == "predictor_corrector")
-    parts = forward_flops(dims, batch, src, tgt, s, coefficients == "gated", config["max_relative_position"])
+    return s, coefficients == "gated", config["max_relative_position"]
+
+
+def train_flops(name: str, dims: Dims, batch: int, src: int, tgt: int) -> dict:
+    extra = (VARIANTS[name] or (None, None, None, {}))[3]
+    s, gated, rpr = encoder_evaluations(name)
+    parts = forward_flops(dims, batch, src, tgt, s, gated, rpr)
     forward = parts["encoder"] + parts["decoder"] + parts["head"]
     recompute = (s - 1) * parts["encoder_stage"] if extra.get("ode_checkpoint_stages") else 0
     return {
         "forward": forward,
         "train_step": 3 * forward + recompute,
         "encoder_share": parts["encoder"] / forward,
+    }
+
+
+GENERATE_FLOP_FORMULA = """\
+Decoding B sentences of S source tokens into T new tokens each with K beams (K = 1: greedy), cached: the
+encoder runs once on the B sentences (as in training: L_e s evaluations of F, plus the gate); the decoder (Euler in
+every benchmark variant: one evaluation per layer) runs T steps on R = BK rows, one token per row and step:
+  decoder, per layer           : 2RT(6d^2 + 2df) + 4RSd^2 + 2RT(T+1)d + 4RTSd   [+ 2RTd(2k+1) with RPR]
+  (projections and FFN per token; cross-attention keys/values once; step t attends over t cached positions)
+  output projection            : 2RTdV
+predicted speed of a variant over residual = residual FLOPs / the variant's FLOPs (beam bookkeeping, cache
+copies and Python are not matmuls: what they cost shows as measured / predicted below 1)."""
+
+
+def decode_flops(dims: Dims, rows: int, src: int, new_tokens: int, rpr: int = 0) -> dict:
+    """Matmul FLOPs of `new_tokens` cached decoder steps on `rows` rows (sentences x beams) against `src` encoder
+    positions (GENERATE_FLOP_FORMULA): the decoder layers and the output projection."""
+    d, f, V = dims.d_model, dims.ffn_dim, dims.vocab_size
+    R, S, T = rows, src, new_tokens
+    layer = (
+        2 * R * T * (6 * d * d + 2 * d * f)
+        + 4 * R * S * d * d
+        + 2 * R * T * (T + 1) * d
+        + 4 * R * T * S * d
+        + (2 * R * T * d * (2 * rpr + 1) if rpr else 0)
+    )
+    return {"decoder": dims.decoder_layers * layer, "head": 2 * R * T * d * V}
+
+
+def generate_flops(name: str, dims: Dims, batch: int, beams: int, src: int, new_tokens: int) -> dict:
+    """Matmul FLOPs of one `generate` call of a variant: `batch` sentences padded to `src` tokens, `beams` beams,
+    exactly `new_tokens` new tokens (GENERATE_FLOP_FORMULA). The decoder is the benchmark variants' Euler one."""
+    s, gated, rpr = encoder_evaluations(name)
+    encoder = forward_flops(dims, batch, src, 1, s, gated, rpr)["encoder"]
+    decoder = decode_flops(dims, batch * beams, src, new_tokens, rpr)
+    return {
+        "encoder": encoder,
+        "decoder": decoder["decoder"] + decoder["head"],
+        "total": encoder + decoder["decoder"] + decoder["head"],
     }
 
 
@@ -241,6 +287,7 @@ def machine_info(device: str = "cpu") -> dict:
         # the kernels PyTorch runs (honours ATEN_CPU_CAPABILITY), and whether bf16 is native or emulated here
         "cpu_capability": cpu_capability(),
         "native_bf16": dict(zip(("native", "reason"), device_native_bf16(device))),
+        "cpu_features": cpu_features(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -249,6 +296,37 @@ def machine_info(device: str = "cpu") -> dict:
         "device": device,
         "accelerator": torch.cuda.get_device_name(device) if is_cuda(device) else None,
     }
+
+
+# torch.cpu.get_capabilities() flags behind the int8 and bf16 kernels: VNNI (int8 dot products, AVX-512 or AVX
+# encoded), AMX tiles and AVX512_BF16.
+CPU_FEATURES = (
+    "avx2",
+    "avx512_f",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "avx512_bf16",
+)
+
+
+def cpu_features() -> dict[str, bool]:
+    """Which of CPU_FEATURES this CPU has, as PyTorch's cpuinfo reads them (all False where torch cannot say)."""
+    reader = getattr(torch.cpu, "get_capabilities", None)
+    capabilities = dict(reader()) if reader is not None else {}
+    return {flag: bool(capabilities.get(flag)) for flag in CPU_FEATURES}
+
+
+def describe_cpu(machine: dict) -> str:
+    """One line for a report: PyTorch's kernel level and the CPU's int8 / bf16 features (machine_info's)."""
+    features = machine.get("cpu_features", {})
+    has = [flag.upper() for flag in CPU_FEATURES[2:] if features.get(flag)]
+    lacks = [flag.upper() for flag in CPU_FEATURES[2:] if not features.get(flag)]
+    return f"PyTorch kernels {machine['cpu_capability']}; has {', '.join(has) or 'none'}" + (
+        f"; lacks {', '.join(lacks)}" if lacks else ""
+    )
 
 
 def cpu_ticks() -> dict:

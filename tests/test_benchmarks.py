@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_ode, common
-from benchmarks.bench_translate import GOALS
+from benchmarks.bench_translate import GOALS, RK_GOAL_OF_PREDICTED, RK_GOALS
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +129,62 @@ def test_flop_count_formula():
     assert math.isclose(rk4["forward"] - residual["forward"], 3 * encoder)
     assert math.isclose(ckpt["train_step"] - rk2["train_step"], encoder)
     assert common.train_flops("marian", dims, 2, 8, 8) == residual
+
+
+def test_generate_flop_ratio_by_hand():
+    """The FLOP-predicted speed of RK2 and RK4 over residual for one small decoding, counted by hand: tiny dims
+    (d 32, f 64, V 128, 2 + 2 layers), 1 sentence of 4 source tokens, 2 beams, 3 new tokens. The encoder evaluates F
+    once (residual), twice (RK2) or four times (RK4) per layer; the Euler decoder does the same work for all."""
+    from benchmarks import bench_translate
+
+    d, f, V, S, R, T = 32, 64, 128, 4, 2, 3
+    # one evaluation of F in one encoder layer, one sentence: q, k, v, o projections, two FFN products, QK^T and AV
+    F = 4 * 2 * S * d * d + 2 * 2 * S * d * f + 2 * 2 * S * S * d
+    assert F == 67_584
+    # one decoder layer over the 3 steps on 2 rows: per token self q/k/v/o and cross q/o projections and the FFN;
+    # cross keys/values once per row; self-attention over 1, 2, 3 cached positions; cross-attention over 4
+    decoder_layer = (
+        R * T * (6 * 2 * d * d + 2 * 2 * d * f)
+        + R * 2 * 2 * S * d * d
+        + R * (1 + 2 + 3) * 2 * 2 * d
+        + R * T * 2 * 2 * S * d
+    )
+    head = R * T * 2 * d * V
+    assert decoder_layer == 160_256 and head == 49_152
+    decoder = 2 * decoder_layer + head
+    residual, rk2, rk4 = (2 * stages * F + decoder for stages in (1, 2, 4))
+    assert (residual, rk2, rk4) == (504_832, 640_000, 910_336)
+    for name, total in (("residual", residual), ("rk2", rk2), ("rk4", rk4)):
+        assert common.generate_flops(name, common.TINY_DIMS, 1, 2, S, T)["total"] == total
+    # the benchmark's prediction sums its calls: batch 1 = one sentence of its own length here
+    setup = {**bench_translate.QUICK, "src_len": S, "new_tokens": T, "batch1_sentences": 1}
+    predicted = bench_translate.flop_prediction(setup)["batch1_beam4"]["predicted_vs_residual"]
+    beams4 = {
+        n: common.generate_flops(n, common.TINY_DIMS, 1, 4, S, T)["total"] for n in ("residual", "rk2", "rk4")
+    }
+    assert math.isclose(predicted["rk2"], beams4["residual"] / beams4["rk2"])
+    assert math.isclose(predicted["rk4"], beams4["residual"] / beams4["rk4"])
+    assert math.isclose(residual / rk2, 0.78880) and math.isclose(residual / rk4, 0.554559, rel_tol=1e-5)
+
+
+def test_machine_record_names_the_cpus_int8_and_bf16_features():
+    """machine_info records PyTorch's kernel level and torch.cpu.get_capabilities()' VNNI / AMX / AVX512_BF16
+    flags; the report's line names each flag as had or lacked."""
+    import torch
+
+    machine = common.machine_info()
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    capabilities = dict(torch.cpu.get_capabilities())
+    assert machine["cpu_features"] == {flag: bool(capabilities.get(flag)) for flag in common.CPU_FEATURES}
+    line = common.describe_cpu(machine)
+    assert line.startswith(f"PyTorch kernels {machine['cpu_capability']}; has ")
+    has = line.split("; has ")[1].split("; lacks ")[0].split(", ")
+    lacks = line.split("; lacks ")[1].split(", ") if "; lacks " in line else []
+    for flag in ("avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"):
+        assert (flag.upper() in has, flag.upper() in lacks) == (
+            machine["cpu_features"][flag],
+            not machine["cpu_features"][flag],
+        )
 
 
 def test_decode_overhead_counts_each_models_operators_and_times_each_step(capsys):
@@ -274,12 +330,24 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
         for name, speed in speeds.items():
             assert results["new_tokens"][setting][name] == results["setup"]["new_tokens"], (setting, name)
             assert math.isclose(speed, sentences / min(results["seconds_all"][setting][name]))
+    assert set(results["machine"]["cpu_features"]) == set(common.CPU_FEATURES)
+    pairs = {label: (s, o) for label, s, o, _, _ in GOALS} | {label: (s, o) for label, s, o, _ in RK_GOALS}
+    rk_labels = {label for label, *_ in RK_GOALS}
     for goal in results["goals"]:
+        assert (goal["measure"] == "of_predicted") == (goal["goal"] in rk_labels)
+        if goal["goal"] in rk_labels:  # measured / FLOP-predicted, the prediction residual FLOPs / RK FLOPs
+            model = pairs[goal["goal"]][0].split("-")[0]
+            flops = results["flop_prediction"][goal["setting"]]["flops"]
+            assert math.isclose(goal["predicted"], flops["residual"]["total"] / flops[model]["total"])
+            assert 0 < goal["predicted"] < 1 and goal["at_least"] == RK_GOAL_OF_PREDICTED
         if goal["ratio"] is not None:
-            system, over = next((s, o) for label, s, o, _, _ in GOALS if label == goal["goal"])
+            system, over = pairs[goal["goal"]]
             speeds = results["sentences_per_s"][goal["setting"]]
             assert math.isclose(goal["ratio"], speeds[system] / speeds[over])
-            assert goal["met"] == (goal["ratio"] >= goal["at_least"])
+            if goal["measure"] == "of_predicted":
+                assert math.isclose(goal["of_predicted"], goal["ratio"] / goal["predicted"])
+            assert goal["met"] == (goal[goal["measure"]] >= goal["at_least"])
+    assert {g["goal"] for g in results["goals"]} == set(pairs)
     assert results["profiles"]["batch1_greedy"][0]["self_ms"] > 0
     if has_onnx:  # onnxruntime's own profile of the int8 graphs: operator types by kernel time
         ops = results["onnx_profiles"]["batch16_beam4"]
@@ -287,3 +355,14 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
         assert "MatMulInteger" in {o["op"] for o in ops} or "DynamicQuantizeMatMul" in {o["op"] for o in ops}
     report = (tmp_path / "translate.md").read_text()
     assert report.startswith("# Translation speed on CPU") and "| residual-int8 |" in report
+    assert f"PyTorch kernels {results['machine']['cpu_capability']}; has " in report
+    assert "| goal | setting | ratio | predicted | measured / predicted | goal | met |" in report
+    assert (
+        "| setting | residual MFLOP (encoder / decoder) | RK2 MFLOP | RK4 MFLOP | RK2 predicted | RK4 predicted |"
+        in report
+    )
+    rk2_int8 = next(g for g in results["goals"] if g["goal"] == "RK2 int8 vs residual int8")
+    assert (
+        f"| RK2 int8 vs residual int8 | {rk2_int8['setting']} | {rk2_int8['ratio']:.2f} | "
+        f"{rk2_int8['predicted']:.3f} | {rk2_int8['of_predicted']:.2f} | >= {RK_GOAL_OF_PREDICTED} of predicted |"
+    ) in report
