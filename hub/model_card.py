@@ -560,14 +560,13 @@ def _load_config(model_dir: Path):
     return ODETransformerConfig(**data)
 
 
-_NO_LIMIT = 1_000_000  # transformers writes 1e30 for a tokenizer without a length limit
-
-
 def trained_length(model_dir: str | Path) -> int | None:
     """The input length the model was trained on, as its tokenizer carries it: ``model_max_length`` in
     ``tokenizer_config.json`` (``ode-train`` saves its ``--max_source_length`` there, a language model's
     ``--max_target_length``), else the ``truncation`` of ``tokenizer.json``; None where the folder has neither.
     Not ``max_position_embeddings``: the sinusoidal positions work at any length, and that field bounds nothing."""
+    from modeling_ode.tokenizer_limits import NO_LENGTH_LIMIT
+
     model_dir = Path(model_dir)
     for name, keys in (
         ("tokenizer_config.json", ("model_max_length",)),
@@ -579,7 +578,7 @@ def trained_length(model_dir: str | Path) -> int | None:
                 value = value.get(key)
         except (OSError, ValueError, AttributeError):
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _NO_LIMIT:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LENGTH_LIMIT:
             return value
     return None
 

@@ -7,7 +7,11 @@ from typing import Any
 
 from .configuration_ode_transformer import ODETransformerConfig
 
-__all__ = ["fit_tokenizer_to_model", "tokenizer_limits"]
+__all__ = ["NO_LENGTH_LIMIT", "fit_tokenizer_to_model", "tokenizer_limits"]
+
+# A tokenizer saved without a length limit has transformers' VERY_LARGE_INTEGER (1e30) as model_max_length: any
+# value from here up means "no limit recorded".
+NO_LENGTH_LIMIT = 1_000_000
 
 
 def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None = None) -> dict[str, Any]:

@@ -734,7 +734,9 @@ def test_the_card_names_data_by_corpus_hub_id_or_dataset_name_never_by_a_local_p
         "wmt/wmt14"
     ]
     # a Hub config is the Hub dataset's: not stated for a shared corpus (cnndm_base names its Hub copy's config)
-    hub = parse_arguments(["--hub_dataset", "abisee/cnn_dailymail", "--hub_config", "3.0.0", "--use_cpu", "true"])
+    hub = parse_arguments(
+        ["--hub_dataset", "abisee/cnn_dailymail", "--hub_config", "3.0.0", "--use_cpu", "true"]
+    )
     assert dataset_card(hub.data, "summarization", None, rows=5)["config"] == "3.0.0"
     shared = parse_arguments(["cnndm_base", "--use_cpu", "true"])
     assert "config" not in dataset_card(shared.data, "summarization", None, rows=5)

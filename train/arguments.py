@@ -25,6 +25,7 @@ from transformers import (
 
 from modeling_ode import PAPER_LABEL_SMOOTHING, ODETransformerConfig
 from modeling_ode.compat import order_argument_groups, parser_actions
+from modeling_ode.tokenizer_limits import NO_LENGTH_LIMIT
 from ode_transformer.cli import program_name
 
 from . import metrics
@@ -576,7 +577,7 @@ def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast
     ``--do_train false`` scores the hypotheses ``ode_transformer.train.translate`` writes."""
     if data_args.max_source_length is None:
         limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
-        data_args.max_source_length = limit if limit < 1_000_000 else DEFAULT_LENGTH
+        data_args.max_source_length = limit if limit < NO_LENGTH_LIMIT else DEFAULT_LENGTH
     if data_args.max_target_length is None:
         try:
             new_tokens = target_length(GenerationConfig.from_pretrained(saved_model))
