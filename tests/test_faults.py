@@ -50,6 +50,15 @@ def train_run(output_dir: Path, *flags: str) -> dict:
     return run(parse_arguments([*TINY_RUN, "--output_dir", str(output_dir), *flags]))
 
 
+def assert_translate_and_train_refuse(folder: Path, src: Path, out: Path, message: str) -> None:
+    """ode-translate and a fine-tuning ode-train both refuse ``folder`` with ``message``; the run writes no ``out``."""
+    with pytest.raises(ValueError, match=message):
+        translate.main([str(folder), "--input", str(src), "--no_progress"])
+    with pytest.raises(ValueError, match=message):
+        train_run(out, "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert not out.exists()
+
+
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file of ``folder`` with its bytes and modification time: equal snapshots = nothing changed."""
     return {
@@ -1033,10 +1042,7 @@ def test_a_damaged_tokenizer_file_is_named_with_the_fix(tmp_path, name, damage, 
     path.write_bytes(damage(path.read_bytes()))
     message = f"^{re.escape(str(path))} is {re.escape(what)}.*; copy it again from the folder the tokenizer was saved in"
     src = write(tmp_path / "in.txt", "the dog\n")
-    with pytest.raises(ValueError, match=message):
-        translate.main([str(folder), "--input", str(src), "--no_progress"])
-    with pytest.raises(ValueError, match=message):
-        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     with pytest.raises(ValueError, match=message):
         export_for_hub(folder, tmp_path / "exported")
     assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
@@ -1149,10 +1155,7 @@ def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
         f"^{re.escape(str(folder / 'pytorch_model.bin'))} holds objects other than tensors and plain values "
         r"\(.*GLOBAL posix.system.*\): it is not loaded, since unpickling it could run code; convert weights you trust"
     )
-    with pytest.raises(ValueError, match=message):
-        translate.main([str(folder), "--input", str(src), "--no_progress"])
-    with pytest.raises(ValueError, match=message):
-        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
 
 
@@ -1324,10 +1327,7 @@ def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_al
     message = (
         f"^{re.escape(str(config_path))} holds a JSON list, not an object of fields .*; copy it again from"
     )
-    with pytest.raises(ValueError, match=message):
-        translate.main([str(folder), "--input", str(src), "--no_progress"])
-    with pytest.raises(ValueError, match=message):
-        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
 
 
@@ -1750,8 +1750,5 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
     path.write_text(json.dumps(data), encoding="utf-8")
     message = f"^{re.escape(str(path) + said)}"
     src = write(tmp_path / "in.txt", "the dog\n")
-    with pytest.raises(ValueError, match=message):
-        translate.main([str(folder), "--input", str(src), "--no_progress"])
-    with pytest.raises(ValueError, match=message):
-        train_run(tmp_path / "out", "--model_name_or_path", str(folder), "--train_file", f"{src},{src}")
+    assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "out").exists()
