@@ -26,8 +26,15 @@ def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None
 
 
 def fit_tokenizer_to_model(tokenizer, config: ODETransformerConfig, max_source_length: int | None = None):
-    """Set :func:`tokenizer_limits` on ``tokenizer`` (and in what its ``save_pretrained`` writes); returns it."""
+    """Set :func:`tokenizer_limits` on ``tokenizer`` (and in what its ``save_pretrained`` writes), and make
+    ``tokenizer.json``'s own truncation the same length, which a ``tokenizers``-only deployment applies (it is
+    otherwise whatever the last ``tokenizer(..., truncation=True, max_length=N)`` call left); a causal LM's prompt
+    loses its start. Returns the tokenizer."""
     for key, value in tokenizer_limits(config, max_source_length).items():
         setattr(tokenizer, key, value)
         tokenizer.init_kwargs[key] = value  # save_pretrained writes init_kwargs
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        direction = "right" if config.is_encoder_decoder else "left"
+        backend.enable_truncation(max_length=tokenizer.model_max_length, direction=direction)
     return tokenizer

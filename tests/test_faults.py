@@ -1395,6 +1395,8 @@ def test_an_exported_card_names_neither_the_staging_folder_nor_a_local_path(tmp_
     # the card is written in a scratch copy: the tokenizer's files go with it, so it states the trained length
     limit = json.loads((out / "tokenizer_config.json").read_text())["model_max_length"]
     assert f"trained on inputs of up to {limit} tokens" in card, card
+    # ... and the exported tokenizer.json truncates to it too (tokenizers-only deployments read that)
+    assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == limit
 
 
 def _training_folder(folder: Path) -> Path:

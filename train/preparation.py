@@ -327,16 +327,9 @@ def trained_length(task: str, data_args: DataArguments) -> int:
 
 
 def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
-    """The tokenizer saved with the model carries one length, the one the run trained on: as ``model_max_length``
-    (:func:`modeling_ode.fit_tokenizer_to_model`) and as the truncation of ``tokenizer.json``, which a
-    ``tokenizers``-only deployment applies. That truncation is otherwise whatever the last ``tokenizer(...,
-    truncation=True, max_length=N)`` call left (the target length, say). A causal LM's prompt loses its start."""
-    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        direction = "right" if config.is_encoder_decoder else "left"
-        backend.enable_truncation(max_length=tokenizer.model_max_length, direction=direction)
-    return tokenizer
+    """The tokenizer saved with the model carries one length, the one the run trained on, as ``model_max_length``
+    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`)."""
+    return fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
 
 
 def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
