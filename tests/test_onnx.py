@@ -318,6 +318,30 @@ def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, traine
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.xdist_group("onnx_trained")
+def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exported, trained):
+    """Issue 57: the cross-attention keys and values, the same for every beam of a sentence, are the first step's
+    tensors at every later step: not copied per step, not reordered with the beams (and the tokens are
+    `generate`'s)."""
+    ids, mask, _ = reverse_task(3, torch.Generator().manual_seed(7))
+    folder = exported("torchscript")
+    generator = ONNXSeq2SeqGenerator(folder, trained.generation_config, session_options=session_options())
+    steps = []
+
+    def record(module, args, output):
+        layer = getattr(output, CACHE_FIELD).cross_attention_cache.layers[-1]
+        steps.append((layer.keys, layer.values, layer.keys.data_ptr(), layer.values.data_ptr()))
+
+    generator.model.register_forward_hook(record)
+    settings = {"num_beams": 3, "max_new_tokens": 8}
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
+    np.testing.assert_array_equal(generator.generate(ids.numpy(), mask.numpy(), **settings), expected)
+    assert len(steps) == expected.shape[1] - 1 > 2  # one forward per new token
+    for step in steps[1:]:
+        assert step[0] is steps[0][0] and step[1] is steps[0][1] and step[2:] == steps[0][2:]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Every block type and attention implementation (slow: a dozen exports per exporter)
 # ----------------------------------------------------------------------------------------------------------
