@@ -125,16 +125,20 @@ class GenerationCacheHook(GenerationMixin):
     cache into `model_kwargs` (under either of `CACHE_KWARGS`) and has no public hook. A cache the caller passed is
     left as it is. Checked: transformers 5.23.0, 5.24.0."""
 
-    def rebuild_generation_cache(self, cache):
-        """The cache `generate` will use in place of the one it built (the same, by default)."""
+    def rebuild_generation_cache(self, cache, generation_config, generation_mode):
+        """The cache `generate` will use in place of the one it built (the same, by default), for this generation
+        config and mode (a `GenerationMode`)."""
         return cache
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         built_here = all(model_kwargs.get(key) is None for key in CACHE_KWARGS)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        generation_mode = args[0] if args else kwargs.get("generation_mode")
         for key in CACHE_KWARGS:
             if built_here and model_kwargs.get(key) is not None:
-                model_kwargs[key] = self.rebuild_generation_cache(model_kwargs[key])
+                model_kwargs[key] = self.rebuild_generation_cache(
+                    model_kwargs[key], generation_config, generation_mode
+                )
 
 
 MODEL_HOOKS = (

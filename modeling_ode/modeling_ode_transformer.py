@@ -14,7 +14,7 @@ import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import wraps
+from functools import partial, wraps
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,7 +25,8 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.generation.configuration_utils import GenerationConfig, GenerationMode
 from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, eager_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -61,6 +62,7 @@ __all__ = [
     "ODETransformerForConditionalGeneration",
     "ODETransformerForCausalLM",
     "StageCacheLayout",
+    "BeamSearchCache",
     "non_finite_tensors",
 ]
 
@@ -428,6 +430,11 @@ class StageCacheLayout:
         self_attention = self._self_attention_cache(max_cache_len)
         return self.with_cross_attention(self_attention) if encoder_decoder else self_attention
 
+    def beam_search(self, num_beams: int, encoder_decoder: bool) -> Cache:
+        """An empty `BeamSearchCache` with every slot, for `generate` with `num_beams` beams (1: greedy or sampling)."""
+        self_attention = BeamSearchCache(self.num_slots, num_beams)
+        return self.with_cross_attention(self_attention) if encoder_decoder else self_attention
+
     def with_cross_attention(self, self_attention: Cache) -> EncoderDecoderCache:
         """A decoder's self-attention cache with an empty cross-attention cache: an encoder-decoder needs both, and
         may be given a plain `DynamicCache` (as BART may)."""
@@ -470,6 +477,117 @@ class StageCacheLayout:
         )
 
 
+class BeamSlot(CacheLayerMixin):
+    """One (layer, stage) slot of a `BeamSearchCache`. Keys and values live in buffers of shape (sources, heads,
+    capacity, beams, head_dim), written in place: position s of beam j of a source is written once, by the row
+    that computed it, and never moved. A full buffer doubles, one copy per doubling rather than a concatenation per
+    step. `update` returns (sources, heads, length * beams, head_dim) views, position s of beam j at s * beams + j:
+    with one beam, the usual (rows, heads, length, head_dim)."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, num_beams: int):
+        super().__init__()
+        self.num_beams = num_beams
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows = key_states.shape[0]
+        if rows % self.num_beams:
+            raise ValueError(
+                f"a cache for {self.num_beams} beams was given {rows} rows, not a multiple of them"
+            )
+        self.device = key_states.device
+        self.keys, self.values = key_states[:0], value_states[:0]  # no capacity yet: `_reserve` allocates
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[2]
+        self._reserve(key_states, value_states, end)
+        for buffer, states in ((self.keys, key_states), (self.values, value_states)):
+            rows, heads, new, dim = states.shape
+            grouped = states.view(rows // self.num_beams, self.num_beams, heads, new, dim).permute(
+                0, 2, 3, 1, 4
+            )
+            buffer[:, :, start:end] = grouped
+        self.length = end
+        return self.keys[:, :, :end].flatten(2, 3), self.values[:, :, :end].flatten(2, 3)
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> None:
+        """Buffers with room for `length` positions: the next power of two (at least 16), the old ones copied in."""
+        if self.keys.dim() == 5 and self.keys.shape[2] >= length:
+            return
+        capacity = max(16, 1 << (length - 1).bit_length())
+        old = self.length
+        self.keys, self.values = (
+            self._grown(buffer if buffer.dim() == 5 else None, states, capacity, old)
+            for buffer, states in ((self.keys, key_states), (self.values, value_states))
+        )
+
+    def _grown(
+        self, buffer: torch.Tensor | None, states: torch.Tensor, capacity: int, filled: int
+    ) -> torch.Tensor:
+        rows, heads, _, dim = states.shape
+        grown = states.new_empty(rows // self.num_beams, heads, capacity, self.num_beams, dim)
+        if buffer is not None and filled:
+            grown[:, :, :filled] = buffer[:, :, :filled]
+        return grown
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.length = 0
+
+
+class BeamSearchCache(Cache):
+    """The decoder's self-attention cache under `generate` (one `BeamSlot` per (layer, stage)), in place of
+    transformers' `DynamicCache`, which grows by concatenation and reorders beams by copying every slot at every
+    step. Beam search reorders by indirection instead: `origins` (rows, length) names, for each row and position,
+    the beam of its source whose slot holds that row's history there, and reordering gathers that small table
+    only; attention reads through it (`beam_attention_forward`). With one beam (greedy search, sampling) it is a
+    preallocated cache and attention runs as usual."""
+
+    def __init__(self, num_slots: int, num_beams: int):
+        super().__init__(layers=[BeamSlot(num_beams) for _ in range(num_slots)])
+        self.num_beams = num_beams
+        self.origins: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        length, rows = self.layers[layer_idx].length, key_states.shape[0]
+        known = 0 if self.origins is None else self.origins.shape[1]
+        if length > known:  # the step's first slot: the new positions are the rows' own, in their own beam
+            own = torch.arange(rows, device=key_states.device) % self.num_beams
+            new = own[:, None].expand(rows, length - known)
+            self.origins = new.clone() if self.origins is None else torch.cat([self.origins, new], dim=1)
+        return keys, values
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row r continues the history of row `beam_idx[r]` (a beam of the same source)."""
+        if self.origins is not None:
+            self.origins = self.origins.index_select(0, beam_idx.to(self.origins.device))
+
+    def reset(self) -> None:
+        super().reset()
+        self.origins = None
+
+
 def _cache_config(num_slots: int) -> PreTrainedConfig:
     """What transformers' cache classes read to lay out their layers: one full-attention layer per slot."""
     return PreTrainedConfig(num_hidden_layers=num_slots)
@@ -503,13 +621,60 @@ def eager_attention_forward(
         weights = weights + attention_mask
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = fast_dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(probs, value)
-    relative_index = kwargs.get("relative_index")
-    if getattr(module, "relative_values", None) is not None and relative_index is not None:
-        # Shaw et al. value term: sum_j p_ij a^V_{clip(j - i)}, gathered per bucket then projected.
-        buckets = probs.new_zeros(*probs.shape[:-1], module.relative_values.shape[0])
-        buckets.scatter_add_(-1, relative_index.expand_as(probs), probs)
-        output = output + torch.matmul(buckets, module.relative_values)
+    output = with_relative_values(module, torch.matmul(probs, value), probs, kwargs.get("relative_index"))
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def with_relative_values(
+    module: nn.Module, output: torch.Tensor, probs: torch.Tensor, relative_index: torch.Tensor | None
+) -> torch.Tensor:
+    """`output` plus Shaw et al.'s value term, sum_j p_ij a^V_{clip(j - i)} (gathered per bucket, then projected),
+    where the module has relative value tables."""
+    if getattr(module, "relative_values", None) is None or relative_index is None:
+        return output
+    buckets = probs.new_zeros(*probs.shape[:-1], module.relative_values.shape[0])
+    buckets.scatter_add_(-1, relative_index.expand_as(probs), probs)
+    return output + torch.matmul(buckets, module.relative_values)
+
+
+def beam_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    origins: torch.Tensor,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention of `query` (rows, heads, q, head_dim) over a `BeamSearchCache` slot (`BeamSlot.update`'s
+    layout), each row reading position s from beam `origins[row, s]` of its source. The scores against every beam
+    of the source are computed and the row's own gathered (beams times the usual dot products, few next to copying
+    the cache); the values are summed with the probabilities scattered back to where they were gathered from."""
+    rows, heads, q_length, head_dim = query.shape
+    sources, length = key.shape[0], origins.shape[1]
+    beams = rows // sources
+    # (sources, heads, beams, q, length): where each row's position s sits on the length * beams axis
+    places = torch.arange(length, device=origins.device) * beams + origins
+    places = places.view(sources, 1, beams, 1, length).expand(sources, heads, beams, q_length, length)
+    by_source = query.view(sources, beams, heads, q_length, head_dim).transpose(1, 2)
+    scores = torch.matmul(by_source.reshape(sources, heads, beams * q_length, head_dim), key.transpose(2, 3))
+    scores = scores.view(sources, heads, beams, q_length, length * beams).gather(-1, places)
+    weights = scores.transpose(1, 2).reshape(rows, heads, q_length, length) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = fast_dropout(weights, p=dropout, training=module.training)
+    spread = probs.new_zeros(sources, heads, beams, q_length, length * beams)
+    spread.scatter_(-1, places, probs.view(sources, beams, heads, q_length, length).transpose(1, 2))
+    output = torch.matmul(spread.view(sources, heads, beams * q_length, length * beams), value)
+    output = (
+        output.view(sources, heads, beams, q_length, head_dim)
+        .transpose(1, 2)
+        .reshape(rows, heads, q_length, -1)
+    )
+    output = with_relative_values(module, output, probs, kwargs.get("relative_index"))
     return output.transpose(1, 2).contiguous(), weights
 
 
@@ -583,7 +748,7 @@ class ODETransformerAttention(nn.Module):
             attention_mask = bias if attention_mask is None else attention_mask + bias
             if attention_mask.dtype == torch.float16:  # its min plus a negative bias is -inf: masked rows NaN
                 attention_mask = attention_mask.clamp_min(torch.finfo(torch.float16).min)
-        output, weights = self._attention_function(return_weights)(
+        output, weights = self._attention_function(return_weights, past_key_values)(
             self,
             query,
             key,
@@ -610,9 +775,13 @@ class ODETransformerAttention(nn.Module):
             bias.gather(-1, relative_index.expand(*bias.shape[:-1], relative_index.shape[-1])) * self.scaling
         )
 
-    def _attention_function(self, return_weights: bool) -> Callable:
+    def _attention_function(self, return_weights: bool, cache: Cache | None = None) -> Callable:
         """The configured attention backend; relative position values need the eager path, and so do recorded
-        weights (`output_attentions=True`): SDPA computes none."""
+        weights (`output_attentions=True`): SDPA computes none. Self-attention over a beam-search cache of several
+        beams reads through its `origins` (`beam_attention_forward`)."""
+        self_cache = None if self.is_cross_attention else self_attention_cache(cache)
+        if isinstance(self_cache, BeamSearchCache) and self_cache.num_beams > 1:
+            return partial(beam_attention_forward, origins=self_cache.origins)
         implementation = attention_implementation(self.config)
         if return_weights and _collecting_attention_weights() and implementation not in (None, "eager"):
             logger.warning_once(
@@ -1379,12 +1548,34 @@ def seq2seq_output(
     )
 
 
+# The decoding strategies that only append to the cache and reorder beams: they get a `BeamSearchCache`.
+BEAM_SEARCH_CACHE_MODES = (
+    GenerationMode.GREEDY_SEARCH,
+    GenerationMode.SAMPLE,
+    GenerationMode.BEAM_SEARCH,
+    GenerationMode.BEAM_SAMPLE,
+)
+
+
 class ODEGenerationMixin(GenerationCacheHook):
     """Generation with the decoder's per-stage cache: transformers builds one self-attention cache layer per
-    decoder layer (dynamic or static); `StageCacheLayout.like` rebuilds it, same kind, with every slot."""
+    decoder layer. Its default (dynamic, no `cache_implementation` asked) becomes a `BeamSearchCache` for greedy
+    search, sampling and beam search; any other kind (an explicit 'dynamic', 'static', offloaded) is rebuilt the
+    same kind with every slot (`StageCacheLayout.like`)."""
 
-    def rebuild_generation_cache(self, cache: Cache) -> Cache:
-        return self.get_decoder().cache_layout.like(cache)
+    def rebuild_generation_cache(
+        self, cache: Cache, generation_config: GenerationConfig, generation_mode: GenerationMode | None
+    ) -> Cache:
+        layout = self.get_decoder().cache_layout
+        self_cache = self_attention_cache(cache)
+        if (
+            generation_config.cache_implementation is None
+            and generation_mode in BEAM_SEARCH_CACHE_MODES
+            and type(self_cache) is DynamicCache
+            and not self_cache.offloading
+        ):
+            return layout.beam_search(generation_config.num_beams, isinstance(cache, EncoderDecoderCache))
+        return layout.like(cache)
 
     @staticmethod
     def create_masks_for_generate(

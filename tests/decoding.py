@@ -1,6 +1,6 @@
 """Shared pieces of the decoding tests (test_modeling, test_pcformer): tiny dropout-free configs, a padded source
 batch, and the two comparisons every decoder variant must pass: cached step-by-step logits == the full forward,
-and static-cache == dynamic-cache == uncached generated tokens."""
+and static-cache == dynamic-cache == beam-search-cache == uncached generated tokens."""
 
 from __future__ import annotations
 
@@ -53,9 +53,12 @@ def assert_incremental_decoding_equals_full_forward(model, ids: torch.Tensor, ma
 
 
 def generate_static_dynamic_uncached(model, ids: torch.Tensor, mask: torch.Tensor, **kwargs) -> torch.Tensor:
-    """`generate` with the static cache, the dynamic cache and no cache; asserts the same tokens, returns them."""
+    """`generate` with the static cache, the dynamic cache, the default (`BeamSearchCache`) and no cache; asserts
+    the same tokens, returns them."""
     static = model.generate(ids, attention_mask=mask, cache_implementation="static", **kwargs)
-    dynamic = model.generate(ids, attention_mask=mask, **kwargs)
+    dynamic = model.generate(ids, attention_mask=mask, cache_implementation="dynamic", **kwargs)
+    default = model.generate(ids, attention_mask=mask, **kwargs)
     uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
-    assert torch.equal(static, dynamic) and torch.equal(static, uncached)
+    for tokens in (dynamic, default, uncached):
+        assert torch.equal(static, tokens)
     return static

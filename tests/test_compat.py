@@ -129,7 +129,7 @@ def test_generation_cache_hook_sees_the_cache_generate_builds_and_not_a_given_on
     model = tiny_seq2seq(decoder_ode_method="rk2")
     rebuilt = []
     original = model.rebuild_generation_cache
-    model.rebuild_generation_cache = lambda cache: rebuilt.append(cache) or original(cache)
+    model.rebuild_generation_cache = lambda cache, *args: rebuilt.append(cache) or original(cache, *args)
     ids = torch.tensor([[5, 6, 7, 2]])
     model.generate(input_ids=ids, max_new_tokens=2, num_beams=1, do_sample=False)
     assert len(rebuilt) == 1

@@ -1,0 +1,106 @@
+"""`BeamSearchCache`: the decoder's cache under `generate`, preallocated and reordered by indirection. Checked
+against transformers' `DynamicCache`, which reorders beams by copying, and against decoding without a cache."""
+
+import pytest
+import torch
+from decoding import source_batch, tiny
+from torch import nn
+from transformers import DynamicCache
+
+from modeling_ode import ODETransformerForConditionalGeneration
+from modeling_ode.compat import CACHE_FIELD
+from modeling_ode.modeling_ode_transformer import (
+    BeamSearchCache,
+    beam_attention_forward,
+    eager_attention_forward,
+    self_attention_cache,
+)
+
+
+@pytest.mark.parametrize("beams,query_length", [(1, 1), (3, 1), (3, 2)])
+def test_attention_over_the_cache_equals_attention_over_a_cache_reordered_by_copying(beams, query_length):
+    """24 steps (the buffers grow past their first 16 positions), each followed by a random reordering within each
+    source's beams: the output and weights equal eager attention over a `DynamicCache` whose `reorder_cache` copies
+    the rows, step by step, under a random additive mask."""
+    torch.manual_seed(0)
+    sources, heads, head_dim = 2, 2, 4
+    rows = sources * beams
+    module = nn.Module().eval()
+    cache, copied = BeamSearchCache(num_slots=1, num_beams=beams), DynamicCache()
+    for _ in range(24):
+        key, value, query = (torch.randn(rows, heads, query_length, head_dim) for _three in range(3))
+        keys, values = cache.update(key, value, 0)
+        expected_keys, expected_values = copied.update(key, value, 0)
+        mask = torch.randn(rows, 1, query_length, expected_keys.shape[2])
+        expected = eager_attention_forward(module, query, expected_keys, expected_values, mask, scaling=0.5)
+        if beams == 1:  # one beam: the usual layout, read by the usual attention
+            assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+            continue
+        output, weights = beam_attention_forward(
+            module, query, keys, values, mask, 0.5, origins=cache.origins
+        )
+        torch.testing.assert_close(output, expected[0])
+        torch.testing.assert_close(weights, expected[1])
+        beam_idx = torch.arange(rows) // beams * beams + torch.randint(0, beams, (rows,))
+        cache.reorder_cache(beam_idx)
+        copied.reorder_cache(beam_idx)
+    assert cache.get_seq_length() == 24 * query_length
+
+
+def test_reordering_moves_no_key_or_value():
+    """A reorder gathers the (rows, length) table of origins; the slots' buffers keep their storage and content."""
+    cache = BeamSearchCache(num_slots=2, num_beams=2)
+    for slot in range(2):
+        cache.update(torch.randn(4, 2, 3, 4), torch.randn(4, 2, 3, 4), slot)
+    before = [(layer.keys.data_ptr(), layer.keys.clone()) for layer in cache.layers]
+    cache.reorder_cache(torch.tensor([1, 1, 2, 2]))
+    for layer, (pointer, keys) in zip(cache.layers, before):
+        assert layer.keys.data_ptr() == pointer and torch.equal(layer.keys, keys)
+    assert cache.origins.tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]]
+
+
+def test_rows_that_are_not_whole_groups_of_beams_are_refused():
+    with pytest.raises(ValueError, match="3 beams was given 4 rows"):
+        BeamSearchCache(num_slots=1, num_beams=3).update(torch.randn(4, 2, 1, 4), torch.randn(4, 2, 1, 4), 0)
+
+
+VARIANTS = [
+    {},  # RK2-gated encoder, residual decoder with relative keys
+    {"decoder_ode_method": "rk4", "max_relative_position": 4, "relative_position_values": True},
+    {
+        "decoder_ode_method": "rk2",
+        "decoder_ode_function": "attention",
+        "decoder_layer_connections": "multistep",
+    },
+    {"decoder_ode_method": "rk2", "decoder_layer_connections": "predictor_corrector"},
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+@pytest.mark.parametrize("decoding", [{"num_beams": 3, "length_penalty": 0.6}, {"num_beams": 1}])
+def test_generate_uses_it_and_keeps_the_tokens_of_decoding_without_a_cache(overrides, decoding):
+    """40 new tokens (past the first doubling of the buffers), every decoder block type: the tokens and scores of
+    the default cache equal those of no cache; an explicit `cache_implementation='dynamic'` keeps transformers'."""
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny(**overrides)).eval()
+    ids, mask = source_batch()
+    kwargs = {
+        "max_new_tokens": 40,
+        "min_new_tokens": 40,
+        "return_dict_in_generate": True,
+        "output_scores": True,
+    }
+    kwargs.update(decoding)
+    default = model.generate(ids, attention_mask=mask, **kwargs)
+    uncached = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
+    dynamic = model.generate(ids, attention_mask=mask, cache_implementation="dynamic", **kwargs)
+    assert torch.equal(default.sequences, uncached.sequences) and torch.equal(
+        default.sequences, dynamic.sequences
+    )
+    torch.testing.assert_close(
+        torch.stack(default.scores), torch.stack(uncached.scores), rtol=1e-4, atol=1e-4
+    )
+    cache = self_attention_cache(getattr(default, CACHE_FIELD, None) or default.past_key_values)
+    assert isinstance(cache, BeamSearchCache) and cache.num_beams == decoding["num_beams"]
+    explicit = self_attention_cache(getattr(dynamic, CACHE_FIELD, None) or dynamic.past_key_values)
+    assert type(explicit) is DynamicCache
