@@ -16,6 +16,13 @@ autocast (faster on recent CPUs and GPUs; hypotheses may differ, so state the pr
 float32 (``benchmarks.bench_translate``, docs/performance.md); hypotheses may differ slightly from float32's. ``--compile`` decodes
 with a static cache and each decoding step compiled (:func:`compile_decoding`): less Python per token, after
 seconds to a minute of compiling per new batch shape, so it pays for many sentences in small batches.
+
+``--backend`` picks who decodes: ``pytorch`` (the model's ``generate``), ``onnx`` (onnxruntime, on the graphs in
+``MODEL/onnx`` that ``ode-export MODEL OUT --onnx [--quantize int8]`` writes into ``OUT/onnx``: translate with
+``OUT``; float32 graphs for float32, int8 ones with ``--quantize int8``) or ``auto`` (the default): the path
+:data:`FASTEST` names for the batch size and beams asked, measured by ``python -m benchmarks.bench_translate
+--real-text MODEL``, ONNX only where the folder has the graphs (else PyTorch, with the command that writes them).
+Both backends share the tokenization, the batching by length and the outputs.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,17 +44,46 @@ from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .files import claim_output, read_lines, write_atomic
-from .loading import load_model_tokenizer, load_saved_model
+from .loading import load_model_tokenizer, load_saved_model, read_config_json
 from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
-__all__ = ["decode", "generate_ids", "generate_texts", "length_batches", "load_for_generation", "main"]
+__all__ = [
+    "BACKENDS",
+    "FASTEST",
+    "choose_backend",
+    "decode",
+    "encode_texts",
+    "fastest_backend",
+    "generate_ids",
+    "generate_texts",
+    "length_batches",
+    "load_for_generation",
+    "load_onnx_for_generation",
+    "check_onnx",
+    "main",
+    "onnx_problem",
+    "pad_batch",
+]
 
 logger = logging.getLogger(__name__)
 
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
+
+BACKENDS = ("auto", "pytorch", "onnx")
+# The fastest backend per measured (batch size, beams) and precision: the figures of `python -m
+# benchmarks.bench_translate --real-text MODEL` (the demo model, real sentences, early stopping; FASTEST_SOURCE),
+# whose goal rows check this table against the run, so that it cannot drift from the measurement. `auto` takes the
+# entry nearest the settings asked (fastest_backend). Filled from a first, short run (the demo run's checkpoint-500,
+# 64 sentences, best of 2, one thread, AVX512-VNNI EPYC, at ad27982): ONNX ahead in all four, by 1.25x (int8) and
+# 1.4x (float32) at batch 16 beam 4, 2.8x at batch 1 greedy.
+FASTEST: dict[tuple[int, int], dict[str, str]] = {
+    (16, 4): {"float32": "onnx", "int8": "onnx"},
+    (1, 1): {"float32": "onnx", "int8": "onnx"},
+}
+FASTEST_SOURCE = "benchmarks/results/translate-real.md"
 
 
 def load_for_generation(
@@ -73,6 +110,129 @@ def load_for_generation(
     if quantize:
         quantize_int8(model)
     return (compile_decoding(model) if compile else model), tokenizer
+
+
+def load_onnx_for_generation(
+    model_name_or_path: str,
+    quantize: str | None = None,
+    graphs: str | Path | None = None,
+    threads: int | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The folder's ONNX graphs as a model that ``generate`` drives (``ORTModelForODESeq2SeqLM``, onnxruntime on
+    the CPU), with the folder's tokenizer and generation config: what :func:`generate_texts` and
+    :func:`generate_ids` take in place of :func:`load_for_generation`'s model. ``graphs``: the folder of the graphs
+    (default: ``MODEL/onnx``, where ``ode-export --onnx`` writes them); float32 ones, or int8 ones with
+    ``quantize="int8"``. ``threads``: onnxruntime's threads (default: torch's, as the PyTorch path uses).
+
+    Raises:
+        FileNotFoundError: no such graphs (the command that writes them named).
+        ValueError: the graphs are not of the precision asked.
+        ModuleNotFoundError: onnxruntime is missing (the extra named).
+    """
+    check_onnx(model_name_or_path, quantize, graphs)
+    import onnxruntime
+    from transformers import GenerationConfig
+
+    from modeling_ode import ODETransformerConfig
+    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+
+    tokenizer = load_model_tokenizer(model_name_or_path)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
+    generator = ONNXSeq2SeqGenerator(
+        graphs if graphs is not None else model_name_or_path,
+        GenerationConfig.from_pretrained(model_name_or_path),
+        session_options=options,
+    )
+    model = generator.model
+    # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
+    # limit as the PyTorch path's, so that both decode the same ids
+    positions = ODETransformerConfig.from_pretrained(model_name_or_path).max_position_embeddings
+    model.config.max_position_embeddings = positions
+    return model, tokenizer
+
+
+def check_onnx(model_name_or_path: str, quantize: str | None, graphs: str | Path | None = None) -> None:
+    """Refuse, with the fix, a folder that cannot decode with its ONNX graphs as asked: onnxruntime missing, no
+    graphs (``graphs``, else ``MODEL/onnx`` or the folder itself), or graphs of another precision than
+    ``quantize`` asks for (float32 graphs for float32, int8 ones for int8: a backend never changes the precision).
+
+    Raises:
+        ModuleNotFoundError: onnxruntime is missing (the extra named).
+        FileNotFoundError: no graphs (the command that writes them named).
+        ValueError: the graphs are of the other precision.
+    """
+    from ode_transformer.hub.onnx_export import QUANTIZED_GRAPHS, RUNTIME_PACKAGES, require
+    from ode_transformer.hub.onnx_generation import graph_files, graphs_folder
+
+    require(RUNTIME_PACKAGES, "decoding with ONNX")
+    write = f"`ode-export {model_name_or_path} OUT --onnx{' --quantize int8' if quantize else ''}`, then translate OUT"
+    try:
+        folder = graphs_folder(graphs if graphs is not None else model_name_or_path)
+    except FileNotFoundError as error:
+        # its advice names MODEL and OUT/onnx; this one names the folder and what to translate after
+        raise FileNotFoundError(f"{str(error).split('; write them')[0]}; write them with {write}") from None
+    int8 = set(graph_files(folder).values()) == set(QUANTIZED_GRAPHS)
+    if quantize and not int8:
+        raise ValueError(
+            f"{folder} holds float32 graphs, not the int8 ones --quantize int8 asks for; write them with {write}"
+        )
+    if int8 and not quantize:
+        raise ValueError(
+            f"{folder} holds int8 graphs (*_quantized.onnx): add --quantize int8 to decode with them, or write "
+            f"float32 ones with {write}"
+        )
+
+
+def onnx_problem(
+    model_name_or_path: str, quantize: str | None, graphs: str | Path | None = None
+) -> str | None:
+    """:func:`check_onnx`'s refusal as a line, or None."""
+    try:
+        check_onnx(model_name_or_path, quantize, graphs)
+    except (ModuleNotFoundError, FileNotFoundError, ValueError) as error:
+        return str(error)
+    return None
+
+
+def fastest_backend(batch_size: int, beams: int, precision: str) -> tuple[str, tuple[int, int]]:
+    """The backend :data:`FASTEST` names for ``precision`` ("float32" or "int8") at the measured setting nearest
+    ``batch_size`` and ``beams`` (counted in doublings of each; a tie goes to the smaller setting), and that
+    setting."""
+    setting = min(
+        FASTEST,
+        key=lambda s: (abs(math.log2(s[0] / batch_size)) + abs(math.log2(s[1] / beams)), s),
+    )
+    return FASTEST[setting][precision], setting
+
+
+def choose_backend(
+    backend: str,
+    model_name_or_path: str,
+    batch_size: int,
+    beams: int,
+    quantize: str | None = None,
+    device: str = "cpu",
+    pytorch_only: str | None = None,
+) -> tuple[str, str]:
+    """The backend to decode with and one line saying why. ``backend`` "pytorch" or "onnx" is kept; "auto" takes
+    :func:`fastest_backend`'s for ``batch_size`` (the inputs per batch) and ``beams``, ONNX only where
+    :func:`onnx_problem` finds none (else PyTorch, and the line names the command that writes the graphs).
+    ``pytorch_only``: a flag asked that only PyTorch has (``--compile``, ``--bf16``), which decides."""
+    if backend != "auto":
+        return backend, f"backend {backend}: asked for"
+    if pytorch_only:
+        return "pytorch", f"backend pytorch: {pytorch_only} is PyTorch's"
+    if torch.device(device).type != "cpu":
+        return "pytorch", f"backend pytorch: on {device} (the ONNX graphs run on the CPU)"
+    precision = "int8" if quantize else "float32"
+    fastest, (batch, k) = fastest_backend(batch_size, beams, precision)
+    measured = f"fastest in {precision} at batch {batch}, {k} beam(s) ({FASTEST_SOURCE}; asked: batch {batch_size}, {beams} beam(s))"
+    if fastest == "pytorch":
+        return "pytorch", f"backend pytorch: {measured}"
+    if (problem := onnx_problem(model_name_or_path, quantize)) is not None:
+        return "pytorch", f"backend pytorch: onnx is {measured}, but {problem}"
+    return "onnx", f"backend onnx: {measured}"
 
 
 def compile_decoding(model: PreTrainedModel) -> PreTrainedModel:
@@ -113,7 +273,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return batches
 
 
-def _pad(
+def pad_batch(
     sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device, left: bool
 ) -> dict[str, torch.Tensor]:
     """Padded ids and attention mask; a causal LM's prompts are padded on the left, so that every prompt ends
@@ -172,7 +332,7 @@ def generate_ids(
     # closed however the loop ends: after Ctrl-C, the bar's line ends before the command's message
     with tqdm(total=len(sequences), unit="sent", disable=not progress, file=sys.stderr) as bar:
         for batch in length_batches([len(seq) for seq in sequences], batch_size):
-            inputs = _pad([sequences[i] for i in batch], pad_id, model.device, left=causal)
+            inputs = pad_batch([sequences[i] for i in batch], pad_id, model.device, left=causal)
             with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
                 generated = model.generate(**inputs, **_length_cap(model, generate_kwargs, inputs))
             new = generated[:, inputs["input_ids"].shape[1] :] if causal else generated
@@ -220,16 +380,33 @@ def generate_texts(
         raise TypeError(f"texts[{bad}] is {type(texts[bad]).__name__}, not a string: give a list of strings")
     if max_source_length is not None and max_source_length < 1:
         raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
+    if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
+        raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
+    if (
+        not model.config.is_encoder_decoder
+    ):  # a prompt leaves room for its continuation, counted in new tokens
+        kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
+    ids = encode_texts(model, tokenizer, texts, max_source_length, kwargs.get("max_new_tokens"))
+    return decode(tokenizer, generate_ids(model, ids, **kwargs))
+
+
+def encode_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_source_length: int | None = None,
+    max_new_tokens: int | None = None,
+) -> list[list[int]]:
+    """The token ids :func:`generate_texts` decodes ``texts`` from: truncated to ``max_source_length`` tokens, by
+    default the tokenizer's ``model_max_length`` and at most the model's positions (less a causal LM's
+    ``max_new_tokens``), with a warning counting the lines cut; a causal LM's prompt loses its start."""
     # The model has no length limit (sinusoidal positions); inputs are cut to the tokenizer's model_max_length (the
     # trained length) and at most max_position_embeddings (the positions it was built for), where a causal LM's
     # prompt leaves room for its continuation.
     positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
     limit, model_limit = positions, f"the model's max_position_embeddings {positions}"
-    if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
-        raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
-    if causal:  # a prompt shares the positions with its continuation, counted in new tokens
-        new_tokens = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
-        kwargs["max_new_tokens"] = new_tokens
+    if causal:
+        new_tokens = max_new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
         limit, model_limit = max(positions - new_tokens, 2), f"{model_limit} less max_new_tokens {new_tokens}"
     # an explicit max_source_length is the user's choice, past the trained length too (the positions have no limit)
     length = max_source_length if max_source_length is not None else min(tokenizer.model_max_length, limit)
@@ -245,7 +422,7 @@ def generate_texts(
             "raise --max_source_length to keep them whole"
             + ("" if length < limit else " (past the positions the model was built for)"),
         )  # fmt: skip
-    return decode(tokenizer, generate_ids(model, encoded["input_ids"], **kwargs))
+    return encoded["input_ids"]
 
 
 def device_problem(device: str) -> str | None:
@@ -290,7 +467,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="truncate inputs to N tokens (default: the tokenizer's limit)",
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", default=None, help="default: cuda where there is one, else cpu (with --backend onnx: cpu)"
+    )
     parser.add_argument(
         "--bf16",
         action="store_true",
@@ -308,6 +487,13 @@ def _parser() -> argparse.ArgumentParser:
         help="static cache and compiled decoding steps (pays for many sentences in small batches: "
         "docs/performance.md)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="who decodes: pytorch, onnx (the graphs of `ode-export MODEL OUT --onnx [--quantize int8]`: translate "
+        "OUT) or auto, the faster of the two measured for the batch size and beams asked (default)",
+    )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -318,6 +504,18 @@ def main(argv: list[str] | None = None) -> None:
     # found before decoding, not after it
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
         parser.error(problem)
+    if args.backend == "onnx":
+        if (flag := _pytorch_only_flag(args)) is not None:
+            parser.error(
+                f"--backend onnx decodes with onnxruntime, and {flag} is PyTorch's: leave out {flag}, or use --backend pytorch"
+            )
+        if args.device not in (None, "cpu"):
+            parser.error(
+                f"--backend onnx runs the graphs on the CPU, not on {args.device}: use --device cpu, or --backend pytorch"
+            )
+        if (problem := onnx_problem(args.model, args.quantize)) is not None:
+            parser.error(f"--backend onnx: {problem}")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() and args.backend != "onnx" else "cpu")
     if (problem := device_problem(args.device)) is not None:
         parser.error(f"--device {args.device}: {problem}")
     if args.quantize and (problem := quantize_problem(args.quantize, args.device)) is not None:
@@ -341,16 +539,33 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(text)
 
 
+def _pytorch_only_flag(args: argparse.Namespace) -> str | None:
+    """The first flag asked that only the PyTorch backend has, or None."""
+    return next((flag for flag in ("--compile", "--bf16") if getattr(args, flag[2:])), None)
+
+
 def _translate_file(args: argparse.Namespace) -> list[str]:
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
-    model, tokenizer = load_for_generation(
-        args.model, args.device, quantize=args.quantize, compile=args.compile
-    )
     overrides = {
         key: value
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
+    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway)
+    saved = read_config_json(args.model, "generation_config.json") or {}
+    beams = overrides.get("num_beams", saved.get("num_beams") or 1)
+    backend, reason = choose_backend(
+        args.backend, args.model, min(args.batch_size, max(len(texts), 1)), beams, args.quantize, args.device,
+        _pytorch_only_flag(args),
+    )  # fmt: skip
+    if args.backend == "auto":
+        logger.warning(reason)
+    if backend == "onnx":
+        model, tokenizer = load_onnx_for_generation(args.model, args.quantize)
+    else:
+        model, tokenizer = load_for_generation(
+            args.model, args.device, quantize=args.quantize, compile=args.compile
+        )
     beams = overrides.get("num_beams", model.generation_config.num_beams)
     if args.compile and beams > 1:
         raise ValueError(
