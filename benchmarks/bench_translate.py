@@ -24,12 +24,31 @@ exposes the encoder's fixed cost, most at batch 16 greedy. The machine record na
 CPU's VNNI / AMX / AVX512_BF16 flags (int8 and bf16 speed depend on them).
 
 Writes <out-dir>/translate-<time stamp>.json and <out-dir>/translate.json/.md (the newest).
+
+Real text (issue #57, `--real-text MODEL_DIR`): a trained model folder on real sentences of real lengths, decoded
+as `ode-translate` decodes (its tokenization, batches sorted by length, `generate_ids`, early stopping at EOS and the
+generation config's max length; length penalty 0.6 with beams), in two settings (batch 16 beam 4, batch 1 greedy)
+and four paths: PyTorch float32 and int8 (`load_for_generation`), ONNX float32 and int8 (the folder's graphs
+exported into a temporary folder, decoded by `load_onnx_for_generation`, as `ode-translate --backend onnx`). The
+same interleaved rounds as above (`run_rounds`), best round; then BLEU / chrF (sacrebleu, as
+`ode_transformer.train.metrics` scores the demo) of float32, PyTorch int8 and ONNX int8 on the whole test split
+(batch 16, beam 4). Goals: each int8 path within 0.3 BLEU of float32, and the backend `ode-translate --backend auto`
+picks (train/translate.py `FASTEST`) is the faster one measured at each setting and precision: where a row is
+unmet, refill `FASTEST` from this run's speeds. Writes <out-dir>/translate-real-<time stamp>.json and
+translate-real.json/.md.
+
+    .venv/bin/python -m ode_transformer.train.demo --output_dir outputs/libreoffice_demo   # the demo model (~20 min)
+    .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --threads 1
+        # 256 test sentences, best of 3, quality on all 1,453 (~20 min on 2 cores; an idle machine for the speeds)
+    .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --sentences 64 --rounds 2 \
+        --quality-sentences 0 --out-dir /tmp/real   # a short look at the speeds only (~3 min)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import sys
 import tempfile
@@ -42,6 +61,7 @@ from benchmarks import common
 from benchmarks.common import BASE_DIMS, TINY_DIMS
 from modeling_ode.compat import raise_recompile_limit
 from modeling_ode.quantization import quantize_int8
+from ode_transformer.cli import positive_int
 from ode_transformer.train.translate import compile_decoding
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -293,13 +313,17 @@ def inputs_for(setting: str, setup: dict) -> list[tuple[torch.Tensor, torch.Tens
     return calls
 
 
-def run_rounds(systems: dict, setup: dict) -> dict:
+def run_rounds(
+    systems: dict, setup: dict, settings: tuple[str, ...] = tuple(SETTINGS), calls_for=None
+) -> dict:
     """Seconds per call set, every system in turn in each round; the first call of each (compiling, warming the
-    allocator) is not timed."""
-    times = {setting: {name: [] for name in systems if runs_in(name, setting)} for setting in SETTINGS}
-    new_tokens = {setting: {} for setting in SETTINGS}
-    for setting, (_, beams) in SETTINGS.items():
-        calls = inputs_for(setting, setup)
+    allocator) is not timed. `calls_for(setting, setup)`: the argument tuples of a setting's calls, each passed with
+    the beams to a system (default `inputs_for`'s random batches; the real-text mode's batches of sentences)."""
+    calls_for = calls_for or inputs_for
+    times = {setting: {name: [] for name in systems if runs_in(name, setting)} for setting in settings}
+    new_tokens = {setting: {} for setting in settings}
+    for setting in settings:
+        calls, beams = calls_for(setting, setup), SETTINGS[setting][1]
         for name, translate in systems.items():
             if not runs_in(name, setting):
                 continue
@@ -308,14 +332,14 @@ def run_rounds(systems: dict, setup: dict) -> dict:
             new_tokens[setting][name] = count_tokens(output, len(calls[0][0]), beams)
             log(f"warm-up {setting} {name}: {time.perf_counter() - begin:.1f} s")
     for round_index in range(setup["rounds"]):
-        for setting, (_, beams) in SETTINGS.items():
-            calls = inputs_for(setting, setup)
+        for setting in settings:
+            calls, beams = calls_for(setting, setup), SETTINGS[setting][1]
             for name, translate in systems.items():
                 if not runs_in(name, setting):
                     continue
                 begin = time.perf_counter()
-                for ids, mask in calls:
-                    translate(ids, mask, beams)
+                for call in calls:
+                    translate(*call, beams)
                 times[setting][name].append(time.perf_counter() - begin)
         log(f"round {round_index + 1} done")
     return {"seconds_all": times, "new_tokens": new_tokens}
@@ -484,20 +508,296 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Real text (issue #57): a trained model folder, real sentences, decoded as users decode
+# ----------------------------------------------------------------------------------------------------------
+
+REAL_SETTINGS = ("batch16_beam4", "batch1_greedy")
+REAL_FULL = {"sentences": 256, "rounds": 3, "quality_sentences": None}  # None: the whole test split
+REAL_QUICK = {"sentences": 4, "rounds": 1, "quality_sentences": 4}
+LENGTH_PENALTY = 0.6  # the demo's (train/recipes/libreoffice_demo.yaml), in speed and quality alike
+REAL_SYSTEMS = {  # name -> (ode-translate --backend, --quantize)
+    "pytorch-fp32": ("pytorch", None),
+    "pytorch-int8": ("pytorch", "int8"),
+    "onnx-fp32": ("onnx", None),
+    "onnx-int8": ("onnx", "int8"),
+}
+QUALITY_SYSTEMS = ("pytorch-fp32", "pytorch-int8", "onnx-int8")
+QUALITY_SETTING = (
+    "batch16_beam4"  # dynamic int8 quantises each batch as a whole: its hypotheses depend on batching
+)
+BLEU_WITHIN = 0.3  # issue #57: each int8 path's BLEU within this of fp32's
+
+
+def real_sentences(test_files: list[Path] | None) -> tuple[list[str], list[str], str]:
+    """Sources, references and where they come from: the demo's test split (the LibreOffice-help corpus that
+    `ode_transformer.train.demo` trains and scores on), or two parallel text files."""
+    if test_files:
+        from ode_transformer.train.files import read_lines
+
+        sources, references = (read_lines(path) for path in test_files)
+        if len(sources) != len(references) or not sources:
+            raise SystemExit(f"--test-files: {len(sources)} sources against {len(references)} references")
+        return sources, references, f"{test_files[0]} / {test_files[1]}"
+    from ode_transformer.train.data import libreoffice
+
+    test = libreoffice("test")
+    return list(test["source"]), list(test["target"]), "the demo's LibreOffice-help test split (en-de)"
+
+
+def real_systems(model_dir: str, threads: int, folder: Path) -> tuple[dict, list[str]]:
+    """{name: (model, tokenizer)} of REAL_SYSTEMS, loaded as `ode-translate --backend B [--quantize int8]` loads
+    them (the ONNX graphs exported into `folder`, where ode-export would write MODEL/onnx); the ONNX rows are
+    skipped with a note without the onnx extra."""
+    from ode_transformer.train.translate import load_for_generation, load_onnx_for_generation
+
+    systems, notes = {}, []
+    for name, (backend, quantize) in REAL_SYSTEMS.items():
+        if backend == "pytorch":
+            systems[name] = load_for_generation(model_dir, quantize=quantize)
+            continue
+        try:
+            from ode_transformer.hub.onnx_export import export_onnx
+        except ImportError:
+            notes.append(f"{name}: the onnx extra is not installed (pip install '.[onnx]'): skipped")
+            continue
+        graphs = folder / name
+        # the TorchScript exporter, as the synthetic rows: much quicker than dynamo, the same operators
+        export_onnx(systems["pytorch-fp32"][0], graphs, dynamo=False, quantize=quantize)
+        systems[name] = load_onnx_for_generation(model_dir, quantize, graphs=graphs, threads=threads)
+    return systems, notes
+
+
+def decode_system(model) -> object:
+    """A system of `run_rounds`: one batch of token-id sequences through `generate_ids`, ode-translate's decoder
+    (padding, the generation config's max length and early stopping at EOS), with the beams of the setting."""
+    from ode_transformer.train.translate import generate_ids
+
+    def translate(sequences, beams):
+        penalty = {"length_penalty": LENGTH_PENALTY} if beams > 1 else {}
+        return generate_ids(model, sequences, batch_size=len(sequences), num_beams=beams, **penalty)
+
+    return translate
+
+
+def real_calls(setting: str, setup: dict) -> list[tuple[list[list[int]]]]:
+    """A setting's calls: the sentences in ode-translate's batches (`length_batches`: longest first)."""
+    from ode_transformer.train.translate import length_batches
+
+    sequences = setup["sequences"]
+    batches = length_batches([len(ids) for ids in sequences], SETTINGS[setting][0])
+    return [([sequences[i] for i in batch],) for batch in batches]
+
+
+def quality(systems: dict, sources: list[str], references: list[str]) -> dict:
+    """BLEU and chrF (sacrebleu, as `ode_transformer.train.metrics` scores the demo) of QUALITY_SYSTEMS on
+    `sources`, decoded as `ode-translate` decodes (QUALITY_SETTING's batch and beams, LENGTH_PENALTY)."""
+    from ode_transformer.train import metrics
+    from ode_transformer.train.translate import generate_texts
+
+    batch, beams = SETTINGS[QUALITY_SETTING]
+    out = {}
+    for name in QUALITY_SYSTEMS:
+        if name not in systems:
+            continue
+        begin = time.perf_counter()
+        hypotheses = generate_texts(
+            *systems[name], sources, batch_size=batch, num_beams=beams, length_penalty=LENGTH_PENALTY
+        )
+        bleu = metrics.sacrebleu_score(hypotheses, references)
+        out[name] = {
+            "bleu": bleu["score"],
+            "chrf": metrics.chrf_score(hypotheses, references)["score"],
+            "bleu_signature": bleu["signature"],
+            "sentences": len(sources),
+            "seconds": time.perf_counter() - begin,
+        }
+        log(f"quality {name}: BLEU {out[name]['bleu']:.2f}, chrF {out[name]['chrf']:.2f}")
+    return out
+
+
+def real_goals(results: dict) -> list[dict]:
+    """Issue #57's goals on real text: each int8 path's BLEU within BLEU_WITHIN of fp32's, and, per setting and
+    precision, the backend ode-translate's table (`FASTEST`) picks is the faster one measured."""
+    from ode_transformer.train.translate import fastest_backend
+
+    rows = []
+    scores = results["quality"]
+    for name in QUALITY_SYSTEMS[1:]:
+        difference = None
+        if name in scores and "pytorch-fp32" in scores:
+            difference = scores[name]["bleu"] - scores["pytorch-fp32"]["bleu"]
+        rows.append({
+            "goal": f"{name} BLEU within {BLEU_WITHIN} of pytorch-fp32",
+            "setting": "quality",
+            "value": difference,
+            "met": None if difference is None else abs(difference) <= BLEU_WITHIN,
+        })  # fmt: skip
+    for setting in REAL_SETTINGS:
+        batch, beams = SETTINGS[setting]
+        for precision, suffix in (("float32", "fp32"), ("int8", "int8")):
+            picked, _ = fastest_backend(batch, beams, precision)
+            speeds = {
+                b: results["sentences_per_s"][setting].get(f"{b}-{suffix}") for b in ("pytorch", "onnx")
+            }
+            fastest = max(speeds, key=speeds.get) if None not in speeds.values() else None
+            rows.append({
+                "goal": f"ode-translate --backend auto ({precision}) picks the faster path (train/translate.py FASTEST)",
+                "setting": setting,
+                "value": {"picked": picked, "fastest": fastest, "sentences_per_s": speeds},
+                "met": None if fastest is None else picked == fastest,
+            })  # fmt: skip
+    return rows
+
+
+def real_markdown(results: dict) -> str:
+    m, setup = results["machine"], results["setup"]
+    lengths = setup["source_tokens"]
+    lines = [
+        "# Translation speed and quality on real text (sentences/s)",
+        "",
+        f"`{results['command']}` on {m['cpu_model']} ({m['logical_cores']} logical cores; {common.describe_cpu(m)}), "
+        f"{results['threads']} thread(s), torch {m['torch']}, transformers {m['transformers']}"
+        f"{', onnxruntime ' + results['onnxruntime'] if results['onnxruntime'] else ''}. Model {results['model']} "
+        f"({results['model_summary']}); {setup['sentences']} sentences of {results['text']} (source {lengths['min']}-"
+        f"{lengths['max']} tokens, median {lengths['median']}), in ode-translate's batches sorted by length, decoded "
+        f"as ode-translate decodes (early stopping at EOS, the generation config's max length; length penalty "
+        f"{LENGTH_PENALTY} with beams); best of {setup['rounds']} interleaved rounds.",
+        "",
+    ]
+    if m["load_average_at_start"][0] > 1.5:
+        lines += [
+            f"**The machine had other load: load average {m['load_average_at_start'][0]:.2f} at the start.**",
+            "",
+        ]
+    lines += [f"- {note}" for note in results["notes"]] + [""]
+    lines += ["| system | " + " | ".join(s.replace("_", ", ") for s in REAL_SETTINGS) + " |"]
+    lines += ["|---|" + "---:|" * len(REAL_SETTINGS)]
+    for name in results["systems"]:
+        cells = [f"{results['sentences_per_s'][s][name]:.2f}" for s in REAL_SETTINGS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    batch, beams = SETTINGS[QUALITY_SETTING]
+    lines += ["", f"## Quality (batch {batch}, beam {beams}, length penalty {LENGTH_PENALTY})", ""]
+    if results["quality"]:
+        lines += ["| system | BLEU | chrF | sentences |", "|---|---:|---:|---:|"]
+        for name, q in results["quality"].items():
+            lines.append(f"| {name} | {q['bleu']:.2f} | {q['chrf']:.2f} | {q['sentences']} |")
+        lines += ["", f"BLEU signature: `{next(iter(results['quality'].values()))['bleu_signature']}`"]
+    else:
+        lines.append("Not measured in this run (--quality-sentences 0).")
+    lines += ["", "## Goals", "", "| goal | setting | measured | met |", "|---|---|---|---|"]
+    for goal in results["goals"]:
+        value = goal["value"]
+        if isinstance(value, dict):
+            value = f"picks {value['picked']}; fastest {value['fastest']}"
+        elif value is not None:
+            value = f"{value:+.2f} BLEU"
+        met = {None: "n/a", True: "met", False: "**unmet**"}[goal["met"]]
+        lines.append(f"| {goal['goal']} | {goal['setting'].replace('_', ', ')} | {value or 'n/a'} | {met} |")
+    lines += ["", "ode-translate's table (train/translate.py `FASTEST`, as of this run):", ""]
+    lines += ["| batch, beams | float32 | int8 |", "|---|---|---|"]
+    for setting, picks in results["fastest_table"].items():
+        lines.append(f"| {setting} | {picks.get('float32', '-')} | {picks.get('int8', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_real_text(args: argparse.Namespace, argv: list[str], machine: dict) -> dict:
+    """The real-text mode: speed of REAL_SYSTEMS in REAL_SETTINGS, quality of QUALITY_SYSTEMS, its goals."""
+    from ode_transformer.train.translate import FASTEST, encode_texts
+
+    setup = dict(REAL_QUICK if args.quick else REAL_FULL)
+    setup.update(
+        {k: v for k in ("sentences", "rounds", "quality_sentences") if (v := getattr(args, k)) is not None}
+    )
+    sources, references, text = real_sentences(args.test_files)
+    begin = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench_translate_real_") as folder:
+        systems, notes = real_systems(str(args.real_text), args.threads, Path(folder))
+        model, tokenizer = systems["pytorch-fp32"]
+        # the split's first sentences, tokenized as ode-translate tokenizes them
+        setup["sequences"] = encode_texts(model, tokenizer, sources[: setup["sentences"]])
+        log(f"systems: {', '.join(systems)}")
+        measured = run_rounds(
+            {name: decode_system(m) for name, (m, _) in systems.items()}, setup, REAL_SETTINGS, real_calls
+        )
+        count = len(sources) if setup["quality_sentences"] is None else setup["quality_sentences"]
+        scores = quality(systems, sources[:count], references[:count]) if count else {}
+    lengths = sorted(len(ids) for ids in setup.pop("sequences"))
+    setup["sentences"] = len(lengths)
+    setup["source_tokens"] = {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]}
+    config = model.config
+    onnxruntime = importlib.util.find_spec("onnxruntime") and __import__("onnxruntime").__version__
+    results = {
+        "command": " ".join(["python -m benchmarks.bench_translate", *argv]),
+        "machine": machine,
+        "threads": args.threads,
+        "onnxruntime": onnxruntime or None,
+        "model": str(args.real_text),
+        "model_summary": f"d {config.d_model}, {config.encoder_layers}-{config.decoder_layers} layers, encoder "
+        f"{config.encoder_ode_method}, {model.num_parameters() / 1e6:.1f}M parameters",
+        "text": text,
+        "setup": setup,
+        "settings": {name: dict(zip(("batch", "beams"), SETTINGS[name])) for name in REAL_SETTINGS},
+        "systems": list(systems),
+        "notes": notes,
+        "seconds_all": measured["seconds_all"],
+        "sentences_per_s": {
+            setting: {name: setup["sentences"] / min(t) for name, t in per_system.items()}
+            for setting, per_system in measured["seconds_all"].items()
+        },
+        "quality": scores,
+        "fastest_table": {f"{b}, {k}": picks for (b, k), picks in FASTEST.items()},
+        "wall_s": time.time() - begin,
+    }
+    results["goals"] = real_goals(results)
+    write_results(
+        results,
+        args.out_dir,
+        "translate-real",
+        real_markdown(results),
+    )
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_translate", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="tiny dims, one round: a smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny dims (or few sentences), one round: a smoke run"
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch (and CTranslate2) threads; the issue's: 1"
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--rounds", type=positive_int, default=None, help="interleaved rounds (default 3; --quick 1)"
+    )
+    real = parser.add_argument_group("real text (issue #57)")
+    real.add_argument(
+        "--real-text", type=Path, metavar="MODEL_DIR",
+        help="time a trained model folder on real sentences (the demo's: python -m ode_transformer.train.demo)",
+    )  # fmt: skip
+    real.add_argument("--sentences", type=positive_int, default=None, help="sentences timed (default 256)")
+    real.add_argument(
+        "--quality-sentences", type=int, default=None,
+        help="sentences scored for BLEU / chrF (default: the whole test split; 0: none)",
+    )  # fmt: skip
+    real.add_argument(
+        "--test-files", type=Path, nargs=2, metavar=("SOURCE", "REFERENCE"),
+        help="parallel text files in place of the demo's test split",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.real_text is None and (args.sentences or args.quality_sentences is not None or args.test_files):
+        parser.error("--sentences, --quality-sentences and --test-files belong to --real-text MODEL_DIR")
     machine = common.machine_info()  # the load average before this run adds its own
     common.configure_process(args.threads, "keep-freed")
     machine["torch_threads"] = torch.get_num_threads()
+    if args.real_text is not None:
+        return run_real_text(args, sys.argv[1:] if argv is None else list(argv), machine)
     setup = QUICK if args.quick else FULL
+    if args.rounds is not None:
+        setup = {**setup, "rounds": args.rounds}
     begin = time.time()
     with tempfile.TemporaryDirectory(prefix="bench_translate_") as folder:
         systems, notes = build_systems(setup, args.threads, Path(folder))
@@ -523,7 +823,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "command": "python -m benchmarks.bench_translate"
         + (" --quick" if args.quick else "")
-        + f" --threads {args.threads}",
+        + f" --threads {args.threads}"
+        + (f" --rounds {args.rounds}" if args.rounds else ""),
         "machine": machine,
         "threads": args.threads,
         "dims": setup["dims"].as_dict(),
@@ -545,14 +846,18 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.time() - begin,
     }
     results["goals"] = goals(results)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=1) + "\n"
-    (args.out_dir / f"translate-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
-    (args.out_dir / "translate.json").write_text(text)
-    report = markdown(results)
-    (args.out_dir / "translate.md").write_text(report)
-    print(report)
+    write_results(results, args.out_dir, "translate", markdown(results))
     return results
+
+
+def write_results(results: dict, out_dir: Path, stem: str, report: str) -> None:
+    """<stem>-<time stamp>.json, and <stem>.json / <stem>.md (the newest); the report printed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=1) + "\n"
+    (out_dir / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    (out_dir / f"{stem}.json").write_text(text)
+    (out_dir / f"{stem}.md").write_text(report)
+    print(report)
 
 
 if __name__ == "__main__":

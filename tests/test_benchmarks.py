@@ -366,3 +366,73 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
         f"| RK2 int8 vs residual int8 | {rk2_int8['setting']} | {rk2_int8['ratio']:.2f} | "
         f"{rk2_int8['predicted']:.3f} | {rk2_int8['of_predicted']:.2f} | >= {RK_GOAL_OF_PREDICTED} of predicted |"
     ) in report
+
+
+def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks_the_table(tmp_path):
+    """`benchmarks.bench_translate --real-text MODEL --quick` on a tiny saved folder and two parallel files: every
+    path (PyTorch and ONNX, float32 and int8) timed in both settings, speeds are the sentences over the best round,
+    the int8 paths' BLEU is compared with fp32's, and the table rows say whether ode-translate's FASTEST picks the
+    faster backend measured, as the speeds say."""
+    import importlib.util
+
+    from tiny_folder import save_tiny_folder
+
+    from benchmarks import bench_translate
+    from ode_transformer.train.translate import fastest_backend
+
+    if not all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime")):
+        pytest.skip("the onnx extra is not installed")
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    sources = [
+        "the dog runs",
+        "a cat sleeps on the warm mat",
+        "zwei Hunde",
+        "the cat",
+        "the dog runs in the park",
+    ]
+    (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "ref.txt").write_text("".join(s + "\n" for s in reversed(sources)))
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable, "-m", "benchmarks.bench_translate", "--real-text", str(tmp_path / "model"), "--quick",
+        "--test-files", str(tmp_path / "src.txt"), str(tmp_path / "ref.txt"), "--out-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True)
+    results = json.loads((tmp_path / "out" / "translate-real.json").read_text())
+    assert len(list((tmp_path / "out").glob("translate-real-*.json"))) == 1
+    assert results["systems"] == list(bench_translate.REAL_SYSTEMS)
+    assert results["setup"]["sentences"] == bench_translate.REAL_QUICK["sentences"]
+    assert set(results["machine"]["cpu_features"]) == set(common.CPU_FEATURES)
+    for setting in bench_translate.REAL_SETTINGS:
+        for name, seconds in results["seconds_all"][setting].items():
+            assert math.isclose(results["sentences_per_s"][setting][name], 4 / min(seconds))
+    assert set(results["quality"]) == set(bench_translate.QUALITY_SYSTEMS)
+    assert all(q["sentences"] == 4 and 0 <= q["bleu"] <= 100 for q in results["quality"].values())
+    goals = {(g["goal"].split(" ")[0], g["setting"]): g for g in results["goals"]}
+    for name in ("pytorch-int8", "onnx-int8"):
+        goal = goals[(name, "quality")]
+        assert math.isclose(
+            goal["value"], results["quality"][name]["bleu"] - results["quality"]["pytorch-fp32"]["bleu"]
+        )
+        assert goal["met"] == (abs(goal["value"]) <= bench_translate.BLEU_WITHIN)
+    table_rows = [g for g in results["goals"] if g["setting"] != "quality"]
+    assert len(table_rows) == 2 * len(bench_translate.REAL_SETTINGS)
+    for goal in table_rows:
+        batch, beams = bench_translate.SETTINGS[goal["setting"]]
+        precision = "int8" if "(int8)" in goal["goal"] else "float32"
+        suffix = {"float32": "fp32", "int8": "int8"}[precision]
+        speeds = {
+            b: results["sentences_per_s"][goal["setting"]][f"{b}-{suffix}"] for b in ("pytorch", "onnx")
+        }
+        assert goal["value"]["picked"] == fastest_backend(batch, beams, precision)[0]
+        assert goal["value"]["fastest"] == max(speeds, key=speeds.get)
+        assert goal["met"] == (goal["value"]["picked"] == goal["value"]["fastest"])
+    report = (tmp_path / "out" / "translate-real.md").read_text()
+    assert report.startswith("# Translation speed and quality on real text")
+    assert f"PyTorch kernels {results['machine']['cpu_capability']}; has " in report
+    q = results["quality"]["onnx-int8"]
+    assert f"| onnx-int8 | {q['bleu']:.2f} | {q['chrf']:.2f} | 4 |" in report
