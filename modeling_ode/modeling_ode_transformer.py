@@ -558,34 +558,51 @@ class BeamSearchCache(Cache):
     transformers' `DynamicCache`, which grows by concatenation and reorders beams by copying every slot at every
     step. Beam search reorders by indirection instead: `origins` (rows, length) names, for each row and position,
     the beam of its source whose slot holds that row's history there, and reordering gathers that small table
-    only; attention reads through it (`beam_attention_forward`). With one beam (greedy search, sampling) it is a
-    preallocated cache and attention runs as usual."""
+    only; attention reads through it (`beam_attention_forward`, at `places()`), and the cross-attention keys and
+    values are kept once per source. With one beam it is a preallocated cache read by the usual attention."""
 
     def __init__(self, num_slots: int, num_beams: int):
         super().__init__(layers=[BeamSlot(num_beams) for _ in range(num_slots)])
         self.num_beams = num_beams
         self.origins: torch.Tensor | None = None
+        self._places: torch.Tensor | None = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        length, rows = self.layers[layer_idx].length, key_states.shape[0]
+        length = self.layers[layer_idx].length
         known = 0 if self.origins is None else self.origins.shape[1]
-        if length > known:  # the step's first slot: the new positions are the rows' own, in their own beam
+        # the step's first slot: the new positions are in the rows' own beams
+        if self.num_beams > 1 and length > known:
+            rows = key_states.shape[0]
             own = torch.arange(rows, device=key_states.device) % self.num_beams
             new = own[:, None].expand(rows, length - known)
-            self.origins = new.clone() if self.origins is None else torch.cat([self.origins, new], dim=1)
+            self._set_origins(new.clone() if self.origins is None else torch.cat([self.origins, new], dim=1))
         return keys, values
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Row r continues the history of row `beam_idx[r]` (a beam of the same source)."""
         if self.origins is not None:
-            self.origins = self.origins.index_select(0, beam_idx.to(self.origins.device))
+            self._set_origins(self.origins.index_select(0, beam_idx.to(self.origins.device)))
+
+    def places(self) -> torch.Tensor:
+        """(sources, 1, beams, 1, length): where each row's position s sits on a slot's length * beams axis, s *
+        beams + origins[row, s]; computed once per step for all slots."""
+        if self._places is None:
+            rows, length = self.origins.shape
+            positions = torch.arange(length, device=self.origins.device) * self.num_beams
+            self._places = (positions + self.origins).view(
+                rows // self.num_beams, 1, self.num_beams, 1, length
+            )
+        return self._places
+
+    def _set_origins(self, origins: torch.Tensor) -> None:
+        self.origins, self._places = origins, None
 
     def reset(self) -> None:
         super().reset()
-        self.origins = None
+        self._set_origins(None)
 
 
 def _cache_config(num_slots: int) -> PreTrainedConfig:
@@ -621,20 +638,22 @@ def eager_attention_forward(
         weights = weights + attention_mask
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = fast_dropout(weights, p=dropout, training=module.training)
-    output = with_relative_values(module, torch.matmul(probs, value), probs, kwargs.get("relative_index"))
+    output = torch.matmul(probs, value)
+    relative = relative_value_term(module, probs, kwargs.get("relative_index"))
+    output = output if relative is None else output + relative
     return output.transpose(1, 2).contiguous(), weights
 
 
-def with_relative_values(
-    module: nn.Module, output: torch.Tensor, probs: torch.Tensor, relative_index: torch.Tensor | None
-) -> torch.Tensor:
-    """`output` plus Shaw et al.'s value term, sum_j p_ij a^V_{clip(j - i)} (gathered per bucket, then projected),
-    where the module has relative value tables."""
+def relative_value_term(
+    module: nn.Module, probs: torch.Tensor, relative_index: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Shaw et al.'s value term sum_j p_ij a^V_{clip(j - i)} (gathered per bucket, then projected), (rows, heads,
+    q, head_dim); None where the module has no relative value tables."""
     if getattr(module, "relative_values", None) is None or relative_index is None:
-        return output
+        return None
     buckets = probs.new_zeros(*probs.shape[:-1], module.relative_values.shape[0])
     buckets.scatter_add_(-1, relative_index.expand_as(probs), probs)
-    return output + torch.matmul(buckets, module.relative_values)
+    return torch.matmul(buckets, module.relative_values)
 
 
 def beam_attention_forward(
@@ -644,38 +663,47 @@ def beam_attention_forward(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float,
-    origins: torch.Tensor,
+    places: torch.Tensor | None = None,
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention of `query` (rows, heads, q, head_dim) over a `BeamSearchCache` slot (`BeamSlot.update`'s
-    layout), each row reading position s from beam `origins[row, s]` of its source. The scores against every beam
-    of the source are computed and the row's own gathered (beams times the usual dot products, few next to copying
-    the cache); the values are summed with the probabilities scattered back to where they were gathered from."""
+    """Eager attention of `query` (rows, heads, q, head_dim), its rows the beams of each source in turn, over keys
+    and values held once per source (sources, heads, keys, head_dim): the queries of a source's beams share one
+    product with its keys. Cross-attention (`places` None): every beam reads all of the source's encoder keys.
+    Self-attention over a `BeamSearchCache` slot (keys = length * beams, `BeamSlot.update`'s layout): each row reads
+    position s at `places` (`BeamSearchCache.places`), so the scores against every beam of the source are computed
+    and the row's own gathered (beams times the usual dot products, few next to copying the cache), and the values
+    are summed with the probabilities scattered back to where they were gathered from."""
     rows, heads, q_length, head_dim = query.shape
-    sources, length = key.shape[0], origins.shape[1]
+    sources, _, keys, _ = key.shape
     beams = rows // sources
-    # (sources, heads, beams, q, length): where each row's position s sits on the length * beams axis
-    places = torch.arange(length, device=origins.device) * beams + origins
-    places = places.view(sources, 1, beams, 1, length).expand(sources, heads, beams, q_length, length)
     by_source = query.view(sources, beams, heads, q_length, head_dim).transpose(1, 2)
     scores = torch.matmul(by_source.reshape(sources, heads, beams * q_length, head_dim), key.transpose(2, 3))
-    scores = scores.view(sources, heads, beams, q_length, length * beams).gather(-1, places)
-    weights = scores.transpose(1, 2).reshape(rows, heads, q_length, length) * scaling
+    scores = scores.view(sources, heads, beams, q_length, keys)
+    if places is not None:
+        places = places.expand(sources, heads, beams, q_length, places.shape[-1])
+        scores = scores.gather(-1, places)
+    weights = scores.transpose(1, 2).reshape(rows, heads, q_length, -1) * scaling
     if attention_mask is not None:
         weights = weights + attention_mask
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = fast_dropout(weights, p=dropout, training=module.training)
-    spread = probs.new_zeros(sources, heads, beams, q_length, length * beams)
-    spread.scatter_(-1, places, probs.view(sources, beams, heads, q_length, length).transpose(1, 2))
-    output = torch.matmul(spread.view(sources, heads, beams * q_length, length * beams), value)
-    output = (
-        output.view(sources, heads, beams, q_length, head_dim)
-        .transpose(1, 2)
-        .reshape(rows, heads, q_length, -1)
-    )
-    output = with_relative_values(module, output, probs, kwargs.get("relative_index"))
-    return output.transpose(1, 2).contiguous(), weights
+    by_source = probs.view(sources, beams, heads, q_length, -1).transpose(1, 2)
+    if places is not None:
+        by_source = probs.new_zeros(sources, heads, beams, q_length, keys).scatter_(-1, places, by_source)
+    output = torch.matmul(by_source.reshape(sources, heads, beams * q_length, keys), value)
+    # (sources, heads, beams * q, head_dim) -> (rows, q, heads, head_dim), the layout every attention returns
+    output = output.view(sources, heads, beams, q_length, head_dim).permute(0, 2, 3, 1, 4)
+    output = output.reshape(rows, q_length, heads, head_dim)
+    relative = relative_value_term(module, probs, kwargs.get("relative_index"))
+    output = output if relative is None else output + relative.transpose(1, 2)
+    return output, weights
+
+
+def beams_per_source(cache: Cache | None) -> int:
+    """How many rows of the batch are beams of one source under `cache` (a `BeamSearchCache`'s beams, else 1)."""
+    self_cache = self_attention_cache(cache)
+    return self_cache.num_beams if isinstance(self_cache, BeamSearchCache) else 1
 
 
 class ODETransformerAttention(nn.Module):
@@ -720,6 +748,8 @@ class ODETransformerAttention(nn.Module):
         if cache is not None and cache.is_updated.get(cache_slot):
             layer = cache.cross_attention_cache.layers[cache_slot]
             return query, layer.keys, layer.values
+        # generate repeats each source's encoder states once per beam: keys and values are computed and kept once
+        key_value_states = key_value_states[:: beams_per_source(cache)]
         key, value = self.kv_proj(key_value_states).chunk(2, dim=-1)
         key, value = self._heads(key), self._heads(value)
         if cache is not None:
@@ -777,11 +807,12 @@ class ODETransformerAttention(nn.Module):
 
     def _attention_function(self, return_weights: bool, cache: Cache | None = None) -> Callable:
         """The configured attention backend; relative position values need the eager path, and so do recorded
-        weights (`output_attentions=True`): SDPA computes none. Self-attention over a beam-search cache of several
-        beams reads through its `origins` (`beam_attention_forward`)."""
-        self_cache = None if self.is_cross_attention else self_attention_cache(cache)
-        if isinstance(self_cache, BeamSearchCache) and self_cache.num_beams > 1:
-            return partial(beam_attention_forward, origins=self_cache.origins)
+        weights (`output_attentions=True`): SDPA computes none. Under a beam-search cache of several beams, keys and
+        values are kept once per source and read by `beam_attention_forward`."""
+        if beams_per_source(cache) > 1:
+            if self.is_cross_attention:
+                return beam_attention_forward
+            return partial(beam_attention_forward, places=self_attention_cache(cache).places())
         implementation = attention_implementation(self.config)
         if return_weights and _collecting_attention_weights() and implementation not in (None, "eager"):
             logger.warning_once(
@@ -1548,20 +1579,16 @@ def seq2seq_output(
     )
 
 
-# The decoding strategies that only append to the cache and reorder beams: they get a `BeamSearchCache`.
-BEAM_SEARCH_CACHE_MODES = (
-    GenerationMode.GREEDY_SEARCH,
-    GenerationMode.SAMPLE,
-    GenerationMode.BEAM_SEARCH,
-    GenerationMode.BEAM_SAMPLE,
-)
+# Beam search gets a `BeamSearchCache`; greedy search and sampling keep transformers' dynamic cache, as fast there
+# (benchmarks/results/translate.md).
+BEAM_SEARCH_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
 
 
 class ODEGenerationMixin(GenerationCacheHook):
     """Generation with the decoder's per-stage cache: transformers builds one self-attention cache layer per
-    decoder layer. Its default (dynamic, no `cache_implementation` asked) becomes a `BeamSearchCache` for greedy
-    search, sampling and beam search; any other kind (an explicit 'dynamic', 'static', offloaded) is rebuilt the
-    same kind with every slot (`StageCacheLayout.like`)."""
+    decoder layer. Under beam search its default (dynamic, no `cache_implementation` asked) becomes a
+    `BeamSearchCache`; any other cache (greedy search or sampling, an explicit 'dynamic', 'static', offloaded) is
+    rebuilt the same kind with every slot (`StageCacheLayout.like`)."""
 
     def rebuild_generation_cache(
         self, cache: Cache, generation_config: GenerationConfig, generation_mode: GenerationMode | None
@@ -1570,7 +1597,8 @@ class ODEGenerationMixin(GenerationCacheHook):
         self_cache = self_attention_cache(cache)
         if (
             generation_config.cache_implementation is None
-            and generation_mode in BEAM_SEARCH_CACHE_MODES
+            and generation_mode in BEAM_SEARCH_MODES
+            and generation_config.num_beams > 1
             and type(self_cache) is DynamicCache
             and not self_cache.offloading
         ):

@@ -8,7 +8,6 @@ from torch import nn
 from transformers import DynamicCache
 
 from modeling_ode import ODETransformerForConditionalGeneration
-from modeling_ode.compat import CACHE_FIELD
 from modeling_ode.modeling_ode_transformer import (
     BeamSearchCache,
     beam_attention_forward,
@@ -37,7 +36,7 @@ def test_attention_over_the_cache_equals_attention_over_a_cache_reordered_by_cop
             assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
             continue
         output, weights = beam_attention_forward(
-            module, query, keys, values, mask, 0.5, origins=cache.origins
+            module, query, keys, values, mask, 0.5, places=cache.places()
         )
         torch.testing.assert_close(output, expected[0])
         torch.testing.assert_close(weights, expected[1])
@@ -78,9 +77,10 @@ VARIANTS = [
 
 @pytest.mark.parametrize("overrides", VARIANTS)
 @pytest.mark.parametrize("decoding", [{"num_beams": 3, "length_penalty": 0.6}, {"num_beams": 1}])
-def test_generate_uses_it_and_keeps_the_tokens_of_decoding_without_a_cache(overrides, decoding):
-    """40 new tokens (past the first doubling of the buffers), every decoder block type: the tokens and scores of
-    the default cache equal those of no cache; an explicit `cache_implementation='dynamic'` keeps transformers'."""
+def test_beam_search_uses_it_and_keeps_the_tokens_of_decoding_without_a_cache(overrides, decoding):
+    """40 new tokens (past the first doubling of the buffers), every decoder block type: beam search's default
+    cache is a `BeamSearchCache` whose tokens and scores equal those of no cache and of transformers' dynamic cache
+    (asked for explicitly); greedy search keeps the dynamic cache."""
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(tiny(**overrides)).eval()
     ids, mask = source_batch()
@@ -100,7 +100,19 @@ def test_generate_uses_it_and_keeps_the_tokens_of_decoding_without_a_cache(overr
     torch.testing.assert_close(
         torch.stack(default.scores), torch.stack(uncached.scores), rtol=1e-4, atol=1e-4
     )
-    cache = self_attention_cache(getattr(default, CACHE_FIELD, None) or default.past_key_values)
-    assert isinstance(cache, BeamSearchCache) and cache.num_beams == decoding["num_beams"]
-    explicit = self_attention_cache(getattr(dynamic, CACHE_FIELD, None) or dynamic.past_key_values)
-    assert type(explicit) is DynamicCache
+    beam_search = decoding["num_beams"] > 1
+    assert isinstance(self_attention_cache(default.past_key_values), BeamSearchCache) == beam_search
+    assert type(self_attention_cache(dynamic.past_key_values)) is DynamicCache
+
+
+def test_beam_search_keeps_the_encoder_keys_and_values_once_per_source():
+    """The cross-attention cache holds one row per source, not one per beam (generate repeats the encoder states
+    per beam; their keys and values are equal)."""
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny()).eval()
+    ids, mask = source_batch()
+    out = model.generate(
+        ids, attention_mask=mask, num_beams=3, max_new_tokens=4, return_dict_in_generate=True
+    )
+    cross = out.past_key_values.cross_attention_cache
+    assert [layer.keys.shape[0] for layer in cross.layers] == [ids.shape[0]] * model.config.decoder_layers

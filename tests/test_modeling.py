@@ -111,13 +111,15 @@ class ReorderingEverything(ODETransformerForConditionalGeneration):
 
 def test_beam_search_reorders_only_the_self_attention_cache(device):
     """The premise of `_reorder_cache`: the cross-attention states of all beams of one source are equal, so only the
-    self-attention states need reordering; the result equals transformers' default (reorder everything)."""
+    self-attention states need reordering; the result equals transformers' default (reorder everything). Checked on
+    transformers' dynamic cache, which keeps a row per beam (`BeamSearchCache` keeps one per source)."""
     model = seq2seq(decoder_ode_method="rk2").to(device)
     reference = ReorderingEverything(model.config).eval().to(device)
     reference.load_state_dict(model.state_dict())
     ids, mask = source_batch(device=device)
     beams = 3
     kwargs = {"max_new_tokens": 6, "num_beams": beams, "return_dict_in_generate": True, "output_scores": True}
+    kwargs["cache_implementation"] = "dynamic"
     ours = model.generate(ids, attention_mask=mask, **kwargs)
     for layer in ours.past_key_values.cross_attention_cache.layers:
         keys = layer.keys.view(ids.shape[0], beams, *layer.keys.shape[1:])
