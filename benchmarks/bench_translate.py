@@ -10,7 +10,8 @@ batch 16 / batch 1, beam 4 / greedy (batch 1: `batch1_sentences` sentences one a
 each round times every system once per setting, and a system's figure is its best round, in sentences per second.
 
 Systems: `marian` (MarianMTModel of the same dims, dynamic cache); `<model>` (float32, `generate` with its default
-dynamic cache); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, dynamic cache); `<model>-int8-compiled`
+cache: `BeamSearchCache` with beams, dynamic greedy); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, the
+same cache); `<model>-int8-compiled`
 (int8 with `ode_transformer.train.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
 greedy settings only, as transformers compiles no beam-search step); `ct2` / `ct2-int8` (the Marian model converted
 with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
@@ -264,7 +265,7 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
         torch.manual_seed(0)
         model = common.build_model(name, dims).eval()
         systems[name] = torch_system(model, new_tokens)
-        # int8 with the dynamic cache: in eager mode the static cache was slower at batch 1 (every step attends over
+        # int8 with the default cache: in eager mode the static cache was slower at batch 1 (every step attends over
         # and reorders the whole preallocated length), and fbgemm's packed weights cannot be compiled
         systems[f"{name}-int8"] = torch_system(quantize_int8(copy.deepcopy(model)), new_tokens)
         if name in setup["compile"]:
