@@ -91,12 +91,14 @@ QUICK = {
     "compile": (),
 }
 # issue #43's goals: (name, system, over system, settings, at least)
+DYNAMIC_CACHE = "-dynamic-cache"  # suffix of a system decoding with cache_implementation="dynamic"
 GOALS = (
     ("residual int8 vs CTranslate2 int8, batch 16 beam 4", "residual-int8", "ct2-int8", ("batch16_beam4",), 1.0),
     ("residual int8 vs CTranslate2 int8, batch 1", "residual-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
     ("residual ONNX int8 vs CTranslate2 int8, batch 16 beam 4", "residual-onnx-int8", "ct2-int8", ("batch16_beam4",), 1.0),
     ("residual ONNX int8 vs CTranslate2 int8, batch 1", "residual-onnx-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
     ("residual int8 compiled vs CTranslate2 int8, batch 1", "residual-int8-compiled", "ct2-int8", ("batch1_greedy",), 0.7),
+    ("residual int8, BeamSearchCache vs transformers' dynamic cache", "residual-int8", "residual-int8" + DYNAMIC_CACHE, ("batch16_beam4", "batch1_beam4"), 1.0),
 )  # fmt: skip
 # issue #57's RK goals: (name, system, over system, settings); met when measured / FLOP-predicted ratio is at least
 # RK_GOAL_OF_PREDICTED. The model of a system is its name's first part (rk2-int8 -> rk2).
@@ -139,8 +141,12 @@ def torch_system(model: torch.nn.Module, new_tokens: int, **generate_kwargs):
 
 
 def runs_in(system: str, setting: str) -> bool:
-    """Compiled systems run the greedy settings only: transformers' `generate` compiles no beam-search step."""
-    return not (system.endswith("-compiled") and SETTINGS[setting][1] > 1)
+    """Compiled systems run the greedy settings only: transformers' `generate` compiles no beam-search step. The
+    dynamic-cache system runs the beam settings only: greedy search decodes with that cache anyway."""
+    beams = SETTINGS[setting][1]
+    return not (system.endswith("-compiled") and beams > 1) and not (
+        system.endswith(DYNAMIC_CACHE) and beams == 1
+    )
 
 
 class _Vocabulary:
@@ -267,7 +273,12 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
         systems[name] = torch_system(model, new_tokens)
         # int8 with the default cache: in eager mode the static cache was slower at batch 1 (every step attends over
         # and reorders the whole preallocated length), and fbgemm's packed weights cannot be compiled
-        systems[f"{name}-int8"] = torch_system(quantize_int8(copy.deepcopy(model)), new_tokens)
+        int8 = quantize_int8(copy.deepcopy(model))
+        systems[f"{name}-int8"] = torch_system(int8, new_tokens)
+        if name == "residual":  # what BeamSearchCache saves: the same model with transformers' dynamic cache
+            systems[f"{name}-int8{DYNAMIC_CACHE}"] = torch_system(
+                int8, new_tokens, cache_implementation="dynamic"
+            )
         if name in setup["compile"]:
             # the three models share one forward (dynamo's cache entries are per code object, guarded by model)
             raise_recompile_limit(64)

@@ -320,7 +320,16 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
     assert results["threads"] == 1 and results["machine"]["cpu_capability"]
     has_ct2 = importlib.util.find_spec("ctranslate2") is not None
     has_onnx = all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime"))
-    expected = {"marian", "residual", "residual-int8", "rk2", "rk2-int8", "rk4", "rk4-int8"}
+    expected = {
+        "marian",
+        "residual",
+        "residual-int8",
+        "residual-int8-dynamic-cache",
+        "rk2",
+        "rk2-int8",
+        "rk4",
+        "rk4-int8",
+    }
     expected |= {"ct2", "ct2-int8"} if has_ct2 else set()
     expected |= {"residual-onnx-int8", "rk2-onnx-int8", "rk4-onnx-int8"} if has_onnx else set()
     assert set(results["systems"]) == expected
