@@ -240,26 +240,47 @@ def onnx_int8_system(
     return translate
 
 
-def onnx_profile_top_ops(threads: int, folder: Path, setup: dict, setting: str, rows: int = 12) -> list[dict]:
-    """onnxruntime's profile of the residual model's int8 graphs over one call set: kernel time per operator type,
-    summed over the graphs' nodes (where the ONNX path's time goes)."""
-    torch.manual_seed(0)  # the weights of build_systems' residual model
-    model = common.build_model("residual", setup["dims"]).eval()
+def onnx_kernel_times(threads: int, folder: Path, setup: dict, setting: str, model_name: str) -> list[tuple]:
+    """onnxruntime's profile of `model_name`'s int8 graphs (build_systems' weights) over one call set: (graph file,
+    operator type, microseconds) per node run."""
+    torch.manual_seed(0)  # the weights of build_systems' models
+    model = common.build_model(model_name, setup["dims"]).eval()
     translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True)
     beams = SETTINGS[setting][1]
     for ids, mask in inputs_for(setting, setup):
         translate(ids, mask, beams)
+    return [
+        (graph, event["args"]["op_name"], event["dur"])
+        for graph, session in translate.generator.sessions.items()
+        for event in json.loads(Path(session.end_profiling()).read_text())
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
+    ]
+
+
+def onnx_profile_top_ops(threads: int, folder: Path, setup: dict, setting: str, rows: int = 12) -> list[dict]:
+    """The residual model's int8 graphs over one call set: kernel time per operator type, summed over the graphs'
+    nodes (where the ONNX path's time goes)."""
     per_op: dict[str, list[float]] = {}
-    for session in translate.generator.sessions.values():
-        for event in json.loads(Path(session.end_profiling()).read_text()):
-            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                per_op.setdefault(event["args"]["op_name"], []).append(event["dur"])
+    for _, op, microseconds in onnx_kernel_times(threads, folder, setup, setting, "residual"):
+        per_op.setdefault(op, []).append(microseconds)
     total = sum(sum(times) for times in per_op.values())
     ranked = sorted(per_op.items(), key=lambda item: sum(item[1]), reverse=True)[:rows]
     return [
         {"op": op, "self_ms": sum(times) / 1e3, "share": sum(times) / total, "calls": len(times)}
         for op, times in ranked
     ]
+
+
+def onnx_graph_ms(threads: int, folder: Path, setup: dict, setting: str) -> dict[str, dict[str, float]]:
+    """Per model, the int8 graphs' kernel milliseconds over one call set, by graph: where RK's extra time goes in
+    ONNX (the encoder's extra stages, or the decoder), against the FLOP prediction's encoder / decoder split."""
+    out = {}
+    for name in MODELS:
+        per_graph: dict[str, float] = {}
+        for graph, _, microseconds in onnx_kernel_times(threads, folder / name, setup, setting, name):
+            per_graph[graph] = per_graph.get(graph, 0.0) + microseconds / 1e3
+        out[name] = per_graph
+    return out
 
 
 def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[str]]:
@@ -517,7 +538,37 @@ def markdown(results: dict) -> str:
             lines += ["", f"## Profile: {system}, {setting.replace('_', ', ')} ({profiler})", ""]
             lines += [f"| operator | {time_column} | share | {count_column} |", "|---|---:|---:|---:|"]
             lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
+    for setting, by_model in results.get("onnx_graph_ms", {}).items():
+        lines += graph_table(setting, by_model, results["flop_prediction"][setting]["flops"])
     return "\n".join(lines) + "\n"
+
+
+def graph_table(setting: str, by_model: dict, flops: dict) -> list[str]:
+    """ONNX int8 kernel time by graph, each RK model over residual, beside the FLOP ratio of the same part (the
+    encoder graph; the two decoder graphs together)."""
+    parts = {
+        "encoder": ("encoder_model.onnx",),
+        "decoder": ("decoder_model.onnx", "decoder_with_past_model.onnx"),
+    }
+    lines = [
+        "",
+        f"## ONNX int8 kernel time by graph, {setting.replace('_', ', ')} (onnxruntime's profiler)",
+        "",
+    ]
+    lines += ["Milliseconds over the setting's calls; ratio = RK / residual, time and matmul FLOPs.", ""]
+    lines += ["| part | " + " | ".join(f"{m} ms" for m in MODELS) + " | " + " | ".join(
+        f"{m} time ratio | {m} FLOP ratio" for m in MODELS[1:]) + " |"]  # fmt: skip
+    lines += ["|---|" + "---:|" * (len(MODELS) + 2 * (len(MODELS) - 1))]
+    for part, graphs in parts.items():
+        ms = {m: sum(by_model[m].get(g, 0.0) for g in graphs) for m in MODELS}
+        ratios = [
+            f"{ms[m] / ms['residual']:.2f} | {flops[m][part] / flops['residual'][part]:.2f}"
+            for m in MODELS[1:]
+        ]
+        lines.append(
+            f"| {part} | " + " | ".join(f"{ms[m]:.1f}" for m in MODELS) + " | " + " | ".join(ratios) + " |"
+        )
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -828,6 +879,12 @@ def main(argv: list[str] | None = None) -> dict:
             if "residual-onnx-int8" in systems
             else {}
         )
+        # where RK4's ONNX time goes where it fell short of its FLOP prediction (issue #57)
+        onnx_graphs = (
+            {"batch16_greedy": onnx_graph_ms(args.threads, Path(folder) / "graphs", setup, "batch16_greedy")}
+            if "residual-onnx-int8" in systems
+            else {}
+        )
     sentences = {
         setting: len(inputs_for(setting, setup)) * (16 if SETTINGS[setting][0] == 16 else 1)
         for setting in SETTINGS
@@ -853,6 +910,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "profiles": profiles,
         "onnx_profiles": onnx_profiles,
+        "onnx_graph_ms": onnx_graphs,
         "flop_formula": common.GENERATE_FLOP_FORMULA,
         "flop_prediction": flop_prediction(setup),
         "wall_s": time.time() - begin,

@@ -334,6 +334,16 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
     expected |= {"residual-onnx-int8", "rk2-onnx-int8", "rk4-onnx-int8"} if has_onnx else set()
     assert set(results["systems"]) == expected
     assert has_ct2 or any("ctranslate2 is not installed" in note for note in results["notes"])
+    if has_onnx:  # each model's int8 graphs timed by graph, the encoder's and the two decoders'
+        graphs = results["onnx_graph_ms"]["batch16_greedy"]
+        assert set(graphs) == {"residual", "rk2", "rk4"}
+        for per_graph in graphs.values():
+            assert set(per_graph) == {
+                "encoder_model.onnx",
+                "decoder_model.onnx",
+                "decoder_with_past_model.onnx",
+            }
+            assert all(ms > 0 for ms in per_graph.values())
     for setting, speeds in results["sentences_per_s"].items():
         sentences = results["settings"][setting]["sentences"]
         for name, speed in speeds.items():
