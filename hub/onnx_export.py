@@ -366,7 +366,10 @@ def quantize_graph_int8(path: Path, model) -> None:
     from modeling_ode.ode import StageGate
 
     gates = [m.weight.detach().float().numpy() for m in model.modules() if isinstance(m, StageGate)]
-    graph = onnx.load(str(path)).graph
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    if fold_weight_identities(graph):
+        onnx.save(proto, str(path))
     weights = {init.name: init for init in graph.initializer}
 
     def is_gate(name: str) -> bool:
@@ -391,6 +394,28 @@ def quantize_graph_int8(path: Path, model) -> None:
     finally:
         root.setLevel(level)
     quantized.replace(path)
+
+
+def fold_weight_identities(graph) -> int:
+    """Point every node that reads a weight through an `Identity` at the weight itself, and drop those `Identity`
+    nodes; returns how many. TorchScript gives each later use of a shared weight its own `Identity` (an RK block
+    evaluates F, with the same weights, once per stage), and onnxruntime's `quantize_dynamic` quantises only
+    products whose weight is an initializer: without this, every stage after the first stayed float."""
+    weights = {init.name for init in graph.initializer}
+    outputs = {value.name for value in graph.output}
+    aliases = {
+        node.output[0]: node.input[0]
+        for node in graph.node
+        if node.op_type == "Identity" and node.input[0] in weights and node.output[0] not in outputs
+    }
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in aliases:
+                node.input[index] = aliases[name]
+    kept = [node for node in graph.node if not (node.op_type == "Identity" and node.output[0] in aliases)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(aliases)
 
 
 def _fix_cache_dims(path: Path, config) -> None:

@@ -19,6 +19,7 @@ from tiny_folder import save_tiny_folder
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
 from modeling_ode.compat import CACHE_FIELD, attention_implementation
+from modeling_ode.ode import StageGate
 from ode_transformer.hub.onnx_export import (
     DECODER,
     DECODER_WITH_PAST,
@@ -429,6 +430,37 @@ def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, ca
         "decoder_model_quantized.onnx",
         "decoder_with_past_model_quantized.onnx",
     )
+
+
+def float_weight_products(graph) -> list[str]:
+    """The MatMul / Gemm nodes of an ONNX graph whose second input is a weight: an initializer, or one read through
+    `Identity` / `Transpose` nodes."""
+    weights = {init.name for init in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
+
+    def is_weight(name: str) -> bool:
+        node = producers.get(name)
+        if node is not None and node.op_type in ("Identity", "Transpose"):
+            return is_weight(node.input[0])
+        return name in weights
+
+    return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and is_weight(n.input[1])]
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_int8_graphs_quantise_every_stage_of_an_rk_block(exporter, tmp_path):
+    """Every product with a weight is int8 in the int8 graphs, the later stages of RK blocks (whose weights
+    TorchScript reads through an `Identity`) included; only the ODE gates' products stay float."""
+    import onnx
+
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny(decoder_ode_method="rk4")).eval()  # RK2-gated encoder
+    export_onnx(model, tmp_path, dynamo=exporter == "dynamo", quantize="int8")
+    gates = sum(isinstance(module, StageGate) for module in model.get_encoder().modules())
+    assert gates > 0
+    for graph in QUANTIZED_GRAPHS:
+        float_products = float_weight_products(onnx.load(str(tmp_path / graph)).graph)
+        assert len(float_products) == (gates if graph.startswith("encoder") else 0), (graph, float_products)
 
 
 def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capsys):
