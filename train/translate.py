@@ -76,9 +76,7 @@ BACKENDS = ("auto", "pytorch", "onnx")
 # The fastest backend per measured (batch size, beams) and precision: the figures of `python -m
 # benchmarks.bench_translate --real-text MODEL` (the demo model, real sentences, early stopping; FASTEST_SOURCE),
 # whose goal rows check this table against the run, so that it cannot drift from the measurement. `auto` takes the
-# entry nearest the settings asked (fastest_backend). Filled from a short run (the demo model, 64 sentences, best
-# of 2, one thread, 2-core AVX512-VNNI EPYC, at 0a88499): ONNX ahead in all four, by 1.21x (int8) and 1.50x
-# (float32) at batch 16 beam 4, 2.7x at batch 1 greedy.
+# entry nearest the settings asked (fastest_backend).
 FASTEST: dict[tuple[int, int], dict[str, str]] = {
     (16, 4): {"float32": "onnx", "int8": "onnx"},
     (1, 1): {"float32": "onnx", "int8": "onnx"},
