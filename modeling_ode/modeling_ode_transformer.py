@@ -431,7 +431,7 @@ class StageCacheLayout:
         return self.with_cross_attention(self_attention) if encoder_decoder else self_attention
 
     def beam_search(self, num_beams: int, encoder_decoder: bool) -> Cache:
-        """An empty `BeamSearchCache` with every slot, for `generate` with `num_beams` beams (1: greedy or sampling)."""
+        """An empty `BeamSearchCache` with every slot, for beam search with `num_beams` beams."""
         self_attention = BeamSearchCache(self.num_slots, num_beams)
         return self.with_cross_attention(self_attention) if encoder_decoder else self_attention
 
@@ -749,7 +749,15 @@ class ODETransformerAttention(nn.Module):
             layer = cache.cross_attention_cache.layers[cache_slot]
             return query, layer.keys, layer.values
         # generate repeats each source's encoder states once per beam: keys and values are computed and kept once
-        key_value_states = key_value_states[:: beams_per_source(cache)]
+        beams = beams_per_source(cache)
+        if beams > 1 and (
+            key_value_states.shape[0] % beams or key_value_states.shape[0] != hidden_states.shape[0]
+        ):
+            raise ValueError(
+                f"a beam-search cache of {beams} beams needs the encoder states repeated once per beam, as generate "
+                f"repeats them: {hidden_states.shape[0]} decoder rows, {key_value_states.shape[0]} encoder rows"
+            )
+        key_value_states = key_value_states[::beams]
         key, value = self.kv_proj(key_value_states).chunk(2, dim=-1)
         key, value = self._heads(key), self._heads(value)
         if cache is not None:
@@ -1579,8 +1587,8 @@ def seq2seq_output(
     )
 
 
-# Beam search gets a `BeamSearchCache`; greedy search and sampling keep transformers' dynamic cache, as fast there
-# (benchmarks/results/translate.md).
+# Beam search gets a `BeamSearchCache`; greedy search and sampling keep transformers' dynamic cache (preallocating
+# was no faster there in an uncommitted probe: docs/performance.md).
 BEAM_SEARCH_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
 
 
@@ -1598,7 +1606,6 @@ class ODEGenerationMixin(GenerationCacheHook):
         if (
             generation_config.cache_implementation is None
             and generation_mode in BEAM_SEARCH_MODES
-            and generation_config.num_beams > 1
             and type(self_cache) is DynamicCache
             and not self_cache.offloading
         ):

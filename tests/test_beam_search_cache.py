@@ -3,7 +3,7 @@ against transformers' `DynamicCache`, which reorders beams by copying, and again
 
 import pytest
 import torch
-from decoding import source_batch, tiny
+from decoding import PAD, causal_lm, source_batch, tiny
 from torch import nn
 from transformers import DynamicCache
 
@@ -116,3 +116,34 @@ def test_beam_search_keeps_the_encoder_keys_and_values_once_per_source():
     )
     cross = out.past_key_values.cross_attention_cache
     assert [layer.keys.shape[0] for layer in cross.layers] == [ids.shape[0]] * model.config.decoder_layers
+
+
+def test_causal_lm_beam_search_with_left_padding_and_several_returns_keeps_the_tokens():
+    """The causal LM (prompt prefill of several positions, left padding) under beam search with two sequences per
+    prompt: `BeamSearchCache` gives the sequences and scores of the dynamic cache and of no cache."""
+    model = causal_lm(tiny(is_encoder_decoder=False, decoder_ode_method="rk2"))
+    ids = torch.randint(4, 99, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    ids[1, :2], mask[1, :2] = PAD, 0  # left padding
+    kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "num_beams": 3, "num_return_sequences": 2}
+    kwargs.update(return_dict_in_generate=True, output_scores=True, pad_token_id=PAD)
+    default = model.generate(ids, attention_mask=mask, **kwargs)
+    assert isinstance(default.past_key_values, BeamSearchCache)
+    for other in (
+        model.generate(ids, attention_mask=mask, cache_implementation="dynamic", **kwargs),
+        model.generate(ids, attention_mask=mask, use_cache=False, **kwargs),
+    ):
+        assert torch.equal(default.sequences, other.sequences)
+        torch.testing.assert_close(default.sequences_scores, other.sequences_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_a_beam_search_cache_refuses_encoder_states_not_repeated_per_beam():
+    """Outside `generate`, a beam-search cache of 3 beams given one encoder row per source (not one per beam) is
+    refused by name, not read with the sources misaligned."""
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny()).eval()
+    ids, _ = source_batch()  # 3 sources
+    cache = model.get_decoder().cache_layout.beam_search(3, encoder_decoder=True)
+    decoder_ids = torch.full((9, 1), model.config.decoder_start_token_id)
+    with pytest.raises(ValueError, match="repeated once per beam"):
+        model(input_ids=ids, decoder_input_ids=decoder_ids, past_key_values=cache, use_cache=True)
