@@ -633,15 +633,25 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        weights = weights + attention_mask
-    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    probs = fast_dropout(weights, p=dropout, training=module.training)
+    weights, probs = attention_probs(
+        module, torch.matmul(query, key.transpose(2, 3)) * scaling, attention_mask, dropout
+    )
     output = torch.matmul(probs, value)
     relative = relative_value_term(module, probs, kwargs.get("relative_index"))
     output = output if relative is None else output + relative
     return output.transpose(1, 2).contiguous(), weights
+
+
+def attention_probs(
+    module: nn.Module, scores: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, probabilities) of scaled scores: the additive mask added, softmax in float32 (back in the scores'
+    dtype), then dropout in training; the eager and the beam-search attention share it."""
+    dtype = scores.dtype  # the query's: a mask of another dtype does not change it
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+    return weights, fast_dropout(weights, p=dropout, training=module.training)
 
 
 def relative_value_term(
@@ -683,11 +693,8 @@ def beam_attention_forward(
     if places is not None:
         places = places.expand(sources, heads, beams, q_length, places.shape[-1])
         scores = scores.gather(-1, places)
-    weights = scores.transpose(1, 2).reshape(rows, heads, q_length, -1) * scaling
-    if attention_mask is not None:
-        weights = weights + attention_mask
-    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    probs = fast_dropout(weights, p=dropout, training=module.training)
+    scores = scores.transpose(1, 2).reshape(rows, heads, q_length, -1) * scaling
+    weights, probs = attention_probs(module, scores, attention_mask, dropout)
     by_source = probs.view(sources, beams, heads, q_length, -1).transpose(1, 2)
     if places is not None:
         by_source = probs.new_zeros(sources, heads, beams, q_length, keys).scatter_(-1, places, by_source)
