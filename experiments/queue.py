@@ -75,6 +75,31 @@ QUEUES = {
         worktree="exp_ptb_bf16",
         batch="bf16",
     ),
+    # Issue 61: ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual
+    # and RK4, seeds 0-2, first (each lane alternates them, so a pair of seed k lands together), then the gated
+    # RK2 block (the recipes' default kind of block), then the other two RK2 rows. Checkpoints do not outlive the
+    # machine, so a batch whose lanes cannot finish on this CPU model is continued only on the same model.
+    "ptb_paper_amx": Queue(
+        study="ptb_paper",
+        commit="ccb31fa",
+        lanes=(
+            (
+                ((0,), ("rk4",)),
+                ((1,), ("residual",)),
+                ((2,), ("rk4",)),
+                ((0, 1, 2), ("rk2_gated",)),
+                ((0, 1, 2), ("rk2",)),
+            ),
+            (
+                ((0,), ("residual",)),
+                ((1,), ("rk4",)),
+                ((2,), ("residual",)),
+                ((0, 1, 2), ("rk2_ones",)),
+            ),
+        ),
+        worktree="exp_ptb_amx",
+        batch="amx",
+    ),
     # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
     # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
     # seed 2 comes right after RK2 of seeds 0-1: issue 45's upcycling study starts from residual seeds 0-2.
@@ -131,7 +156,7 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
 
 
 def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
-    """A detached worktree of the queue's commit at `tree`, sharing the checkout's .venv."""
+    """A detached worktree of the queue's commit at `tree`, with a venv that runs the worktree's own code."""
     if not (repo / ".venv" / "bin" / "python").exists():
         raise SystemExit(f"{repo / '.venv'} is missing: run `make setup` first (the lanes use it)")
     if not tree.exists():
@@ -143,9 +168,42 @@ def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
         raise SystemExit(f"{tree} exists and is not a git worktree: give another --tree")
     if not head.stdout.startswith(queue.commit):
         raise SystemExit(f"{tree} is at {head.stdout.strip()[:7]}, not {queue.commit}: give another --tree")
+    if not (tree / ".venv" / "bin" / "python").exists() or (tree / ".venv").is_symlink():
+        tree_venv(tree, repo / ".venv")
+
+
+def tree_venv(tree: Path, dependencies: Path) -> None:
+    """`tree/.venv`: the packages of the venv `dependencies`, and `tree` itself installed editable. Sharing the
+    checkout's venv would not do: its editable install maps `ode_transformer.train` and `.hub` to the checkout's
+    folders (pyproject's package-dir), so a lane would train with the newest `train/`, not the pinned one."""
     venv = tree / ".venv"
-    if not (venv.is_symlink() or venv.exists()):
-        venv.symlink_to(repo / ".venv")
+    if venv.is_symlink():
+        venv.unlink()
+    python = dependencies / "bin" / "python"
+    base = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sys, sysconfig; print(sys._base_executable); print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    subprocess.run([base[0], "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # A plain path in a .pth file: the dependencies' packages, without their own .pth files (the editable finder)
+    (Path(purelib) / "_dependencies.pth").write_text(base[1] + "\n")
+    subprocess.run(
+        [str(python), "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
+         "--no-build-isolation", "--no-index", "-e", str(tree)],
+        check=True,
+    )  # fmt: skip
 
 
 def gather_results(queue: Queue, tree: Path, repo: Path = REPO) -> list[Path]:

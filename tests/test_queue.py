@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
     assert len(runs) == len(set(runs)), "two lanes (or steps) would train the same run"
     if name == "ptb_paper":  # issue 32: seed 0 of every block, seeds 1-2 of residual and RK4
         wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
-    elif name in ("ptb_paper_bf16", "multi30k_upcycle"):  # issues 54, 45: seeds 0-2 of every row
+    elif name in ("ptb_paper_bf16", "ptb_paper_amx", "multi30k_upcycle"):  # issues 54, 61, 45: seeds 0-2
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
     else:  # issue 41: seeds 0-2 of every row, seeds 3-4 of residual, RK2 and RK4
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
@@ -48,10 +49,14 @@ def test_finished_runs_come_from_the_queues_commit(name):
     folder = RESULTS / q.study / batch_folder("cpu", q.batch)
     commits = {result["git"]["commit"] for result in load_results(folder)} if folder.exists() else set()
     assert all(commit.startswith(q.commit) for commit in commits), commits
-    assert commits or name in ("multi30k_upcycle", "ptb_paper_bf16")  # queued, nothing finished yet
+    assert commits or name in (
+        "multi30k_upcycle",
+        "ptb_paper_bf16",
+        "ptb_paper_amx",
+    )  # queued, nothing finished yet
 
 
-@pytest.mark.parametrize("name", ["ptb_paper", "ptb_paper_bf16"])
+@pytest.mark.parametrize("name", ["ptb_paper", "ptb_paper_bf16", "ptb_paper_amx"])
 def test_dry_run_prints_each_lanes_valid_experiments_run_calls(name, tmp_path, capsys):
     assert queue.main([name, "--dry-run", "--tree", str(tmp_path / "tree")]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -71,7 +76,9 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(name, tmp_path, c
             assert args.batch == q.batch
 
 
-def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_path):
+def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(queue, "tree_venv", lambda tree, dependencies: made.append((tree, dependencies)))
     repo = tmp_path / "repo"
     repo.mkdir()
 
@@ -95,7 +102,7 @@ def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_pa
     (repo / ".venv" / "bin" / "python").touch()
     queue.prepare_worktree(q, tmp_path / "tree", repo)
     assert (tmp_path / "tree" / "f.txt").read_text() == "pinned\n"  # the pinned code, not the newest
-    assert (tmp_path / "tree" / ".venv").resolve() == (repo / ".venv").resolve()
+    assert made == [(tmp_path / "tree", repo / ".venv")]
     queue.prepare_worktree(q, tmp_path / "tree", repo)  # again: the existing worktree is kept
     git("checkout", "-q", "--detach", later, cwd=tmp_path / "tree")
     with pytest.raises(SystemExit, match=f"not {pinned}"):  # a worktree at other code is refused
@@ -104,6 +111,29 @@ def test_worktree_is_made_at_the_pinned_commit_and_a_wrong_one_is_refused(tmp_pa
     plain.mkdir()
     with pytest.raises(SystemExit, match="is not a git worktree"):
         queue.prepare_worktree(q, plain, repo)
+
+
+def test_the_worktrees_venv_runs_the_worktrees_code_not_the_checkouts(tmp_path):
+    """The checkout's editable install maps ode_transformer.train to the checkout's train/: a lane that shared its
+    venv trained with the newest code, whatever commit its worktree was at."""
+    repo = Path(queue.__file__).resolve().parent.parent
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    tree = tmp_path / "tree"
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(tree), "HEAD"], check=True
+    )
+    try:
+        queue.tree_venv(tree, Path(sys.prefix))
+        where = subprocess.run(
+            [str(tree / ".venv" / "bin" / "python"), "-c",
+             "import ode_transformer.train.run as r, ode_transformer.hub.export as c, modeling_ode as m, torch;"
+             "print(r.__file__, c.__file__, m.__file__, sep='\\n')"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        assert len(where) == 3 and all(Path(path).is_relative_to(tree) for path in where), where
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=True)
 
 
 def test_results_written_in_the_worktree_are_gathered_without_overwriting(tmp_path):
