@@ -501,6 +501,10 @@ MULTI30K_PAIRED = Study(
         "residual": Variant("Residual", _encoder_block("euler")),
         "rk2": Variant("RK2-block", _encoder_block("rk2")),
         "rk4": Variant("RK4-block", _encoder_block("rk4")),
+        # issue 61: the block every recipe builds by default (`encoder_ode_method: rk2`, the config's gate), on trial
+        "rk2_gated": Variant(
+            "RK2-block (learnable gamma), the recipes' default", _encoder_block("rk2", "gated")
+        ),
         "rk2_gated_authors": MULTI30K_GATE_VARIANTS["rk2_gated_authors"],
         # issue 41's remedy for the gate's saturation: the paper's gate, started at g = 1/2 (W = 0)
         "rk2_gated_tableau": Variant(
@@ -524,37 +528,79 @@ MULTI30K_PAIRED = Study(
 )
 
 # --------------------------------------------------------------------------------------------
-# tatoeba_depth (issue 54): a test bed where depth helps? The paper's claim (an RK block buys the gains of a deeper
-# encoder) can only show where a deeper residual encoder is better, and on Multi30k the 12-layer one is 1.67 BLEU
-# behind the 3-layer one. Tatoeba En-De (../shared/data/tatoeba_de_en: real pairs of short everyday sentences,
-# several times Multi30k's tokens) with multi30k_paired's recipe, the data and the budget aside: residual encoders
-# of 3, 6 and 12 layers first, then RK2 and RK4 blocks in the 3-layer encoder (experiments/gpu_batch.sh runs those
-# only where a deeper residual row is ahead of the 3-layer one beyond noise: experiments.depth_gate).
-# The budget: 3,000 updates of 2,048-token batches, twice Multi30k's 1,500 (fewer epochs of this larger corpus),
-# sized so that an H200 trains the nine depth runs at once within one 10-minute device call (the estimate, from the
-# speed of the 2026-11-26 H200 batch, is in results/README.md's "GPU batches of issue 54"); a GPU study: on the
-# 2-core CPU one run would take hours.
+# tatoeba_depth (issues 54, 61): does an RK block buy the gains of a deeper encoder? That can only show where a deeper
+# residual encoder is better (on Multi30k the 12-layer one is behind the 3-layer one), so a test bed with more data:
+# Tatoeba En-De (../shared/data/tatoeba_de_en: real pairs of short everyday sentences, several times Multi30k's
+# tokens), multi30k_paired's recipe, the data and the budget aside (3,000 updates of 2,048-token batches, twice
+# Multi30k's 1,500: fewer epochs of this larger corpus). The probe (experiments.depth_gate) runs in three stages, each
+# row's runs on seeds no other stage uses:
+#   1. schedules: every row (residual encoders of 3, 6 and 12 layers; RK2 and RK4 blocks in the 3-layer encoder)
+#      trains once per schedule of TATOEBA_SCHEDULES on TATOEBA_TUNING_SEED; a row's schedule is the one with the
+#      lowest validation loss at its last update (the same effort, three runs, for every row);
+#   2. the gate: residual encoders of 3, 6 and 12 layers on TATOEBA_GATE_SEEDS; depth helps where a deeper row is
+#      ahead of the 3-layer one beyond noise (paired t-test, Holm over the two deeper rows);
+#   3. the comparison, on fresh seeds (TATOEBA_FRESH_SEEDS), never the gate's: RK2 and RK4 against residual at 3
+#      layers, always; and where the gate passed, RK at 3 layers against residual at 6 and 12 layers as a
+#      non-inferiority test with margin TATOEBA_MARGIN BLEU.
+# A GPU study: on the 2-core CPU one run would take hours.
 
 TATOEBA_STEPS = 3000
-# The rows of the depth probe, and the RK rows that experiments/gpu_batch.sh adds where depth helps.
-TATOEBA_DEPTH_ROWS = ("residual", "residual_x2", "residual_x4")
+TATOEBA_ROWS = {
+    "residual": MULTI30K_PAIRED.variants["residual"],
+    "rk2": MULTI30K_PAIRED.variants["rk2"],
+    "rk4": MULTI30K_PAIRED.variants["rk4"],
+    "residual_x2": Variant("Residual, 6 encoder layers", {**_encoder_block("euler"), "encoder_layers": 6}),
+    "residual_x4": Variant("Residual, 12 encoder layers", {**_encoder_block("euler"), "encoder_layers": 12}),
+}
+TATOEBA_DEPTH_ROWS = ("residual", "residual_x2", "residual_x4")  # the gate's rows, the 3-layer one first
 TATOEBA_RK_ROWS = ("rk2", "rk4")
+# The recipe's schedule, then half the rate with twice the warm-up, twice over: deeper encoders may need gentler ones.
+TATOEBA_SCHEDULES: dict[str, Flags] = {
+    "s1": {"learning_rate": 2e-3, "warmup_steps": 300},
+    "s2": {"learning_rate": 1e-3, "warmup_steps": 600},
+    "s3": {"learning_rate": 5e-4, "warmup_steps": 1200},
+}
+TATOEBA_TUNING_SEED = 1000
+# Sized by the power table (results/verdict.md, from the spread of multi30k_paired's H200 pairs, gives the power each
+# count has): the gate for a depth gain of one BLEU (half of that would take several times the seeds), the fresh
+# seeds for the smaller RK gaps of the paper.
+TATOEBA_GATE_SEEDS = tuple(range(10))
+TATOEBA_FRESH_SEEDS = tuple(range(100, 110))
+TATOEBA_MARGIN = 0.5  # BLEU: RK at 3 layers "keeps a deeper encoder's gain" if it is no more than this behind
+
+
+def tatoeba_variant(row: str, schedule: str) -> str:
+    """The variant of a row trained with a schedule: ``residual_x4_s2``."""
+    return f"{row}_{schedule}"
+
+
 TATOEBA_DEPTH = Study(
     name="tatoeba_depth",
     description="Tatoeba En-De (162,896 short sentence pairs), its test split (3,408 pairs): sacreBLEU and chrF, "
     "beam 4, last 5 checkpoints averaged; multi30k_paired's recipe for 3,000 updates, one batch at one commit, runs "
     "paired by seed, commit, device and precision; residual encoders of 3, 6 and 12 layers, RK2 / RK4 blocks in the "
-    "3-layer encoder, Euler decoder (3 layers).",
-    common={**MULTI30K_PAIRED.common, "dataset": "tatoeba_de_en"},
+    "3-layer encoder, Euler decoder (3 layers), each row under three schedules (learning rate, warm-up).",
+    # validation once, at the last update: the loss that picks a row's schedule
+    common={
+        **MULTI30K_PAIRED.common,
+        "dataset": "tatoeba_de_en",
+        "eval_strategy": "steps",
+        "eval_steps": TATOEBA_STEPS,
+    },
     sizes={"cpu": {**MULTI30K_PAIRED.sizes["cpu"], "max_steps": TATOEBA_STEPS}},
-    # in multi30k_paired's order: the baseline, the RK rows, the deeper residual rows
     variants={
-        key: MULTI30K_PAIRED.variants[key] for key in ("residual", *TATOEBA_RK_ROWS, *TATOEBA_DEPTH_ROWS[1:])
+        tatoeba_variant(row, schedule): Variant(
+            f"{variant.label}, schedule {schedule}", {**variant.flags, **flags}
+        )
+        for schedule, flags in TATOEBA_SCHEDULES.items()
+        for row, variant in TATOEBA_ROWS.items()
     },
     depth_flags=MULTI30K_PAIRED.depth_flags,
     depths=MULTI30K_PAIRED.depths,
     metrics=MULTI30K_PAIRED.metrics,
-    paper_gap={key: WMT14_BASE_GAPS[key] for key in ("rk2", "rk4")},
+    seeds=TATOEBA_GATE_SEEDS,
+    baseline=tatoeba_variant("residual", "s1"),
+    paper_gap={tatoeba_variant(row, "s1"): WMT14_BASE_GAPS[row] for row in TATOEBA_RK_ROWS},
 )
 # --------------------------------------------------------------------------------------------
 # multi30k_upcycle (issue 45, beyond the paper): the trained residual models of `multi30k_paired` (3-layer encoder,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -891,19 +892,26 @@ def test_the_paired_batch_runs_in_the_precision_the_machine_computes_natively():
 
 
 def test_the_tatoeba_depth_study_is_the_paired_recipe_on_tatoeba_with_its_own_budget(shared_data):
-    """tatoeba_depth (issue 54): multi30k_paired's flags but the data and the number of updates; residual encoders of
-    3, 6 and 12 layers and RK2 / RK4 in the 3-layer one; its corpus reads as the data README counts it."""
+    """tatoeba_depth (issues 54, 61): multi30k_paired's flags but the data, the number of updates, one validation at
+    the last update and the row's schedule; residual encoders of 3, 6 and 12 layers and RK2 / RK4 in the 3-layer one,
+    each under every schedule; its corpus reads as the data README counts it."""
+    from experiments.studies import TATOEBA_ROWS, TATOEBA_SCHEDULES, tatoeba_variant
     from ode_transformer.train.data import DataSpec, load_task_data
 
     study, paired = STUDIES["tatoeba_depth"], STUDIES["multi30k_paired"]
-    for variant in study.variants:
-        ours, theirs = study.flags(variant, 3, 0, "cpu"), paired.flags(variant, 3, 0, "cpu")
-        assert {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)} == {
-            "dataset",
-            "max_steps",
-        }
-        assert ours["dataset"] == "tatoeba_de_en" and ours["precision"] == "auto"
-    layers = {variant: study.flags(variant, 3, 0, "cpu")["encoder_layers"] for variant in study.variants}
+    assert set(study.variants) == {tatoeba_variant(r, s) for r in TATOEBA_ROWS for s in TATOEBA_SCHEDULES}
+    for row, base in TATOEBA_ROWS.items():
+        for schedule, changes in TATOEBA_SCHEDULES.items():
+            ours = study.flags(tatoeba_variant(row, schedule), 3, 0, "cpu")
+            theirs = {**paired.flags("residual", 3, 0, "cpu"), **base.flags}
+            differing = {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)}
+            assert differing <= {"dataset", "max_steps", "eval_strategy", "eval_steps", *changes}
+            assert {"dataset", "max_steps", "eval_strategy", "eval_steps"} <= differing
+            assert ours["eval_steps"] == ours["max_steps"] and ours["precision"] == "auto"
+            assert {key: ours[key] for key in changes} == changes
+    layers = {
+        row: study.flags(tatoeba_variant(row, "s1"), 3, 0, "cpu")["encoder_layers"] for row in TATOEBA_ROWS
+    }
     assert layers == {"residual": 3, "residual_x2": 6, "residual_x4": 12, "rk2": 3, "rk4": 3}
     data = load_task_data("seq2seq", DataSpec("shared", "tatoeba_de_en", source_lang="en", target_lang="de"))
     assert {split: rows.num_rows for split, rows in data.items()} == {
@@ -913,131 +921,133 @@ def test_the_tatoeba_depth_study_is_the_paired_recipe_on_tatoeba_with_its_own_bu
     }
 
 
-def gpu_batch(*args: str, **env: str):
-    """experiments/gpu_batch.sh run here (no GPU): its exit code, output and error output."""
-    import os
-    import subprocess
-    import sys
-
-    environment = {key: value for key, value in os.environ.items() if key not in ("BATCH", "POWER_SEEDS")}
-    environment.update(PYTHON=sys.executable, **env)
-    done = subprocess.run(
-        ["bash", str(runner.REPO / "experiments" / "gpu_batch.sh"), *args],
-        cwd=runner.REPO,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.returncode, done.stdout, done.stderr
-
-
-def test_the_gpu_batch_dry_run_prints_issue_54s_batches_in_order_as_valid_runner_calls():
-    """`gpu_batch.sh --dry-run`: the plan of issue 54's three batches, in its order and without a GPU; each printed
-    call parses as experiments.run's, and together they cover what the issue asks: (a) seeds 0-2 of every ptb_paper
-    row, residual and RK4 first, (b) residual / RK2 / RK4 of multi30k_paired in a batch of its own, with the seeds the power analysis of the
-    H200 batch asks for at Holm's first step over that batch's two tested rows, (c) residual with 3, 6 and 12
-    encoder layers on Tatoeba, then RK2 / RK4 at 3. A batch folder of another commit is refused."""
-    import shlex
-
-    code, out, err = gpu_batch(
-        "--dry-run", "570", "ptb:300", "ptbrest", "power", "depth", "depthrk", "paired"
-    )
-    assert code == 0, err
-    calls: dict[str, list] = {}
-    phase = None
-    for line in out.splitlines():
-        if line.startswith("  phase "):
-            phase = line.split()[1].rstrip(":")
-        elif line.startswith("  python3 -m experiments.run "):
-            args = runner.parse_args(shlex.split(line)[3:])
-            assert args.device == "cuda"
-            calls.setdefault(phase, []).append(args)
-    assert list(calls) == ["ptb", "ptbrest", "power", "depth", "depthrk", "paired"]
-
-    def runs(phase: str) -> set[tuple[int, str]]:
-        return {(seed, variant) for args in calls[phase] for seed in args.seeds for variant in args.only}
-
-    ptb = STUDIES["ptb_paper"]
-    assert {(args.study, args.batch) for args in calls["ptb"] + calls["ptbrest"]} == {("ptb_paper", "h200")}
-    assert runs("ptb") == {(seed, variant) for seed in (0, 1, 2) for variant in ("residual", "rk4")}
-    assert runs("ptb") | runs("ptbrest") == {
-        (seed, variant) for seed in (0, 1, 2) for variant in ptb.variants
-    }
-    assert "phase ptb: batch results/ptb_paper/cpu_h200, reads gpu_data/ptb, stops at 300 s" in out
-
-    (power,) = calls["power"]
-    assert (power.study, power.batch, power.only) == (
-        "multi30k_paired",
-        "h200power",
-        ["residual", "rk2", "rk4"],
-    )
-    assert power.seeds == list(range(len(power.seeds))) and len(power.seeds) >= 16
-    rows = {row["variant"]: row["BLEU"]["paired"] for row in json.loads(
-        (report_module.RESULTS / "multi30k_paired" / "cpu_h200" / "summary.json").read_text()
-    ) if row["variant"] in ("rk2", "rk4")}  # fmt: skip
-    holm_first_step = report_module.ALPHA / len(rows)
-    assert len(power.seeds) >= report_module.seeds_needed(
-        rows["rk4"]["gap"], rows["rk4"]["sd"], holm_first_step
-    )
-    for variant, row in rows.items():
-        paper = STUDIES["multi30k_paired"].paper_gap[variant]
-        assert len(power.seeds) >= report_module.seeds_needed(paper, row["sd"], holm_first_step)
-
-    assert {(args.study, args.batch) for args in calls["depth"] + calls["depthrk"]} == {
-        ("tatoeba_depth", "h200")
-    }
-    assert runs("depth") == {(s, v) for s in (0, 1, 2) for v in ("residual", "residual_x2", "residual_x4")}
-    assert runs("depthrk") == {(s, v) for s in (0, 1, 2) for v in ("rk2", "rk4")}
-    assert "only if: python3 -m experiments.depth_gate results/tatoeba_depth/cpu_h200" in out
-
-    # the H200 batch of 2026-11-26 ran at cf12255: more runs there would mix two commits in one batch
-    assert "REFUSED paired: results/multi30k_paired/cpu_h200 holds runs of commit cf12255" in out
-    assert out.count("REFUSED") == 1
-    code, out, _ = gpu_batch("--dry-run", "60", "power", BATCH="h100", POWER_SEEDS="16")
-    assert code == 0 and "--batch h100power --seeds " + " ".join(map(str, range(16))) + " --only" in out
-
-
-@pytest.mark.parametrize(
-    "args",
-    [("570",), ("ptb",), ("570", "ptb", "bogus"), ("570", "ptb+"), ("570", "depth+depthrk"), ("x", "ptb")],
-)
-def test_the_gpu_batch_refuses_bad_arguments_before_anything_runs(args):
-    code, out, err = gpu_batch("--dry-run", *args)
-    assert code == 2 and out == "" and err
-
-
-def test_the_depth_gate_is_the_reports_paired_t_test_with_holm(tmp_path, capsys):
-    """experiments.depth_gate: scipy's paired t-test p without scipy, Holm across the deeper rows; it opens the RK
-    phase only for a deeper row ahead beyond noise, from pairs of one commit, device and precision."""
+def test_the_depth_gates_t_tests_are_scipys_without_scipy():
+    """experiments.depth_gate runs where scipy may be missing: its two-sided paired p is ttest_1samp's, and its
+    non-inferiority p is the one-sided test of the differences plus the margin."""
     from scipy.stats import ttest_1samp
 
     from experiments import depth_gate
 
-    for differences in ([0.4, 1.1], [0.3, -0.2, 0.9], [1.0, 1.2, 0.8, 1.5], [0.1, -0.4, 0.3, 0.2, -0.1, 0.6]):
+    samples = (
+        [0.4, 1.1],
+        [0.3, -0.2, 0.9],
+        [1.0, 1.2, 0.8, 1.5],
+        [0.1, -0.4, 0.3, 0.2, -0.1, 0.6],
+        [-0.9, -0.2, -0.6],
+    )
+    for differences in samples:
         assert depth_gate.t_test_p(differences) == pytest.approx(
             ttest_1samp(differences, 0.0).pvalue, abs=1e-12
         )
+        shifted = [d + 0.5 for d in differences]
+        assert depth_gate.non_inferiority_p(differences, 0.5) == pytest.approx(
+            ttest_1samp(shifted, 0.0, alternative="greater").pvalue, abs=1e-12
+        )
     assert depth_gate.t_test_p([0.5, 0.5]) is None and depth_gate.t_test_p([0.5]) is None
 
-    def write(folder, variant, seed, bleu, commit="abc"):
-        record = fake_result(variant, seed, bleu, commit=commit)
-        (folder / f"{variant}-3-seed{seed}.json").write_text(json.dumps(record))
 
-    deeper = tmp_path / "deeper"
-    deeper.mkdir()
-    for seed, base in enumerate([30.0, 31.0, 29.5]):
-        write(deeper, "residual", seed, base)
-        write(deeper, "residual_x2", seed, base + 0.2 * (seed - 1))  # within noise
-        write(deeper, "residual_x4", seed, base + 1.5 + 0.05 * seed)  # ahead, the same on every seed
-    rows = {row["variant"]: row for row in depth_gate.deeper_rows(report_module.load_results(deeper))}
-    assert rows["residual_x4"]["pairs"] == 3 and rows["residual_x4"]["gap"] == pytest.approx(1.55)
-    assert rows["residual_x4"]["holm_p"] < 0.05 <= rows["residual_x2"]["holm_p"]
-    assert depth_gate.main([str(deeper)]) == 0
-    assert "depth helps beyond noise" in capsys.readouterr().out
+def probe_result(variant: str, seed: int, bleu: float, loss: float = 2.0, commit: str = "abc") -> dict:
+    return {
+        **fake_result(variant, seed, bleu, commit=commit),
+        "validation_curve": [{"step": 3000, "eval_loss": loss}],
+    }
 
-    # the same scores, but the deeper rows ran at another commit: no pairs, so nothing to open the phase with
-    for seed, base in enumerate([30.0, 31.0, 29.5]):
-        write(deeper, "residual_x4", seed, base + 1.5 + 0.05 * seed, commit="def")
-    assert depth_gate.main([str(deeper)]) == 1
-    assert depth_gate.main([str(tmp_path / "none")]) == 1
+
+def test_the_depth_probe_picks_schedules_then_gates_then_compares_on_fresh_seeds():
+    """Stage by stage: the schedule with the lowest validation loss on the tuning seed; the gate over the gate seeds
+    only; the comparison over the fresh seeds only, so a low 3-layer residual run that made the gate pass cannot
+    favour RK; the deeper rows join the comparison (non-inferiority at the margin) only once the gate has passed."""
+    from experiments import depth_gate
+    from experiments.studies import (
+        TATOEBA_FRESH_SEEDS,
+        TATOEBA_GATE_SEEDS,
+        TATOEBA_MARGIN,
+        TATOEBA_ROWS,
+        TATOEBA_SCHEDULES,
+        TATOEBA_TUNING_SEED,
+    )
+
+    assert (
+        not set(TATOEBA_GATE_SEEDS) & set(TATOEBA_FRESH_SEEDS)
+        and TATOEBA_TUNING_SEED not in TATOEBA_GATE_SEEDS
+    )
+    assert len(depth_gate.next_runs([])) == len(TATOEBA_ROWS) * len(TATOEBA_SCHEDULES)
+    # stage 1: residual_x4 learns best with the gentlest schedule, every other row with the recipe's
+    results = [
+        probe_result(
+            f"{row}_{s}",
+            TATOEBA_TUNING_SEED,
+            20.0,
+            loss=1.0 if (row == "residual_x4") == (s == "s3") else 2.0,
+        )
+        for row in TATOEBA_ROWS
+        for s in TATOEBA_SCHEDULES
+    ]
+    chosen = depth_gate.chosen_schedules(results)
+    assert chosen == {**dict.fromkeys(TATOEBA_ROWS, "s1"), "residual_x4": "s3"}
+    gate_runs = {(f"{r}_s1", s) for r in ("residual", "residual_x2") for s in TATOEBA_GATE_SEEDS}
+    gate_runs |= {("residual_x4_s3", s) for s in TATOEBA_GATE_SEEDS}
+    fresh_runs = {(f"{r}_s1", s) for r in ("residual", "rk2", "rk4") for s in TATOEBA_FRESH_SEEDS}
+    assert set(depth_gate.next_runs(results)) == gate_runs | fresh_runs
+    # stage 2: the gate's 3-layer runs happen to be low, so 12 layers is ahead by about 1 BLEU on every seed
+    for seed in TATOEBA_GATE_SEEDS:
+        results += [
+            probe_result("residual_s1", seed, 29.0),
+            probe_result("residual_x2_s1", seed, 29.0 + 0.3 * (-1) ** seed),
+            probe_result("residual_x4_s3", seed, 30.0 + 0.05 * (seed % 3)),
+        ]
+    # the fresh seeds: residual at 3 layers at its usual level, RK2 level with it, RK4 ahead
+    for index, seed in enumerate(TATOEBA_FRESH_SEEDS):
+        wobble = 0.1 * (index % 3 - 1)
+        results += [
+            probe_result("residual_s1", seed, 30.0),
+            probe_result("rk2_s1", seed, 30.0 + 2 * wobble),
+            probe_result("rk4_s1", seed, 30.8 + wobble),
+        ]
+    gate = {row["row"]: row for row in depth_gate.gate_rows(results, chosen)}
+    assert gate["residual_x4"]["pairs"] == len(TATOEBA_GATE_SEEDS) and gate["residual_x4"]["gap"] > 0.9
+    assert gate["residual_x4"]["holm_p"] < 0.05 and depth_gate.depth_helps(list(gate.values()))
+    equal = {row["row"]: row for row in depth_gate.comparison_rows(results, chosen, deeper_too=False)}
+    # the fresh seeds alone: RK4's gap is over residual's 30.0 there, not over the gate's low 29.0
+    assert equal["rk4"]["pairs"] == len(TATOEBA_FRESH_SEEDS)
+    assert equal["rk4"]["gap"] == pytest.approx(0.8 + 0.1 * statistics.fmean(i % 3 - 1 for i in range(10)))
+    assert abs(equal["rk2"]["gap"]) < 0.05 and equal["rk2"]["holm_p"] > 0.05
+    # stage 3: the gate passed, so the deeper rows run on the fresh seeds
+    assert set(depth_gate.next_runs(results)) == {("residual_x2_s1", s) for s in TATOEBA_FRESH_SEEDS} | {
+        ("residual_x4_s3", s) for s in TATOEBA_FRESH_SEEDS
+    }
+    for index, seed in enumerate(TATOEBA_FRESH_SEEDS):
+        results += [
+            probe_result("residual_x2_s1", seed, 30.0),
+            probe_result("residual_x4_s3", seed, 31.0 + 0.1 * (index % 2)),
+        ]
+    assert depth_gate.next_runs(results) == []
+    rows = {(r["row"], r["against"]): r for r in depth_gate.comparison_rows(results, chosen, deeper_too=True)}
+    # RK4 a few tenths behind 12 layers: within the margin, non-inferior; RK2 about a BLEU behind: not
+    behind = rows[("rk4", "residual_x4")]
+    assert behind["margin"] == TATOEBA_MARGIN and -0.35 < behind["gap"] < -0.15 and behind["holm_p"] < 0.05
+    assert (
+        rows[("rk2", "residual_x4")]["gap"] < -TATOEBA_MARGIN and rows[("rk2", "residual_x4")]["holm_p"] > 0.5
+    )
+
+
+def test_the_depth_gate_pairs_only_runs_of_one_commit(tmp_path, capsys):
+    from experiments import depth_gate
+    from experiments.studies import TATOEBA_GATE_SEEDS, TATOEBA_ROWS, TATOEBA_SCHEDULES, TATOEBA_TUNING_SEED
+
+    results = [
+        probe_result(f"{r}_{s}", TATOEBA_TUNING_SEED, 20.0) for r in TATOEBA_ROWS for s in TATOEBA_SCHEDULES
+    ]
+    for seed in TATOEBA_GATE_SEEDS:
+        results.append(probe_result("residual_s1", seed, 29.0))
+        results.append(probe_result("residual_x4_s1", seed, 31.0 + 0.1 * (seed % 2), commit="def"))
+    chosen = depth_gate.chosen_schedules(results)
+    pairs = {row["row"]: row["pairs"] for row in depth_gate.gate_rows(results, chosen)}
+    assert pairs == {"residual_x2": 0, "residual_x4": 0}
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    for index, result in enumerate(results):
+        (folder / f"run{index}-seed.json").write_text(json.dumps(result))
+    assert depth_gate.main([str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "schedules: residual s1" in out and "depth not shown to help" in out and "runs to go" in out

@@ -36,10 +36,24 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
         wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
     elif name in ("ptb_paper_bf16", "ptb_paper_amx", "multi30k_upcycle"):  # issues 54, 61, 45: seeds 0-2
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
-    else:  # issue 41: seeds 0-2 of every row, seeds 3-4 of residual, RK2 and RK4
-        wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
+    else:  # issue 41: seeds 0-2 of every row then, seeds 3-4 of residual, RK2 and RK4 (issue 61's row is the GPU's)
+        wanted = {(s, v) for s in (0, 1, 2) for v in study.variants if v != "rk2_gated"}
         wanted |= {(s, v) for s in (3, 4) for v in ("residual", "rk2", "rk4")}
     assert set(runs) == wanted
+
+
+def test_the_cpu_verdict_queue_follows_the_verdicts_tiers():
+    """ptb_paper_amx works through experiments.verdict's ptb tiers in order: every lane finishes its tier (a) runs
+    before any of tier (c), and the lanes together cover both tiers."""
+    from experiments.verdict import TIERS
+
+    q = queue.QUEUES["ptb_paper_amx"]
+    tiers = [t for t in TIERS if t.study == q.study]
+    rank = {(seed, variant): i for i, t in enumerate(tiers) for variant, seed in t.wanted([])}
+    lanes = [lane_runs(lane, STUDIES[q.study]) for lane in q.lanes]
+    assert {run for lane in lanes for run in lane} == set(rank)
+    for lane in lanes:
+        assert [rank[run] for run in lane] == sorted(rank[run] for run in lane)
 
 
 @pytest.mark.parametrize("name", sorted(queue.QUEUES))
