@@ -50,8 +50,8 @@ RESULTS = REPO / "results"
 LEASES = RESULTS / "leases"
 CARRY = REPO / ".lease"
 # The pinned commit of the GPU batches: the first with issue 61's study definitions (the default block in
-# multi30k_paired, the depth probe's stages) and this runner.
-COMMIT = "HEAD"
+# multi30k_paired, the depth probe's stages) and this runner. Every run of these batches trains with its code.
+COMMIT = "9a156c8"
 CORPORA = ("ptb", "multi30k", "tatoeba_de_en")  # the tiers' corpora, under .lease/data
 SLOTS = 6  # runs at a time on one GPU: multi30k_paired's H200 batch ran 6 at once, 2 threads each
 THREADS = 2

@@ -265,3 +265,19 @@ def test_the_readmes_statement_about_the_default_block_is_what_the_results_show(
     assert signs & better and signs - better  # ahead beyond noise somewhere, behind beyond noise somewhere
     readme = (lease.REPO / "README.md").read_text(encoding="utf-8")
     assert "In every committed diagnostic of it the gate is saturated on all tokens of every block" in readme
+
+
+def test_the_pinned_commit_knows_every_tier_and_flag_the_lease_uses():
+    """The lease runs COMMIT's experiments.run: it must know the flags the lease passes and the tiers' variants."""
+    shown = subprocess.run(
+        ["git", "show", f"{lease.COMMIT}:experiments/run.py", f"{lease.COMMIT}:experiments/studies.py"],
+        cwd=lease.REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    if shown.returncode:
+        pytest.skip(f"commit {lease.COMMIT} is not in this clone's history (a shallow clone)")
+    for flag in ("--batch", "--results", "--work-dir", "--seeds", "--only", "--threads", "--device"):
+        assert f'"{flag}"' in shown.stdout, flag
+    for tier in verdict.TIERS:
+        for variant in tier.variants:
+            assert f'"{variant}"' in shown.stdout, variant
+    assert "def tatoeba_variant" in shown.stdout
