@@ -1,9 +1,9 @@
 """torch.compile against eager, side by side in one run: training step time and greedy decoding speed of the
 residual and the RK4 model (benchmarks/common.py's variants, plain stacking, as against Marian).
 
-    .venv/bin/python -m benchmarks.bench_compile            # d 512, 6-6 (base dims); ~10 min on 2 cores
+    .venv/bin/python -m benchmarks.bench_compile            # d 512, 6-6 (base dims)
     .venv/bin/python -m benchmarks.bench_compile --quick    # tiny dims, a smoke run
-    .venv/bin/python -m benchmarks.bench_compile --dropout  # where compiled CPU training loses (~5 min)
+    .venv/bin/python -m benchmarks.bench_compile --dropout  # where compiled CPU training loses
 
 Writes <out-dir>/compile-<time stamp>.json and <out-dir>/compile.json/.md (the newest). Training: forward +
 backward + Adam on a fixed batch (fp32, dropout on); the compiled model is `torch.compile(model)` (inductor),

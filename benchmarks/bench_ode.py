@@ -1,6 +1,6 @@
 """Speed, memory and scaling of every ODE block against HF Marian, side by side, in one run.
 
-    .venv/bin/python -m benchmarks.bench_ode            # full run (base-like dims, ~10-15 min on 2 cores)
+    .venv/bin/python -m benchmarks.bench_ode            # full run (base-like dims)
     .venv/bin/python -m benchmarks.bench_ode --quick    # tiny dims, seconds (run by tests/test_benchmarks.py)
     .venv/bin/python -m benchmarks.bench_ode --device cuda   # on a GPU (memory from the CUDA allocator)
 

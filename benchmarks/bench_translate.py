@@ -1,7 +1,7 @@
 """Translation speed on CPU, side by side in one run: HF MarianMT, the ODE Transformer (residual, RK2 and RK4
 encoder blocks) in float32, in dynamic int8 and compiled, and CTranslate2's Marian in float32 and int8.
 
-    .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k (~20 min, 2 cores)
+    .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k
     .venv/bin/python -m benchmarks.bench_translate --quick        # tiny dims, a smoke run (tests/test_benchmarks.py)
 
 Every system translates the same random source sentences (random weights) into exactly `new_tokens` tokens
@@ -33,16 +33,16 @@ and four paths: PyTorch float32 and int8 (`load_for_generation`), ONNX float32 a
 exported into a temporary folder, decoded by `load_onnx_for_generation`, as `ode-translate --backend onnx`). The
 same interleaved rounds as above (`run_rounds`), best round; then BLEU / chrF (sacrebleu, as
 `ode_transformer.train.metrics` scores the demo) of float32, PyTorch int8 and ONNX int8 on the whole test split
-(batch 16, beam 4). Goals: each int8 path within 0.3 BLEU of float32, and the backend `ode-translate --backend auto`
+(batch 16, beam 4). Goals: each int8 path within `BLEU_WITHIN` BLEU of float32, and the backend `ode-translate --backend auto`
 picks (train/translate.py `FASTEST`) is the faster one measured at each setting and precision: where a row is
 unmet, refill `FASTEST` from this run's speeds. Writes <out-dir>/translate-real-<time stamp>.json and
 translate-real.json/.md.
 
-    .venv/bin/python -m ode_transformer.train.demo --output_dir outputs/libreoffice_demo   # the demo model (~20 min)
+    .venv/bin/python -m ode_transformer.train.demo --output_dir outputs/libreoffice_demo   # the demo model
     .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --threads 1
-        # 256 test sentences, best of 3, quality on all 1,453 (~20 min on 2 cores; an idle machine for the speeds)
+        # 256 test sentences, best of 3, quality on the whole test split (an idle machine for the speeds)
     .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --sentences 64 --rounds 2 \
-        --quality-sentences 0 --out-dir /tmp/real   # a short look at the speeds only (~3 min)
+        --quality-sentences 0 --out-dir /tmp/real   # a short look at the speeds only
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ FULL = {
     "new_tokens": 30,
     "batch1_sentences": 4,
     "rounds": 3,
-    "compile": MODELS,  # which int8 models also run compiled (10-60 s of compiling per batch shape)
+    "compile": MODELS,  # which int8 models also run compiled (each batch shape compiles anew)
 }
 QUICK = {
     "dims": TINY_DIMS,

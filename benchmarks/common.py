@@ -359,12 +359,12 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt options, from glibc's m
 def configure_process(threads: int, malloc: str) -> None:
     """Torch threads and the glibc malloc policy of this process (the main one and every worker alike).
 
-    `keep-freed` raises glibc's mmap and trim thresholds to 1 GiB, so freed tensor memory stays in the process
-    and is reused, as PyTorch's CUDA caching allocator does by design. With glibc's defaults (`default`) the
-    heap is trimmed and refilled every step once activations pass a few hundred MB: the RK4 training step of the
-    full run took ~130k minor page faults (~500 MB re-zeroed, ~0.6 s of system time) per step while the residual
-    and RK2 models took none, which put RK4 13% above its FLOP prediction. Users get the same with
-    MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 in the environment.
+    `keep-freed` raises glibc's mmap and trim thresholds far above one step's allocations, so freed tensor memory
+    stays in the process and is reused, as PyTorch's CUDA caching allocator does by design. With glibc's defaults
+    (`default`) the heap is trimmed and refilled every step once activations are large, which costs the RK4
+    training step page faults the residual and RK2 models do not take (the measurements: benchmarks/README.md,
+    "glibc malloc policy"). Users get the same with MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set to
+    `1 << 30` in the environment.
     """
     if malloc not in MALLOC_POLICIES:
         raise ValueError(f"malloc policy {malloc!r} is not one of {MALLOC_POLICIES}")

@@ -5,7 +5,7 @@ encoder (of its decoder for a language model), prints the mean per-token norm of
 every coefficient gamma_i, with the model in eval mode, on the first test sentences of the studies' corpora:
 Multi30k English sources for an encoder-decoder (the `multi30k` and `ablations` models), PTB test sentences as
 ``<s> words </s>`` (as `ode_transformer.train.run` trains them) for a language model. For the paper's gate (Eq. (learnable),
-`gated`, a softmax over stages) it also prints the share of tokens on which one stage carries more than 99% of
+`gated`, a softmax over stages) it also prints the share of tokens on which one stage carries more than 0.99 of
 the weight: a block whose gate does that on every token has collapsed to a single stage (g = 1: the residual
 block y + F(y) that still pays for F2; g = 0: y + F(y + F(y))).
 

@@ -3,7 +3,7 @@ pinned commit, so that a lease cut short keeps every finished run and the next l
 whatever main has become since.
 
     python -m experiments.lease carry                  # here, before a lease: .lease/ (the pinned code, corpora)
-    python -m experiments.lease plan 540 --device h200  # here: what a lease of 540 s would run, from measured costs
+    python -m experiments.lease plan 540 --device h200  # here: what a lease of that many seconds would run
     python -m experiments.lease run 540                 # there: the device tool's command (below)
     python -m experiments.lease collect FILES_AT        # here, after: the returned runs into results/
 

@@ -40,7 +40,7 @@ class Queue:
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
 QUEUES = {
     # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
-    # about the same time (an RK4 epoch takes about 3x a residual one here).
+    # about the same time (an RK4 epoch takes several times a residual one).
     "ptb_paper": Queue(
         study="ptb_paper",
         commit="077866b",

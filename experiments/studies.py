@@ -748,8 +748,8 @@ CNNDM = Study(
         "per_device_eval_batch_size": 16,
     },
     sizes={
-        # 1,000 updates over the first 400 tokens wrote no summary at all (loss 6.5, ROUGE-1 0.66: commit
-        # 6ba22aa); the lead of an article holds most of its summary, so the cpu size reads 200 tokens
+        # Reading the first 400 tokens, the cpu-size model wrote no summary at all (commit 6ba22aa); the lead
+        # of an article holds most of its summary, so the cpu size reads 200 tokens
         # (twice the articles per 4K-token batch) for twice the updates.
         "cpu": {
             **SMALL_SEQ2SEQ,

@@ -175,7 +175,7 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
             # No IO binding: on the CPU `session.run` reads these numpy views of the cache in place and returns
             # arrays over onnxruntime's own buffers (which `torch.from_numpy` shares), so no step copies the cache
             # outside the graph but beam search's reordering of the self-attention slots. Binding preallocated
-            # buffers (`io_binding`) measured no faster, fp32 and int8, batch 16 beam 4 and batch 1 (issue 57).
+            # buffers (`io_binding`) gains nothing here (docs/performance.md).
             feed = {
                 "input_ids": tokens,
                 "encoder_attention_mask": mask,

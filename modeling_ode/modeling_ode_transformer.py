@@ -1594,8 +1594,8 @@ def seq2seq_output(
     )
 
 
-# Beam search gets a `BeamSearchCache`; greedy search and sampling keep transformers' dynamic cache (preallocating
-# was no faster there in an uncommitted probe: docs/performance.md).
+# Beam search gets a `BeamSearchCache`; greedy search and sampling keep transformers' dynamic cache, where
+# preallocating gains nothing (docs/performance.md).
 BEAM_SEARCH_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
 
 

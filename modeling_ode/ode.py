@@ -353,8 +353,8 @@ GATE_INPUTS: dict[GateInputName, str] = {
 }
 
 
-# How a gate starts. Beyond the paper: its W meets stage norms that grow to 24-147 in our trained models, so a
-# xavier-initialised gate is saturated within a few hundred updates (results/README.md); "tableau" starts every
+# How a gate starts. Beyond the paper: its W meets stage norms that grow large in our trained models, so a
+# xavier-initialised gate saturates early in training (results/README.md); "tableau" starts every
 # gated block as its method's fixed tableau (RK2: g = 1/2), from which the gate learns. "euler" starts it as close to
 # the residual block y + F1 as a gate can be (a finite logit never gives a weight of exactly 1 or 0): for a residual
 # model converted to RK blocks (`ODETransformerForConditionalGeneration.from_residual`).

@@ -228,7 +228,7 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
     assert all(folder in line for line in out.splitlines() if "--results" in line)
     steps = gpu_suite.plan(Path(folder), "cuda", "stamp")
     assert [step.name for step in steps if step.timed] == ["bench-marian-base"], "only the benchmark times"
-    # The checks at once, then the benchmark: one device command (10 minutes at most) holds the suite.
+    # The checks at once, then the benchmark: one device command (its limit, at most) holds the suite.
     assert (
         gpu_suite.planned_seconds(steps)
         == max(s.limit_s for s in steps if not s.timed) + gpu_suite.BENCH_LIMIT_S
@@ -239,7 +239,7 @@ def test_gpu_suite_dry_run_plans_every_step_and_runs_nothing(tmp_path, capsys):
 def test_gpu_suite_runs_the_checks_at_once_then_the_timings_and_stops_a_step_at_its_limit(tmp_path, capsys):
     """Check "a" ends only once check "b" has run, so it passes only if the two run at once, and each is recorded
     as it ends, with its own seconds; the timing step sleeps past its limit and is recorded as timed out, and the
-    process it started is stopped with it (else it would write its file 3 s later). `--only` runs the named steps
+    process it started is stopped with it (else it would write its file after the suite ended). `--only` runs the named steps
     and refuses an unknown one."""
     from benchmarks import gpu_suite
 

@@ -1,5 +1,5 @@
 """The demo: its defaults (a step budget, no time budget) and end to end with a tiny model and a few steps
-(the real run trains ~15 minutes)."""
+(the real run trains for its full step budget)."""
 
 from __future__ import annotations
 

@@ -348,7 +348,7 @@ def test_the_interval_of_three_differences_by_hand():
 def test_power_lines_by_hand_and_by_simulation():
     """The paired t-test's power from the noncentral t: the textbook sample sizes (a two-sided one-sample t-test at
     alpha 0.05 and 80% power needs 34 pairs for an effect of half an sd, 15 for 0.8 sd), the smallest such n (one
-    fewer falls short), a detectable gap that a simulation of the test detects 80% of the time, and the table's
+    fewer falls short), a detectable gap that a simulation of the test detects as often as that power says, and the table's
     lines: at alpha 0.05 and at Holm's first step over the table's tested rows."""
     import numpy as np
     from scipy.stats import t
@@ -989,7 +989,7 @@ def test_the_depth_probe_picks_schedules_then_gates_then_compares_on_fresh_seeds
     gate_runs |= {("residual_x4_s3", s) for s in TATOEBA_GATE_SEEDS}
     fresh_runs = {(f"{r}_s1", s) for r in ("residual", "rk2", "rk4") for s in TATOEBA_FRESH_SEEDS}
     assert set(depth_gate.next_runs(results)) == gate_runs | fresh_runs
-    # stage 2: the gate's 3-layer runs happen to be low, so 12 layers is ahead by about 1 BLEU on every seed
+    # stage 2: the gate's 3-layer runs happen to be low, so 12 layers is ahead on every seed
     for seed in TATOEBA_GATE_SEEDS:
         results += [
             probe_result("residual_s1", seed, 29.0),

@@ -1300,7 +1300,7 @@ def test_a_checkpoint_file_in_any_pickle_format_or_cut_off_is_refused_by_name(tm
 def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_allocating(
     tmp_path, monkeypatch
 ):
-    """#56 row 15: `vocab_size` 2e8 in config.json allocated 12.8 GB before any check; a JSON list gave a raw
+    """#56 row 15: `vocab_size` 2e8 in config.json allocated its embeddings before any check; a JSON list gave a raw
     TypeError from inside transformers. Both are now refused by name before the model is built."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)

@@ -324,7 +324,7 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     # its fused flash kernel or its math kernel depending on process state (grad mode, `sdpa_kernel` /
     # `enable_flash_sdp` flags, shapes), and GEMM reductions depend on the thread count; the kernels round
     # differently. On these inputs math vs flash differ by 4.8e-7 in the causal logits (4 float32 ulp at |x| ~ 1),
-    # the difference seen when this test compared with torch.equal. So compare within 1e-5 (20x that; a wrong or
+    # the difference seen when this test compared with torch.equal. So compare within 1e-5 (well above that; a wrong or
     # untied weight, or another config, moves logits by > 1e-2), and check the math kernel's logits as well.
     for name in ("seq2seq", "causal"):
         for kernel in (name, f"{name}_math"):

@@ -195,7 +195,7 @@ def test_the_plan_fits_the_lease_in_priority_order_with_measured_costs(tmp_path)
     plan = lease.simulate(waiting, costs, 600, slots=2)
     names = [(start, run.name) for start, run in plan]
     assert names == [
-        (0.0, "big/residual-seed0"),  # rk4's 700 s never fits 600 s
+        (0.0, "big/residual-seed0"),  # rk4's cost never fits the lease
         (0.0, "small/residual-seed0"),  # median of 150 and 250
         (200.0, "small/residual-seed1"),
         (300.0, "small/residual-seed2"),

@@ -397,7 +397,7 @@ def test_gleu_by_hand():
     expected = (9 / 11 * 7 / 10 * 5 / 9 * 3 / 8) ** 0.25
     assert gleu_score([src], [hyp], [[ref]])["gleu"] == pytest.approx(100 * expected)
     # copying the source: 1: 9 - 2 = 7 of 11, 2: 7 - 3 = 4 of 10, 3: 5 - 4 = 1 of 9,
-    #   4: 4 - 4 = 0 of 8 -> GLEU 0 (corpus GLEU is not smoothed)
+    #   4: 4 - 4 = 0 of 8 -> a GLEU of zero (corpus GLEU is not smoothed)
     assert gleu_score([src], [src], [[ref]])["gleu"] == 0.0
     assert gleu_score([src, src], [hyp, src], [[ref, ref]])["gleu"] == pytest.approx(
         100 * ((9 + 7) / 22 * (7 + 4) / 20 * (5 + 1) / 18 * (3 + 0) / 16) ** 0.25

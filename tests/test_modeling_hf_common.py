@@ -198,7 +198,7 @@ class _ODECommonTests(ModelTesterMixin):
     @classmethod
     def setUpClass(cls):
         # Tiny models: intra-op threads only add synchronisation, and under `pytest -n 2` on two cores they
-        # oversubscribe the CPU (measured: 7x slower). One thread per test process; restored afterwards.
+        # oversubscribe the CPU (several times slower). One thread per test process; restored afterwards.
         super().setUpClass()
         cls._torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)

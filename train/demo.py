@@ -2,7 +2,7 @@
 
 ``python -m ode_transformer.train.demo [--max_steps N] [--output_dir DIR] [ode_transformer.train.run flags ...]``
 
-1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``, ~15 s);
+1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``);
 2. trains a joint BPE (8k) on its training split;
 3. trains an RK2-gated encoder / Euler decoder model (d 192, 3-3 layers, 2K-token batches; bf16 autocast where
    the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`ode_transformer.train.precision`) with the recipe

@@ -20,9 +20,8 @@ Held-out split BY HELP PAGE: every page (one ``.html`` file, a document) goes wh
 chosen by a hash of its path (:func:`split_of_page`: :data:`DEV_PERCENT` % of the pages to dev,
 :data:`TEST_PERCENT` % to test), so dev and test are unseen documents from every help module, the
 same domain as training. Training pairs whose English or German side also occurs in dev or test
-are dropped from train, so the held-out sets share no segment with it. (Earlier versions held out
-whole modules, charts and the formula editor for test: an out-of-domain test set on which no
-1,200-update recipe we tried passed BLEU 11.5; README, "The demo".)
+are dropped from train, so the held-out sets share no segment with it. (A test set of whole held-out
+modules is out of domain: docs/training.md, "Why the test set changed".)
 
 Outputs in the cache folder (default ``.cache/libreoffice-help`` in the repo): ``train.{en,de}``,
 ``dev.{en,de}``, ``test.{en,de}`` (one segment per line) and ``stats.json`` (counts per split and

@@ -1,0 +1,84 @@
+"""The code's shape: no measured figures in comments, the formatter followed, docs/architecture.md's map true to
+the tree, and its import layers kept (import-linter's contracts in pyproject.toml)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+# Every folder of Python code; results and benchmark results are generated, not code.
+CODE_FOLDERS = ("modeling_ode", "ode_transformer", "train", "hub", "experiments", "benchmarks", "tests")
+
+
+def python_files(*folders: str) -> list[Path]:
+    return sorted(path for folder in folders for path in (REPO / folder).rglob("*.py"))
+
+
+# --- no measured figures in comments -------------------------------------------------------------------------------
+# A figure is a number with a unit of time, memory or speed, a percentage or a multiple ("3x"), or a number beside
+# a metric's name. Measured figures live in results files and in the docs that cite them; in a comment they go stale
+# unseen. Statistical settings (a 95% interval, 80% power) are not measurements.
+_NUMBER = r"(?<![\w.^])~?\d+(?:\.\d+)?"
+_UNIT = r"(?:ms|µs|s|sec|seconds?|min|minutes?|hours?|[KMGT]i?B|tok/s|tokens/s|it/s)\b"
+_METRIC = r"(?:BLEU|chrF|ROUGE(?:-\w+)?|GLEU|perplexity|ppl|loss)"
+FIGURE = re.compile(
+    rf"{_NUMBER}\s*{_UNIT}"
+    rf"|{_NUMBER}%(?!\s*(?:confidence|CI|power|interval))"
+    rf"|{_NUMBER}x\b"
+    rf"|{_METRIC}\s+{_NUMBER}(?![\w.])"
+    rf"|{_NUMBER}\s+{_METRIC}\b"
+)
+
+
+def comments(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of ``source``."""
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                found.append((node.body[0].lineno, docstring))
+    return found
+
+
+def figures(source: str) -> list[tuple[int, str]]:
+    return sorted(
+        (line + text[: match.start()].count("\n"), match.group(0))
+        for line, text in comments(source)
+        for match in FIGURE.finditer(text)
+    )
+
+
+def test_the_figure_check_catches_measurements_and_passes_settings():
+    caught = '''"""Decodes fast (~20 min on 2 cores)."""
+x = 1  # RK4 took ~0.6 s of system time
+y = 2  # 13% above its prediction
+z = 3  # an epoch takes about 3x a residual one
+w = 4  # no summary at all (loss 6.5, ROUGE-1 0.66)
+v = 5  # the int8 path lost 0.3 BLEU
+'''
+    assert [line for line, _ in figures(caught)] == [1, 2, 3, 4, 5, 5, 6]
+    passed = '''"""The paper's 10k vocabulary, 2K-token batches, a 95% confidence interval, 80% power."""
+x = 1  # SacreBLEU 13a; 2 n^3 FLOPs; d 512, 6-6 layers; batch 16 x 32
+y = "took 3 s"  # a string is not a comment
+'''
+    assert figures(passed) == []
+
+
+def test_no_comment_or_docstring_quotes_a_measured_figure():
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {figure}"
+        for path in python_files(*CODE_FOLDERS)
+        if path.name != "test_architecture.py"
+        for line, figure in figures(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "measured figures belong in results files and the docs:\n" + "\n".join(found)
