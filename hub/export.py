@@ -4,7 +4,7 @@
       config.json              with auto_map -> the code below (AutoConfig, AutoModel and the model's auto class)
       model.safetensors        the weights (tied weights stored once)
       generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
-      configuration_ode_transformer.py, modeling_ode_transformer.py, ode.py
+      configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)

@@ -308,6 +308,21 @@ ODE_FUNCTIONS: dict[ODEFunctionName, str] = {
     "sublayers": "each sublayer separately (every sublayer is its own ODE block)",
 }
 
+# The sublayers of a layer, by their module names (also those of their weights).
+SELF_ATTENTION, CROSS_ATTENTION, FFN = "self_attn", "encoder_attn", "ffn"
+
+
+def ode_groups(ode_function: str, sublayers: tuple[str, ...]) -> list[tuple[tuple[str, ...], bool]]:
+    """Split a layer's sublayers into blocks: (sublayer names, is an ODE block). Sublayers outside F stay
+    plain residual blocks (Figure "components")."""
+    if ode_function == "layer":
+        return [(sublayers, True)]
+    if ode_function == "sublayers":
+        return [((name,), True) for name in sublayers]
+    ode_sublayer = SELF_ATTENTION if ode_function == "attention" else FFN
+    return [((name,), name == ode_sublayer) for name in sublayers]
+
+
 # How blocks are stacked (Table "comparison").
 LayerConnectionName = Literal[
     "residual", "dense", "learnable_dense", "leapfrog", "multistep", "predictor_corrector"

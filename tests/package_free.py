@@ -28,7 +28,13 @@ PRELUDE = textwrap.dedent(
 
 def run_package_free(code: str, cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run ``code`` (with ``args`` in ``sys.argv[1:]``) in ``cwd``; the caller checks ``returncode``."""
-    paths = [p for p in [*site.getsitepackages(), site.getusersitepackages()] if Path(p).is_dir()]
+    # the site directories, and those a `.pth` file chains in (a venv that borrows another's packages)
+    chained = [p for p in sys.path if Path(p).name == "site-packages"]
+    paths = [
+        p
+        for p in dict.fromkeys([*site.getsitepackages(), site.getusersitepackages(), *chained])
+        if Path(p).is_dir()
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_"))}
     env |= {
         "HF_HUB_OFFLINE": "1",

@@ -82,3 +82,27 @@ def test_no_comment_or_docstring_quotes_a_measured_figure():
         for line, figure in figures(path.read_text(encoding="utf-8"))
     ]
     assert found == [], "measured figures belong in results files and the docs:\n" + "\n".join(found)
+
+
+# --- the cache in its own file ---------------------------------------------------------------------------------------
+
+
+def test_the_cache_lives_in_cache_ode_and_attention_never_asks_its_class():
+    """The per-stage layout, the beam-search cache, its attention and the generation hook are in cache_ode.py (an
+    exported folder ships it); attention reads a cache through the contract documented on `BeamSearchCache`."""
+    import inspect
+
+    from modeling_ode import cache_ode, modeling_ode_transformer
+
+    for name in (
+        "StageCacheLayout",
+        "BeamSlot",
+        "BeamSearchCache",
+        "beam_attention_forward",
+        "ODEGenerationMixin",
+    ):
+        assert getattr(cache_ode, name).__module__ == "modeling_ode.cache_ode", name
+    attention = inspect.getsource(modeling_ode_transformer.ODETransformerAttention)
+    for cache_class in ("BeamSearchCache", "BeamSlot", "DynamicCache", "StaticCache"):
+        assert cache_class not in attention, cache_class
+    assert "beams_per_source(cache)" in inspect.getdoc(cache_ode.BeamSearchCache)

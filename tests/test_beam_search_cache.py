@@ -4,16 +4,11 @@ against transformers' `DynamicCache`, which reorders beams by copying, and again
 import pytest
 import torch
 from decoding import PAD, causal_lm, source_batch, tiny
-from torch import nn
 from transformers import DynamicCache
 
-from modeling_ode import ODETransformerForConditionalGeneration
-from modeling_ode.modeling_ode_transformer import (
-    BeamSearchCache,
-    beam_attention_forward,
-    eager_attention_forward,
-    self_attention_cache,
-)
+from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
+from modeling_ode.cache_ode import BeamSearchCache, beam_attention_forward, self_attention_cache
+from modeling_ode.modeling_ode_transformer import ODETransformerAttention, eager_attention_forward
 
 
 @pytest.mark.parametrize("beams,query_length", [(1, 1), (3, 1), (3, 2)])
@@ -24,7 +19,8 @@ def test_attention_over_the_cache_equals_attention_over_a_cache_reordered_by_cop
     torch.manual_seed(0)
     sources, heads, head_dim = 2, 2, 4
     rows = sources * beams
-    module = nn.Module().eval()
+    config = ODETransformerConfig.from_preset("tiny", d_model=heads * head_dim, max_relative_position=0)
+    module = ODETransformerAttention(config, heads, is_cross_attention=False).eval()
     cache, copied = BeamSearchCache(num_slots=1, num_beams=beams), DynamicCache()
     for _ in range(24):
         key, value, query = (torch.randn(rows, heads, query_length, head_dim) for _three in range(3))
