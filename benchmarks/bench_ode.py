@@ -276,7 +276,12 @@ TARGETS: list[tuple[str, list[str], list[str], str, float]] = [
 
 _TRAINING_PAIRS = [
     ("ode_checkpoint_stages speed cost: rk2_ckpt / rk2 step time", "step_s", "rk2_ckpt", "rk2"),
-    ("paper features (RPR + dense): residual_paper / residual step time", "step_s", "residual_paper", "residual"),
+    (
+        "paper features (RPR + dense): residual_paper / residual step time",
+        "step_s",
+        "residual_paper",
+        "residual",
+    ),
     ("paper features: residual_paper / residual peak memory", "tensor_peak_mb", "residual_paper", "residual"),
     ("paper model: rk2_gated_paper / residual step time", "step_s", "rk2_gated_paper", "residual"),
     ("paper model: rk2_gated_paper / residual peak memory", "tensor_peak_mb", "rk2_gated_paper", "residual"),
@@ -292,7 +297,7 @@ _TRAINING_PAIRS = [
     ("process RSS peak (with allocator slack): residual / marian", "peak_mem_mb", "residual", "marian"),
     ("process RSS peak: rk2 / residual", "peak_mem_mb", "rk2", "residual"),
     ("process RSS peak: rk2_ckpt / residual", "peak_mem_mb", "rk2_ckpt", "residual"),
-]  # fmt: skip
+]
 INFORMATIVE: list[tuple[str, list[str], list[str]]] = [
     *[
         (f"{name} ({d})", _training(d, a, metric), _training(d, b, metric))
@@ -409,40 +414,78 @@ def markdown(results: dict) -> str:
         "",
         "## Targets",
         "",
-        *_table("lrrc", ["target", "ratio", "goal", "met"], [
-            [_bf16_marked(row["name"], m), f"{row['ratio']:.3f}", f"{row['op']} {row['target']}",
-             "yes" if row["met"] else "**no**"]
-            for row in results["targets"]
-        ]),
+        *_table(
+            "lrrc",
+            ["target", "ratio", "goal", "met"],
+            [
+                [
+                    _bf16_marked(row["name"], m),
+                    f"{row['ratio']:.3f}",
+                    f"{row['op']} {row['target']}",
+                    "yes" if row["met"] else "**no**",
+                ]
+                for row in results["targets"]
+            ],
+        ),
         "",
-        *_table("lr", ["other ratio", "value"], [[_bf16_marked(row["name"], m), f"{row['ratio']:.3f}"] for row in results["informative"]]),
+        *_table(
+            "lr",
+            ["other ratio", "value"],
+            [[_bf16_marked(row["name"], m), f"{row['ratio']:.3f}"] for row in results["informative"]],
+        ),
         "",
         "## Training (forward + backward + Adam step)",
         "",
-        *_table("llrrrrrrr", [
-            "model", "dtype", "s/step", "target tok/s", f"peak MB ({peak})", "live-tensor peak MB", "train GFLOP/step",
-            "achieved GFLOP/s", "% of matmul peak",
-        ], [
+        *_table(
+            "llrrrrrrr",
             [
-                name, dtype + ("" if dtype == "fp32" or _native_bf16(m) else " (emulated)"), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_mem_mb']:.0f}",
-                f"{r['tensor_peak_mb']:.0f}", f"{r['train_flops_per_step'] / 1e9:.1f}", f"{r['achieved_gflops']:.1f}",
-                f"{100 * r['achieved_gflops'] / results['matmul'][f'{dtype}_gflops']:.1f}",
-            ]
-            for dtype in ("fp32", "bf16")
-            for name, r in results["training"][dtype].items()
-        ]),
-    ]  # fmt: skip
+                "model",
+                "dtype",
+                "s/step",
+                "target tok/s",
+                f"peak MB ({peak})",
+                "live-tensor peak MB",
+                "train GFLOP/step",
+                "achieved GFLOP/s",
+                "% of matmul peak",
+            ],
+            [
+                [
+                    name,
+                    dtype + ("" if dtype == "fp32" or _native_bf16(m) else " (emulated)"),
+                    f"{r['step_s']:.3f}",
+                    f"{r['tokens_per_s']:.0f}",
+                    f"{r['peak_mem_mb']:.0f}",
+                    f"{r['tensor_peak_mb']:.0f}",
+                    f"{r['train_flops_per_step'] / 1e9:.1f}",
+                    f"{r['achieved_gflops']:.1f}",
+                    f"{100 * r['achieved_gflops'] / results['matmul'][f'{dtype}_gflops']:.1f}",
+                ]
+                for dtype in ("fp32", "bf16")
+                for name, r in results["training"][dtype].items()
+            ],
+        ),
+    ]
     inf = results["settings"]["infer"]
     lines += [
         "",
         f"## Inference (fp32, batch {inf['batch']} x {inf['src_len']} source tokens, {inf['new_tokens']} new tokens, "
         "KV cache)",
         "",
-        *_table("lrrr", ["model", "beam-4 sentences/s", "greedy tokens/s", "encoder forward ms"], [
-            [name, f"{r['beam4_sentences_per_s']:.2f}", f"{r['greedy_tokens_per_s']:.1f}", f"{r['encoder_forward_ms']:.1f}"]
-            for name, r in results["inference"].items()
-        ]),
-    ]  # fmt: skip
+        *_table(
+            "lrrr",
+            ["model", "beam-4 sentences/s", "greedy tokens/s", "encoder forward ms"],
+            [
+                [
+                    name,
+                    f"{r['beam4_sentences_per_s']:.2f}",
+                    f"{r['greedy_tokens_per_s']:.1f}",
+                    f"{r['encoder_forward_ms']:.1f}",
+                ]
+                for name, r in results["inference"].items()
+            ],
+        ),
+    ]
     sc = results["scaling"]
     lines += [
         "",
@@ -452,14 +495,28 @@ def markdown(results: dict) -> str:
         "",
         f"Sequence length ({sc['length_tokens_per_batch']} tokens per batch):",
         "",
-        *_table("rlrrrrr", ["length", "method", "batch", "s/step", f"peak MB ({peak})", "time / Euler", "memory / Euler"],
-                _scaling_rows(sc["length"], "length")),
+        *_table(
+            "rlrrrrr",
+            ["length", "method", "batch", "s/step", f"peak MB ({peak})", "time / Euler", "memory / Euler"],
+            _scaling_rows(sc["length"], "length"),
+        ),
         "",
         f"Encoder depth ({sc['depth_batch']} x {sc['depth_length']} tokens):",
         "",
-        *_table("rlrrrrr", ["layers", "method", "s/step", f"peak MB ({peak})", "time / Euler", "memory / Euler",
-                            "time / shallowest"], _scaling_rows(sc["depth"], "layers")),
-    ]  # fmt: skip
+        *_table(
+            "rlrrrrr",
+            [
+                "layers",
+                "method",
+                "s/step",
+                f"peak MB ({peak})",
+                "time / Euler",
+                "memory / Euler",
+                "time / shallowest",
+            ],
+            _scaling_rows(sc["depth"], "layers"),
+        ),
+    ]
     lines += [
         "",
         "## FLOP count",

@@ -531,8 +531,14 @@ def markdown(results: dict) -> str:
         )
     profiles = (  # (results key, system, profiler, the columns for time and count)
         ("profiles", "residual-int8", "torch.profiler, self CPU time", "self ms", "calls"),
-        ("onnx_profiles", "residual-onnx-int8", "onnxruntime's profiler, kernel time by operator type", "ms", "nodes run"),
-    )  # fmt: skip
+        (
+            "onnx_profiles",
+            "residual-onnx-int8",
+            "onnxruntime's profiler, kernel time by operator type",
+            "ms",
+            "nodes run",
+        ),
+    )
     for key, system, profiler, time_column, count_column in profiles:
         for setting, ops in results[key].items():
             lines += ["", f"## Profile: {system}, {setting.replace('_', ', ')} ({profiler})", ""]
@@ -556,8 +562,13 @@ def graph_table(setting: str, by_model: dict, flops: dict) -> list[str]:
         "",
     ]
     lines += ["Milliseconds over the setting's calls; ratio = RK / residual, time and matmul FLOPs.", ""]
-    lines += ["| part | " + " | ".join(f"{m} ms" for m in MODELS) + " | " + " | ".join(
-        f"{m} time ratio | {m} FLOP ratio" for m in MODELS[1:]) + " |"]  # fmt: skip
+    lines += [
+        "| part | "
+        + " | ".join(f"{m} ms" for m in MODELS)
+        + " | "
+        + " | ".join(f"{m} time ratio | {m} FLOP ratio" for m in MODELS[1:])
+        + " |"
+    ]
     lines += ["|---|" + "---:|" * (len(MODELS) + 2 * (len(MODELS) - 1))]
     for part, graphs in parts.items():
         ms = {m: sum(by_model[m].get(g, 0.0) for g in graphs) for m in MODELS}
@@ -586,9 +597,8 @@ REAL_SYSTEMS = {  # name -> (ode-translate --backend, --quantize)
     "onnx-int8": ("onnx", "int8"),
 }
 QUALITY_SYSTEMS = ("pytorch-fp32", "pytorch-int8", "onnx-int8")
-QUALITY_SETTING = (
-    "batch16_beam4"  # dynamic int8 quantises each batch as a whole: its hypotheses depend on batching
-)
+# dynamic int8 quantises each batch as a whole: its hypotheses depend on batching
+QUALITY_SETTING = "batch16_beam4"
 BLEU_WITHIN = 0.3  # issue #57: each int8 path's BLEU within this of fp32's
 
 
@@ -690,12 +700,14 @@ def real_goals(results: dict) -> list[dict]:
         difference = None
         if name in scores and "pytorch-fp32" in scores:
             difference = scores[name]["bleu"] - scores["pytorch-fp32"]["bleu"]
-        rows.append({
-            "goal": f"{name} BLEU within {BLEU_WITHIN} of pytorch-fp32",
-            "setting": "quality",
-            "value": difference,
-            "met": None if difference is None else abs(difference) <= BLEU_WITHIN,
-        })  # fmt: skip
+        rows.append(
+            {
+                "goal": f"{name} BLEU within {BLEU_WITHIN} of pytorch-fp32",
+                "setting": "quality",
+                "value": difference,
+                "met": None if difference is None else abs(difference) <= BLEU_WITHIN,
+            }
+        )
     for setting in REAL_SETTINGS:
         batch, beams = SETTINGS[setting]
         for precision, suffix in (("float32", "fp32"), ("int8", "int8")):
@@ -704,12 +716,14 @@ def real_goals(results: dict) -> list[dict]:
                 b: results["sentences_per_s"][setting].get(f"{b}-{suffix}") for b in ("pytorch", "onnx")
             }
             fastest = max(speeds, key=speeds.get) if None not in speeds.values() else None
-            rows.append({
-                "goal": f"ode-translate --backend auto ({precision}) picks the faster path (train/translate.py FASTEST)",
-                "setting": setting,
-                "value": {"picked": picked, "fastest": fastest, "sentences_per_s": speeds},
-                "met": None if fastest is None else picked == fastest,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "goal": f"ode-translate --backend auto ({precision}) picks the faster path (train/translate.py FASTEST)",
+                    "setting": setting,
+                    "value": {"picked": picked, "fastest": fastest, "sentences_per_s": speeds},
+                    "met": None if fastest is None else picked == fastest,
+                }
+            )
     return rows
 
 
@@ -838,18 +852,25 @@ def main(argv: list[str] | None = None) -> dict:
     )
     real = parser.add_argument_group("real text (issue #57)")
     real.add_argument(
-        "--real-text", type=Path, metavar="MODEL_DIR",
+        "--real-text",
+        type=Path,
+        metavar="MODEL_DIR",
         help="time a trained model folder on real sentences (the demo's: python -m ode_transformer.train.demo)",
-    )  # fmt: skip
+    )
     real.add_argument("--sentences", type=positive_int, default=None, help="sentences timed (default 256)")
     real.add_argument(
-        "--quality-sentences", type=int, default=None,
+        "--quality-sentences",
+        type=int,
+        default=None,
         help="sentences scored for BLEU / chrF (default: the whole test split; 0: none)",
-    )  # fmt: skip
+    )
     real.add_argument(
-        "--test-files", type=Path, nargs=2, metavar=("SOURCE", "REFERENCE"),
+        "--test-files",
+        type=Path,
+        nargs=2,
+        metavar=("SOURCE", "REFERENCE"),
         help="parallel text files in place of the demo's test split",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.real_text is None and (args.sentences or args.quality_sentences is not None or args.test_files):
         parser.error("--sentences, --quality-sentences and --test-files belong to --real-text MODEL_DIR")

@@ -94,13 +94,25 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
     steps = [
         Step(
             f"tests-{dtype}",
-            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "4", "-m", "not slow", *TEST_SUBSET,
-             f"--junitxml={folder / f'tests-{dtype}.xml'}"],
+            [
+                python,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-n",
+                "4",
+                "-m",
+                "not slow",
+                *TEST_SUBSET,
+                f"--junitxml={folder / f'tests-{dtype}.xml'}",
+            ],
             TEST_LIMIT_S,
             {"ODE_TEST_DEVICE": device, "ODE_TEST_DTYPE": dtype},
         )
         for dtype in TEST_DTYPES
-    ]  # fmt: skip
+    ]
     steps.append(
         Step(
             "bench-marian-base",
@@ -124,13 +136,30 @@ def plan(folder: Path, device: str, stamp: str) -> list[Step]:
         steps.append(
             Step(
                 f"train-{study}-{variant}",
-                [python, "-m", "experiments.run", study, "--size", "paper", "--device", device,
-                 "--only", variant, "--seeds", str(seed), "--depths", str(depth),
-                 "--results", str(folder / "experiments"), "--work-dir", str(REPO / "runs" / f"gpu-check-{stamp}"),
-                 *overrides],
+                [
+                    python,
+                    "-m",
+                    "experiments.run",
+                    study,
+                    "--size",
+                    "paper",
+                    "--device",
+                    device,
+                    "--only",
+                    variant,
+                    "--seeds",
+                    str(seed),
+                    "--depths",
+                    str(depth),
+                    "--results",
+                    str(folder / "experiments"),
+                    "--work-dir",
+                    str(REPO / "runs" / f"gpu-check-{stamp}"),
+                    *overrides,
+                ],
                 TRAINING_LIMIT_S,
             )
-        )  # fmt: skip
+        )
     return steps
 
 

@@ -41,10 +41,17 @@ def batch(sentences: int) -> tuple[int, dict[str, torch.Tensor]]:
 def measure(vocab_size: int, inputs: dict, d_model: int, connections: str, block: dict) -> dict[str, float]:
     torch.manual_seed(0)
     config = ODETransformerConfig.from_preset(
-        "base", is_encoder_decoder=False, vocab_size=vocab_size, d_model=d_model, decoder_ffn_dim=4 * d_model,
-        decoder_attention_heads=4, decoder_layers=1, decoder_layer_connections=connections,
-        **NO_DROPOUT, **block,
-    )  # fmt: skip
+        "base",
+        is_encoder_decoder=False,
+        vocab_size=vocab_size,
+        d_model=d_model,
+        decoder_ffn_dim=4 * d_model,
+        decoder_attention_heads=4,
+        decoder_layers=1,
+        decoder_layer_connections=connections,
+        **NO_DROPOUT,
+        **block,
+    )
     model = ODETransformerForCausalLM(config).train()
     out = model(**inputs, output_ode_stages=True)
     out.loss.backward()

@@ -231,8 +231,10 @@ def carry(
     folder.mkdir(exist_ok=True)
     full = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "--verify", f"{commit}^{{commit}}"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     subprocess.run(["git", "-C", str(repo), "update-ref", "refs/lease/pinned", full], check=True)
     try:
         subprocess.run(
@@ -312,13 +314,18 @@ class Lease:
         (self.work / "lease.json").write_text(
             json.dumps(
                 {
-                    "started": self.started, "device": self.device, "label": self.label, "commit": self.commit,
-                    "slots": self.slots, "setup_s": self.setup_s, "runs": self.record,
+                    "started": self.started,
+                    "device": self.device,
+                    "label": self.label,
+                    "commit": self.commit,
+                    "slots": self.slots,
+                    "setup_s": self.setup_s,
+                    "runs": self.record,
                 },
                 indent=1,
             )
             + "\n"
-        )  # fmt: skip
+        )
         partial = self.out / "lease.tgz.partial"
         with tarfile.open(partial, "w:gz") as archive:
             archive.add(self.work / "lease.json", "lease.json")
@@ -342,7 +349,8 @@ def install(tree: Path, venv: Path, wheels: Path) -> Path:
     tools' import name exists only through an install); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-    if carried := sorted(wheels.glob("*.whl")):  # the packages the machine's Python lacks (benchmarks/README.md)
+    # the packages the machine's Python lacks (benchmarks/README.md)
+    if carried := sorted(wheels.glob("*.whl")):
         subprocess.run([*pip, "--no-compile", *map(str, carried)], check=True)
     subprocess.run([*pip, "--no-build-isolation", "-e", str(tree)], check=True)
     return venv / "bin" / "python"
@@ -435,27 +443,52 @@ def run_lease(
 
 def _entry(run: Planned, start: float) -> dict[str, Any]:
     return {
-        "tier": run.tier.label, "study": run.tier.study, "variant": run.variant, "seed": run.seed,
-        "estimate_s": run.cost, "start_s": round(time.monotonic() - start, 1), "started_unix": time.time(),
-    }  # fmt: skip
+        "tier": run.tier.label,
+        "study": run.tier.study,
+        "variant": run.variant,
+        "seed": run.seed,
+        "estimate_s": run.cost,
+        "start_s": round(time.monotonic() - start, 1),
+        "started_unix": time.time(),
+    }
 
 
 def _start(
     run: Planned, label: str, tree: Path, python: Path, work: Path, device: str, env: dict | None
 ) -> subprocess.Popen:
     command = [
-        str(python), "-m", "experiments.run", run.tier.study, "--device", device,
-        "--batch", run.tier.batch(label), "--seeds", str(run.seed), "--only", run.variant,
-        "--parallel", "1", "--threads", str(THREADS), "--results", str(work / "results"),
-        "--work-dir", str(work / "runs"),
-    ]  # fmt: skip
+        str(python),
+        "-m",
+        "experiments.run",
+        run.tier.study,
+        "--device",
+        device,
+        "--batch",
+        run.tier.batch(label),
+        "--seeds",
+        str(run.seed),
+        "--only",
+        run.variant,
+        "--parallel",
+        "1",
+        "--threads",
+        str(THREADS),
+        "--results",
+        str(work / "results"),
+        "--work-dir",
+        str(work / "runs"),
+    ]
     log = (work / "runs").joinpath("lease-" + run.name.replace("/", "-") + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         return subprocess.Popen(
-            command, cwd=tree, env={**os.environ, **(env or {})}, stdout=handle, stderr=subprocess.STDOUT,
+            command,
+            cwd=tree,
+            env={**os.environ, **(env or {})},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
 
 def _finish(entry: dict[str, Any], run: Planned, code: int | None, start: float, work: Path) -> None:
@@ -513,10 +546,25 @@ def main(argv: list[str] | None = None) -> int:
         commit = (CARRY / "commit").read_text().strip()
         tree = pinned_tree(CARRY / "pinned.bundle", commit, Path(tempfile.mkdtemp()) / "pinned")
         python = install(tree, Path(tempfile.mkdtemp()) / "venv", REPO / ".whl")
-        env = {"ODE_DATA_DIR": str(CARRY / "data"), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-               "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
-        run_lease(args.seconds, out, tree, python, device, label, commit, slots=args.slots, env=env,
-                  started_at=started, setup_s=round(time.monotonic() - started, 1))  # fmt: skip
+        env = {
+            "ODE_DATA_DIR": str(CARRY / "data"),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+        }
+        run_lease(
+            args.seconds,
+            out,
+            tree,
+            python,
+            device,
+            label,
+            commit,
+            slots=args.slots,
+            env=env,
+            started_at=started,
+            setup_s=round(time.monotonic() - started, 1),
+        )
     return 0
 
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-Step = tuple[
-    tuple[int, ...], tuple[str, ...]
-]  # (seeds, variants) of one `experiments.run` call; () = all variants
+# (seeds, variants) of one `experiments.run` call; () = all variants
+Step = tuple[tuple[int, ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -200,10 +199,22 @@ def tree_venv(tree: Path, dependencies: Path) -> None:
     # A plain path in a .pth file: the dependencies' packages, without their own .pth files (the editable finder)
     (Path(purelib) / "_dependencies.pth").write_text(base[1] + "\n")
     subprocess.run(
-        [str(python), "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
-         "--no-build-isolation", "--no-index", "-e", str(tree)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            str(tree),
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def gather_results(queue: Queue, tree: Path, repo: Path = REPO) -> list[Path]:

@@ -210,8 +210,11 @@ def compare_with_reference(
         runs = ours[(row["variant"], row["depth"])]
         theirs = {r["seed"]: r for r in reference_cells.get((counterpart, row["depth"]), [])}
         whose = f"{other_study}'s {counterpart}"
-        row["reference"] = {"study": other_study, "variant": counterpart,
-                            **paired_comparison(runs, theirs, metric, whose)}  # fmt: skip
+        row["reference"] = {
+            "study": other_study,
+            "variant": counterpart,
+            **paired_comparison(runs, theirs, metric, whose),
+        }
         compared.append(row["reference"])
     for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
         comparison["p_holm"] = p_holm
@@ -263,9 +266,12 @@ def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: lis
     from sacrebleu.significance import PairedTest
 
     test = PairedTest(
-        [("baseline", baseline), ("system", hypotheses)], {"BLEU": BLEU()}, [references],
-        test_type="bs", n_samples=BOOTSTRAP_SAMPLES,
-    )  # fmt: skip
+        [("baseline", baseline), ("system", hypotheses)],
+        {"BLEU": BLEU()},
+        [references],
+        test_type="bs",
+        n_samples=BOOTSTRAP_SAMPLES,
+    )
     _, scores = test()
     return float(scores["BLEU"][1].p_value)
 
@@ -355,15 +361,13 @@ def aggregate(
             row["paper"] = study.paper.get((variant, depth))
             row["paper_gap"] = paper_gap(study, variant, depth)
             row["wall_time_min"] = statistics.fmean(r["wall_time_s"] for r in runs) / 60
-            row["resumed"] = any(
-                r.get("resumed", False) for r in runs
-            )  # its wall time misses the earlier attempts
+            # its wall time misses the earlier attempts
+            row["resumed"] = any(r.get("resumed", False) for r in runs)
             row["steps"] = runs[0]["steps"]
             # The last logged training loss (with dropout, as trained): tells slow optimisation from overfitting.
             last_losses = [r["training_curve"][-1]["loss"] for r in runs if r["training_curve"]]
-            row["train_loss"] = (
-                statistics.fmean(last_losses) if last_losses else None
-            )  # None: shorter than a log interval
+            # None: shorter than a log interval
+            row["train_loss"] = statistics.fmean(last_losses) if last_losses else None
             if references and variant != base_name:
                 row["bootstrap_p"] = {
                     r["seed"]: paired_bootstrap(
@@ -650,8 +654,12 @@ def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]]
         ax = axes[0][1]
         for result in curves:
             points = result["validation_curve"]
-            ax.plot([p["epoch"] for p in points], [math.exp(p["eval_loss"]) for p in points], marker=".",
-                    label=f"{result['variant']} ({result['depth']}) s{result['seed']}")  # fmt: skip
+            ax.plot(
+                [p["epoch"] for p in points],
+                [math.exp(p["eval_loss"]) for p in points],
+                marker=".",
+                label=f"{result['variant']} ({result['depth']}) s{result['seed']}",
+            )
         ax.set_xlabel("epoch")
         ax.set_ylabel("validation perplexity")
         ax.set_yscale("log")

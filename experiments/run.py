@@ -233,17 +233,37 @@ def extra_test_commands(
     then score the hypotheses: the two commands a user would run."""
     hypotheses, scores = out / f"{test.name}_hypotheses.txt", out / f"{test.name}_metrics.json"
     translate = [
-        sys.executable, "-m", "ode_transformer.train.translate", str(out), "--input", str(data_root / test.source),
-        "--output", str(hypotheses), "--device", device, "--no_progress",
-        "--batch_size", str(flags.get("per_device_eval_batch_size", 32)),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ode_transformer.train.translate",
+        str(out),
+        "--input",
+        str(data_root / test.source),
+        "--output",
+        str(hypotheses),
+        "--device",
+        device,
+        "--no_progress",
+        "--batch_size",
+        str(flags.get("per_device_eval_batch_size", 32)),
+    ]
     if "max_source_length" in flags:
         translate += ["--max_source_length", str(flags["max_source_length"])]
     references = [arg for path in test.references for arg in ("--ref", str(data_root / path))]
     evaluate = [
-        sys.executable, "-m", "ode_transformer.train.evaluate_predictions", "--task", test.task, "--hyp", str(hypotheses),
-        "--src", str(data_root / test.source), *references, "--output", str(scores),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ode_transformer.train.evaluate_predictions",
+        "--task",
+        test.task,
+        "--hyp",
+        str(hypotheses),
+        "--src",
+        str(data_root / test.source),
+        *references,
+        "--output",
+        str(scores),
+    ]
     return [translate, evaluate]
 
 
@@ -282,8 +302,16 @@ def gate_diagnostic_command(run: Run, out: Path, flags: dict, args: argparse.Nam
         return None
     gates = args.results / run.study.name / run.folder / "diagnostics" / "gates.json"
     gates.parent.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "experiments.block_diagnostic", str(out), "--json", str(gates),
-            "--data-root", str(args.data_root)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "experiments.block_diagnostic",
+        str(out),
+        "--json",
+        str(gates),
+        "--data-root",
+        str(args.data_root),
+    ]
 
 
 def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[Any, Any]] | None:

@@ -285,7 +285,7 @@ PTB = Study(
             "num_train_epochs": 20,
             "bf16": True,
         },
-    },  # fmt: skip
+    },
     variants=_both_readings(PTB_BLOCKS),
     depth_flags=("decoder_layers",),
     depths=(1, 2),
@@ -301,7 +301,7 @@ PTB = Study(
         ("rk2_gated", 2): 121.02,
         ("rk4", 1): 126.89,
         ("rk4", 2): 119.46,
-    },  # fmt: skip
+    },
 )
 
 # --------------------------------------------------------------------------------------------
@@ -314,10 +314,15 @@ PILOT: Flags = {
     "vocab_size": 10000,
     "decoder_layer_connections": "learnable_dense",  # the preset's default, which the pilot used
     # The pilot's own schedule (kept as it ran, before the `ptb` study's cpu size was set).
-    "d_model": 256, "decoder_ffn_dim": 1024, "decoder_attention_heads": 4,
-    "learning_rate": 1e-3, "warmup_steps": 300, "num_train_epochs": 3,
-    "use_cpu": True, "bf16": True,
-}  # fmt: skip
+    "d_model": 256,
+    "decoder_ffn_dim": 1024,
+    "decoder_attention_heads": 4,
+    "learning_rate": 1e-3,
+    "warmup_steps": 300,
+    "num_train_epochs": 3,
+    "use_cpu": True,
+    "bf16": True,
+}
 PILOT_FACTORS: dict[str, tuple[str, Flags]] = {
     "pilot": ("as the pilot", {}),
     "word": ("word-level 10k vocabulary", {"tokenizer_type": "word", "vocab_size": 10002}),
@@ -377,9 +382,15 @@ PTB_PAPER = Study(
     "test perplexity per word at the epoch of the best validation perplexity (Table 'truncate_error').",
     common={
         **PTB_COMMON,
-        "d_model": 512, "decoder_ffn_dim": 2048, "decoder_attention_heads": 8, "dropout": 0.1,
-        "learning_rate": 7e-4, "warmup_steps": 2000, "max_tokens": 4096,
-        "num_train_epochs": 20, "early_stopping_patience": 3,
+        "d_model": 512,
+        "decoder_ffn_dim": 2048,
+        "decoder_attention_heads": 8,
+        "dropout": 0.1,
+        "learning_rate": 7e-4,
+        "warmup_steps": 2000,
+        "max_tokens": 4096,
+        "num_train_epochs": 20,
+        "early_stopping_patience": 3,
     },
     sizes={"cpu": {"use_cpu": True, "bf16": True}, "paper": {"bf16": True}},
     variants={key: PTB.variants[key] for key in ("residual", "rk2", "rk2_ones", "rk2_gated", "rk4")},
@@ -389,7 +400,7 @@ PTB_PAPER = Study(
     # reports, so the same loss per word alone stands beside it.
     metrics=(*PTB.metrics, Metric("Per word, no </s>", lower_is_better=True, per_word_of="Word perplexity")),
     paper={key: value for key, value in PTB.paper.items() if key[1] == 1},
-)  # fmt: skip
+)
 
 # --------------------------------------------------------------------------------------------
 # multi30k: translation En-De (Table "main-results" at a small scale)
@@ -449,22 +460,35 @@ MULTI30K_GATE_VARIANTS: dict[str, Variant] = {
 }
 # The cpu-size seq2seq model of every translation-like study (multi30k, ablations, gec, cnndm).
 SMALL_SEQ2SEQ: Flags = {
-    "d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
-    "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-}  # fmt: skip
+    "d_model": 256,
+    "encoder_ffn_dim": 1024,
+    "decoder_ffn_dim": 1024,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+}
 MULTI30K_SIZES: dict[str, Flags] = {
     # A good small baseline for 29k pairs: d 256, 4 heads, dropout 0.1 (0.3 over-regularises at this
     # budget), label smoothing 0.1, 2K-token batches (updates are what a CPU budget buys), averaging.
     "cpu": {
         **SMALL_SEQ2SEQ,
-        "max_tokens": 2048, "max_steps": 1500, "save_steps": 100, "learning_rate": 2e-3, "warmup_steps": 300,
-        "use_cpu": True, "bf16": True,
+        "max_tokens": 2048,
+        "max_steps": 1500,
+        "save_steps": 100,
+        "learning_rate": 2e-3,
+        "warmup_steps": 300,
+        "use_cpu": True,
+        "bf16": True,
     },
     "paper": {
-        "max_tokens": 4096, "max_steps": 20000, "save_steps": 1000, "learning_rate": 2e-3, "warmup_steps": 4000,
-        "dropout": 0.3, "bf16": True,
+        "max_tokens": 4096,
+        "max_steps": 20000,
+        "save_steps": 1000,
+        "learning_rate": 2e-3,
+        "warmup_steps": 4000,
+        "dropout": 0.3,
+        "bf16": True,
     },
-}  # fmt: skip
+}
 
 # The paper's BLEU gains over its residual base model (6-6, WMT'14 En-De, Table "main-results": 27.89 -> RK2 28.67,
 # RK2-gated 28.89, RK4 29.03): the gaps a Multi30k study must be able to detect to test the paper's claim.
@@ -612,8 +636,10 @@ TATOEBA_DEPTH = Study(
 # warm-up, about the source schedule's last rate (2e-3 * sqrt(300 / 1500) = 8.9e-4) halved.
 
 UPCYCLE_FINETUNE: Flags = {
-    "upcycle": True, "encoder_ode_coefficients": "learnable", "ode_coefficients_init": "euler",
-}  # fmt: skip
+    "upcycle": True,
+    "encoder_ode_coefficients": "learnable",
+    "ode_coefficients_init": "euler",
+}
 MULTI30K_UPCYCLE = Study(
     name="multi30k_upcycle",
     description="Multi30k En-De: each seed's trained residual model of multi30k_paired (3-layer encoder) fine-tuned "
@@ -627,7 +653,7 @@ MULTI30K_UPCYCLE = Study(
         "learning_rate": 4e-4,
         "lr_scheduler_type": "constant_with_warmup",
         "warmup_steps": 50,
-    },  # fmt: skip
+    },
     sizes={"cpu": {"max_steps": 500, "use_cpu": True, "precision": "auto"}},
     variants={
         "residual_ft": Variant("Residual, fine-tuned N updates", {}),
@@ -703,48 +729,85 @@ GEC = Study(
     description="Grammatical error correction: W&I+FCE train, M2 F0.5 on CoNLL-2013 (its first 500 sentences "
     "at cpu size) and GLEU on JFLEG dev (all 754, 4 references) (small scale).",
     common={
-        "task": "gec", "dataset": "wi_locness+fce", "preset": "base", "vocab_size": 8000,
-        "max_source_length": 96, "max_target_length": 96, "word_dropout": 0.1,
-        "adam_beta2": 0.997, "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no",
-        "save_strategy": "steps", "save_total_limit": 1,  # a checkpoint to resume from
-        "predict_with_generate": True, "num_beams": 4, "logging_steps": 50,
+        "task": "gec",
+        "dataset": "wi_locness+fce",
+        "preset": "base",
+        "vocab_size": 8000,
+        "max_source_length": 96,
+        "max_target_length": 96,
+        "word_dropout": 0.1,
+        "adam_beta2": 0.997,
+        "lr_scheduler_type": "inverse_sqrt",
+        "eval_strategy": "no",
+        "save_strategy": "steps",
+        "save_total_limit": 1,  # a checkpoint to resume from
+        "predict_with_generate": True,
+        "num_beams": 4,
+        "logging_steps": 50,
         "per_device_eval_batch_size": 32,
     },
     sizes={
         "cpu": {
             **SMALL_SEQ2SEQ,
-            "max_tokens": 2048, "max_steps": 1500, "save_steps": 250, "learning_rate": 2e-3, "warmup_steps": 300,
-            "use_cpu": True, "bf16": True, "max_test_samples": 500,
+            "max_tokens": 2048,
+            "max_steps": 1500,
+            "save_steps": 250,
+            "learning_rate": 2e-3,
+            "warmup_steps": 300,
+            "use_cpu": True,
+            "bf16": True,
+            "max_test_samples": 500,
         },
         "paper": {
-            "max_tokens": 4096, "max_steps": 20000, "save_steps": 2000, "learning_rate": 2e-3, "warmup_steps": 4000,
+            "max_tokens": 4096,
+            "max_steps": 20000,
+            "save_steps": 2000,
+            "learning_rate": 2e-3,
+            "warmup_steps": 4000,
             "bf16": True,
         },
     },
     variants={"residual": MULTI30K.variants["residual"], "rk4": MULTI30K.variants["rk4"]},
     depth_flags=("encoder_layers", "decoder_layers"),
     depths=(3,),
-    metrics=(Metric("M2 F0.5", digits=4), Metric("M2 precision", digits=4), Metric("M2 recall", digits=4),
-             Metric("JFLEG GLEU")),
+    metrics=(
+        Metric("M2 F0.5", digits=4),
+        Metric("M2 precision", digits=4),
+        Metric("M2 recall", digits=4),
+        Metric("JFLEG GLEU"),
+    ),
     seeds=(0,),
     test_corpora=("conll2013",),
     extra_tests=(
         ExtraTest(
-            "jfleg", "gleu", "gec/jfleg/dev.src.gz", tuple(f"gec/jfleg/dev.ref{i}.gz" for i in range(4)),
+            "jfleg",
+            "gleu",
+            "gec/jfleg/dev.src.gz",
+            tuple(f"gec/jfleg/dev.ref{i}.gz" for i in range(4)),
             metrics={"gleu": "JFLEG GLEU"},
         ),
     ),
-)  # fmt: skip
+)
 
 CNNDM = Study(
     name="cnndm",
     description="Summarization on the shared CNN/DailyMail subset: ROUGE-1/2/L (small scale).",
     common={
-        "task": "summarization", "dataset": "cnndm", "preset": "base", "vocab_size": 8000,
-        "max_source_length": 400, "max_target_length": 100, "adam_beta2": 0.997,
-        "lr_scheduler_type": "inverse_sqrt", "eval_strategy": "no",
-        "save_strategy": "steps", "save_total_limit": 1,  # a checkpoint to resume from
-        "predict_with_generate": True, "num_beams": 4, "length_penalty": 2.0, "logging_steps": 50,
+        "task": "summarization",
+        "dataset": "cnndm",
+        "preset": "base",
+        "vocab_size": 8000,
+        "max_source_length": 400,
+        "max_target_length": 100,
+        "adam_beta2": 0.997,
+        "lr_scheduler_type": "inverse_sqrt",
+        "eval_strategy": "no",
+        "save_strategy": "steps",
+        "save_total_limit": 1,  # a checkpoint to resume from
+        "predict_with_generate": True,
+        "num_beams": 4,
+        "length_penalty": 2.0,
+        "logging_steps": 50,
         "per_device_eval_batch_size": 16,
     },
     sizes={
@@ -754,11 +817,21 @@ CNNDM = Study(
         "cpu": {
             **SMALL_SEQ2SEQ,
             "max_source_length": 200,
-            "max_tokens": 4096, "max_steps": 2000, "save_steps": 250, "learning_rate": 2e-3, "warmup_steps": 300,
-            "use_cpu": True, "bf16": True, "max_test_samples": 300,
+            "max_tokens": 4096,
+            "max_steps": 2000,
+            "save_steps": 250,
+            "learning_rate": 2e-3,
+            "warmup_steps": 300,
+            "use_cpu": True,
+            "bf16": True,
+            "max_test_samples": 300,
         },
         "paper": {
-            "max_tokens": 4096, "max_steps": 30000, "save_steps": 2000, "learning_rate": 2e-3, "warmup_steps": 4000,
+            "max_tokens": 4096,
+            "max_steps": 30000,
+            "save_steps": 2000,
+            "learning_rate": 2e-3,
+            "warmup_steps": 4000,
             "bf16": True,
         },
     },
@@ -769,7 +842,7 @@ CNNDM = Study(
     # RG-L, report for CNN/DM; ROUGE-L here is rouge_score's LCS over the whole text.
     metrics=(Metric("ROUGE1"), Metric("ROUGE2"), Metric("ROUGEL"), Metric("ROUGELSUM")),
     seeds=(0,),
-)  # fmt: skip
+)
 
 STUDIES: dict[str, Study] = {
     study.name: study

@@ -46,9 +46,8 @@ class Tier:
     label: str
     study: str
     what: str
-    variants: tuple[
-        str, ...
-    ] = ()  # none: the depth probe, whose runs experiments.depth_gate names stage by stage
+    # none: the depth probe, whose runs experiments.depth_gate names stage by stage
+    variants: tuple[str, ...] = ()
     seeds: tuple[int, ...] = ()
     batch_suffix: str = ""  # the batch is the device's label plus this: the power batch is a batch of its own
 
@@ -256,17 +255,27 @@ def default_block_evidence(results: Path = RESULTS) -> tuple[list[dict[str, Any]
             for metric, cell in row.items():
                 if isinstance(cell, dict) and "paired" in cell:
                     comparisons.append(
-                        {"folder": path.parent.relative_to(results).as_posix(), "depth": row["depth"],
-                         "metric": metric + _direction(path.parent.parent.name, metric),
-                         "verdict": cell["paired"]["verdict"]}
-                    )  # fmt: skip
+                        {
+                            "folder": path.parent.relative_to(results).as_posix(),
+                            "depth": row["depth"],
+                            "metric": metric + _direction(path.parent.parent.name, metric),
+                            "verdict": cell["paired"]["verdict"],
+                        }
+                    )
     gates = []
     for path in sorted(results.glob("*/*/diagnostics/gates.json")):
         for run, blocks in json.loads(path.read_text(encoding="utf-8")).items():
             if run.startswith(f"{DEFAULT_BLOCK}-"):
                 folder = path.parent.parent.relative_to(results).as_posix()
-                gates += [{"run": f"{folder}/{run}", "side": b["side"], "block": b["block"],
-                           "saturated": b["collapsed_share"]} for b in blocks]  # fmt: skip
+                gates += [
+                    {
+                        "run": f"{folder}/{run}",
+                        "side": b["side"],
+                        "block": b["block"],
+                        "saturated": b["collapsed_share"],
+                    }
+                    for b in blocks
+                ]
     return comparisons, gates
 
 

@@ -193,9 +193,17 @@ def export_for_hub(
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     with claim_output(out_dir, "OUT_DIR"):
         return _export(
-            model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite, onnx, onnx_dynamo,
+            model_dir_or_model,
+            source_dir,
+            out_dir,
+            tokenizer,
+            metrics,
+            repo_id,
+            overwrite,
+            onnx,
+            onnx_dynamo,
             onnx_quantize,
-        )  # fmt: skip
+        )
 
 
 def _export(

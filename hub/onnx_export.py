@@ -387,10 +387,15 @@ def quantize_graph_int8(path: Path, model) -> None:
     root.setLevel(logging.ERROR)  # its advice to pre-process the graph (shape inference) is for static shapes
     try:
         quantize_dynamic(
-            path, quantized, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
-            op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=gate_nodes,
+            path,
+            quantized,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            nodes_to_exclude=gate_nodes,
             extra_options={"MatMulConstBOnly": True},
-        )  # fmt: skip
+        )
     finally:
         root.setLevel(level)
     quantized.replace(path)

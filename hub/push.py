@@ -63,9 +63,16 @@ def _network_error(error: BaseException) -> BaseException | None:
         seen.add(id(error))
         names = {kind.__name__ for kind in type(error).__mro__}
         if isinstance(error, (ConnectionError, socket.gaierror, TimeoutError)) or names & {
-            "ConnectError", "ConnectTimeout", "ConnectionError", "NetworkError", "TimeoutException",
-            "OfflineModeIsEnabled", "NewConnectionError", "MaxRetryError", "ProxyError",
-        }:  # fmt: skip
+            "ConnectError",
+            "ConnectTimeout",
+            "ConnectionError",
+            "NetworkError",
+            "TimeoutException",
+            "OfflineModeIsEnabled",
+            "NewConnectionError",
+            "MaxRetryError",
+            "ProxyError",
+        }:
             return error
         error = error.__cause__ or error.__context__
     return None

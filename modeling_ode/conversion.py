@@ -200,12 +200,28 @@ def _m2m100_base(source: PretrainedConfig) -> dict[str, Any]:
             "unaffected)."
         )
     fields = [
-        "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout",
-        "attention_dropout", "activation_dropout", "init_std", "max_position_embeddings", "scale_embedding",
-        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id",
+        "vocab_size",
+        "d_model",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "activation_function",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "init_std",
+        "max_position_embeddings",
+        "scale_embedding",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+        "forced_eos_token_id",
         "tie_word_embeddings",
-    ]  # fmt: skip
+    ]
     return {
         **{field: getattr(source, field, None) for field in fields},
         "layer_norm_eps": 1e-5,  # M2M100's nn.LayerNorm default

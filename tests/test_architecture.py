@@ -106,3 +106,54 @@ def test_the_cache_lives_in_cache_ode_and_attention_never_asks_its_class():
     for cache_class in ("BeamSearchCache", "BeamSlot", "DynamicCache", "StaticCache"):
         assert cache_class not in attention, cache_class
     assert "beams_per_source(cache)" in inspect.getdoc(cache_ode.BeamSearchCache)
+
+
+# --- the formatter followed ------------------------------------------------------------------------------------------
+PACKAGES = ("modeling_ode", "ode_transformer", "train", "hub", "experiments", "benchmarks")
+MAX_FORMATTER_SKIPS = 10  # a few hand-aligned tables of goals, at most
+
+
+def test_the_formatter_is_followed_outside_tests():
+    skips = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in python_files(*PACKAGES)
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if re.search(r"#\s*fmt:\s*(skip|off)", line)
+    ]
+    assert len(skips) <= MAX_FORMATTER_SKIPS, "\n".join(skips)
+
+
+def wrapped_by_a_comment(source: str, line_length: int = 110) -> list[int]:
+    """The first lines of the statements that span lines only because of a trailing comment: without their comments
+    they would fit on one line (the formatter then wraps them around the comment)."""
+    found, statement = [], []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        statement.append(token)
+        if token.type not in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            continue
+        layout = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        code = [t for t in statement if t.type not in layout and t.type != tokenize.ENDMARKER]
+        trailing = any(
+            t.type == tokenize.COMMENT and any(c.start[0] == t.start[0] for c in code) for t in statement
+        )
+        statement = []
+        if not code or not trailing or code[0].start[0] == code[-1].end[0]:
+            continue
+        if any(t.start[0] != t.end[0] for t in code):  # a multi-line string keeps its lines
+            continue
+        width = code[0].start[1] + sum(len(t.string) + 1 for t in code)
+        if width <= line_length:
+            found.append(code[0].start[0])
+    return found
+
+
+def test_comments_sit_on_their_own_lines_rather_than_wrap_a_statement():
+    assert wrapped_by_a_comment(
+        "x = (\n    1  # one\n)\ny = 2  # fine\nz = [\n    1,  # one\n    2,\n]\n"
+    ) == [1, 5]
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in python_files(*PACKAGES)
+        for line in wrapped_by_a_comment(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "put these comments on their own line above the statement:\n" + "\n".join(found)

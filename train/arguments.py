@@ -36,9 +36,8 @@ from .precision import PRECISIONS, accelerator_present, choose_precision, emulat
 logger = logging.getLogger(__name__)
 
 
-RUN_MODULE = (
-    f"{__spec__.parent}.run"  # the command these arguments are for (python -m ode_transformer.train.run)
-)
+# the command these arguments are for (python -m ode_transformer.train.run)
+RUN_MODULE = f"{__spec__.parent}.run"
 TASKS = ("translation", "summarization", "gec", "lm")
 
 
@@ -446,8 +445,10 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
             # a warning, not an error: every recipe sets max_tokens, and a flag cannot unset it
             logger.warning(
                 "--%s %s does not apply to a stream, which is batched by --per_device_train_batch_size sentences "
-                "and read to --max_steps: ignored", flag, getattr(data_args, flag),
-            )  # fmt: skip
+                "and read to --max_steps: ignored",
+                flag,
+                getattr(data_args, flag),
+            )
             setattr(data_args, flag, None)
     if model_args.upcycle and (not model_args.model_name_or_path or run_args.task == "lm"):
         raise ValueError(
@@ -510,9 +511,8 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
     set_label_smoothing(run_args.task, training_args, argv, recipe)
     if model_args.model_name_or_path and given("preset", argv, recipe):
         check_saved_model_preset(model_args, run_args.task)
-    if (
-        model_args.model_name_or_path and not model_args.upcycle
-    ):  # upcycling takes block flags (from_residual)
+    # upcycling takes block flags (from_residual)
+    if model_args.model_name_or_path and not model_args.upcycle:
         check_saved_model_flags(model_args, run_args.task)
     if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
         # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)

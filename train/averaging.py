@@ -45,8 +45,11 @@ def last_checkpoints(output_dir: str | Path, last: int) -> list[Path]:
     if len(chosen) < last:
         logger.warning(
             "%s holds %d complete checkpoint(s), fewer than the %d asked for: averaging %d",
-            output_dir, len(chosen), last, len(chosen),
-        )  # fmt: skip
+            output_dir,
+            len(chosen),
+            last,
+            len(chosen),
+        )
     check_one_run(chosen)
     return chosen
 

@@ -75,9 +75,14 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows:
 
 
 SHAPE_FIELDS = (
-    "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
-    "encoder_attention_heads", "decoder_attention_heads",
-)  # fmt: skip
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+)
 
 
 def model_shape(config: ODETransformerConfig) -> str:
@@ -158,8 +163,15 @@ def usage_example(task: str, raw_test: Dataset) -> str:
     return raw_test[0]["source"].strip()
 
 
-def metrics_document(settings: Settings, results: list[dict], decoding: dict, m2_file: str | None, train_metrics: dict,
-                     model, raw_test: Dataset) -> dict:  # fmt: skip
+def metrics_document(
+    settings: Settings,
+    results: list[dict],
+    decoding: dict,
+    m2_file: str | None,
+    train_metrics: dict,
+    model,
+    raw_test: Dataset,
+) -> dict:
     """The metrics JSON in the schema of :mod:`ode_transformer.hub.model_card` (``training`` only when this run trained)."""
     data_args, run_args = settings.data, settings.run
     document = {

@@ -216,13 +216,16 @@ def _pairs_dataset(
                     "not text; give every source and target as a string (or convert the file first)."
                 )
     empty = {
-        i for i, (source, target) in enumerate(zip(sources, targets))
+        i
+        for i, (source, target) in enumerate(zip(sources, targets))
         if source is None or target is None or not source.strip() or not target.strip()
-    }  # fmt: skip
+    }
     stats = _LineReport(
-        files=[str(path)], lines=len(sources), kept=len(sources) - (len(empty) if skip_empty else 0),
+        files=[str(path)],
+        lines=len(sources),
+        kept=len(sources) - (len(empty) if skip_empty else 0),
         empty_lines=[i + first_line for i in sorted(empty)],
-    )  # fmt: skip
+    )
     _warn_skipped(stats, skip_empty)
     rows = [i for i in range(len(sources)) if not (skip_empty and i in empty)]
     return Dataset.from_dict(

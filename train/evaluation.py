@@ -74,9 +74,11 @@ def test_results(
         ], []
     with fp32_forward(model):
         ids = generate_ids(
-            model, test["input_ids"], batch_size=training_args.per_device_eval_batch_size,
+            model,
+            test["input_ids"],
+            batch_size=training_args.per_device_eval_batch_size,
             progress=not training_args.disable_tqdm,
-        )  # fmt: skip
+        )
     hyps = decode(tokenizer, ids)
     return seq2seq_test_results(task, hyps, raw_test, m2_file), hyps
 

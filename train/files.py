@@ -51,8 +51,16 @@ logger = logging.getLogger(__name__)
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 # torch.save's zip writer: "unexpected pos" when a record's write fails, "basic_ios::clear: iostream error" when its
 # final flush (the archive's directory) does.
-_NO_SPACE_MESSAGES = ("os error 28", "os error 27", "os error 122", "No space left", "File too large",
-                      "file write failed", "unexpected pos", "basic_ios::clear")  # fmt: skip
+_NO_SPACE_MESSAGES = (
+    "os error 28",
+    "os error 27",
+    "os error 122",
+    "No space left",
+    "File too large",
+    "file write failed",
+    "unexpected pos",
+    "basic_ios::clear",
+)
 INCOMPLETE = ".incomplete"
 """Suffix of a folder being written (:func:`staged_folder`): renamed to its name once complete."""
 _PID_WAIT_SECONDS = 5.0  # a lock's holder writes its pid right after taking the lock

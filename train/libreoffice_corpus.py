@@ -339,8 +339,10 @@ def build_corpus(
             return stats
         logger.warning(
             "%s holds a corpus built with other settings (split %s, max_chars %s): rebuilding it",
-            out, stats.get("split_rule", "by module"), stats.get("max_chars"),
-        )  # fmt: skip
+            out,
+            stats.get("split_rule", "by module"),
+            stats.get("max_chars"),
+        )
     debs = _locate_debs(Path(debs_dir)) if debs_dir is not None else download_debs(out / "debs")
     with tempfile.TemporaryDirectory() as tmp:
         for deb in debs.values():

@@ -69,7 +69,7 @@ def check_saved_model_task(model_name_or_path: str, task: str) -> None:
 
 def check_saved_model_flags(model_args: ModelArguments, task: str) -> None:
     """Refuse model flags (``--d_model``, ``--encoder_layers``, ``--config_overrides``, ...) that differ from the
-    saved model's config: a saved model keeps its shape, and the flags had been dropped without a word. Flags
+    saved model's config: a saved model keeps its shape, so such a flag could only be ignored. Flags
     equal to the saved values change nothing and pass; :data:`TRAINING_FIELDS` (the dropout rates) are
     applied to the model instead. ``--preset`` is not read with a saved model.
 
@@ -105,9 +105,10 @@ def check_saved_model_preset(model_args: ModelArguments, task: str) -> None:
     flags = model_args.task_overrides(task)
     sized_by_the_run = ("vocab_size", "max_position_embeddings")
     differing = sorted(
-        key for key in preset
+        key
+        for key in preset
         if key not in flags and key not in sized_by_the_run and saved.get(key) != preset[key]
-    )  # fmt: skip
+    )
     if differing:
         fields = ", ".join(f"{key} {preset[key]!r} (saved: {saved.get(key)!r})" for key in differing)
         raise ValueError(
@@ -325,9 +326,15 @@ def read_config_json(model_name_or_path: str | Path, name: str = "config.json") 
 
 # The config fields that size a model: named when a config.json asks for far more parameters than its weights hold.
 _SIZE_FIELDS = (
-    "vocab_size", "source_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
-    "decoder_ffn_dim", "max_position_embeddings",
-)  # fmt: skip
+    "vocab_size",
+    "source_vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "max_position_embeddings",
+)
 
 
 def _stored_parameters(weights: Path) -> int:
@@ -360,9 +367,8 @@ def check_config_fits_weights(model_name_or_path: str | Path, model_class, **con
     config = model_class.config_class.from_pretrained(str(model_name_or_path), **config_changes)
     with torch.device("meta"):
         needed = sum(p.numel() for p in model_class(config).parameters())
-    if (
-        needed > 2 * stored + 1_000_000
-    ):  # tied weights are stored once: a model needs about what its file holds
+    # tied weights are stored once: a model needs about what its file holds
+    if needed > 2 * stored + 1_000_000:
         fields = ", ".join(
             f"{key} {getattr(config, key)}" for key in _SIZE_FIELDS if getattr(config, key, None) is not None
         )
@@ -375,12 +381,20 @@ def check_config_fits_weights(model_name_or_path: str | Path, model_class, **con
 
 # generation_config.json fields: (whole number?, lowest value, lowest value allowed itself?)
 _GENERATION_FIELDS = {
-    "max_length": (True, 1, True), "max_new_tokens": (True, 1, True), "min_length": (True, 0, True),
-    "min_new_tokens": (True, 0, True), "num_beams": (True, 1, True), "num_beam_groups": (True, 1, True),
-    "num_return_sequences": (True, 1, True), "no_repeat_ngram_size": (True, 0, True), "top_k": (True, 0, True),
-    "length_penalty": (False, None, True), "temperature": (False, 0, False), "top_p": (False, 0, False),
+    "max_length": (True, 1, True),
+    "max_new_tokens": (True, 1, True),
+    "min_length": (True, 0, True),
+    "min_new_tokens": (True, 0, True),
+    "num_beams": (True, 1, True),
+    "num_beam_groups": (True, 1, True),
+    "num_return_sequences": (True, 1, True),
+    "no_repeat_ngram_size": (True, 0, True),
+    "top_k": (True, 0, True),
+    "length_penalty": (False, None, True),
+    "temperature": (False, 0, False),
+    "top_p": (False, 0, False),
     "repetition_penalty": (False, 0, False),
-}  # fmt: skip
+}
 
 
 def check_generation_config(folder: str | Path) -> None:
@@ -496,8 +510,9 @@ def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path
         logger.warning(
             "%s/config.json: dropped %s, not this project's (not a field of the ODE Transformer, or code of another "
             "project): what is saved from this model carries the ODE Transformer's own fields and auto_map only",
-            source, ", ".join(dropped),
-        )  # fmt: skip
+            source,
+            ", ".join(dropped),
+        )
 
 
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:
@@ -557,12 +572,15 @@ def check_tokenizer_shapes(folder: str | Path) -> None:
                 raise ValueError(f"{path} is not a tokenizer ({str(error).splitlines()[0]}); {fix}") from None
             continue
         decoder = data.get("added_tokens_decoder", {})
-        wrong = [] if isinstance(decoder, dict) and all(isinstance(v, dict) for v in decoder.values()) else [
-            "added_tokens_decoder (an object of token objects)"
-        ]  # fmt: skip
+        wrong = (
+            []
+            if isinstance(decoder, dict) and all(isinstance(v, dict) for v in decoder.values())
+            else ["added_tokens_decoder (an object of token objects)"]
+        )
         wrong += [
-            f"{key} (a string)" for key in _SPECIAL_TOKENS if data.get(key) is not None
-            and not isinstance(data[key], (str, dict))
-        ]  # fmt: skip
+            f"{key} (a string)"
+            for key in _SPECIAL_TOKENS
+            if data.get(key) is not None and not isinstance(data[key], (str, dict))
+        ]
         if wrong:
             raise ValueError(f"{path}: {', '.join(wrong)} is of another type; {fix}")

@@ -260,7 +260,7 @@ def parse_m2(lines: Iterable[str], source: str = "M2 text") -> list[M2Sentence]:
 
     Raises:
         ValueError: a line that is neither blank nor an ``S``/``A`` line, or an edit before any sentence
-            (``source`` and the line number named): a plain text file had been read as 0 sentences.
+            (``source`` and the line number named), so that a plain text file is never read as 0 sentences.
     """
     sentences: list[M2Sentence] = []
     for number, raw in enumerate(lines, start=1):

@@ -87,9 +87,14 @@ def prepare_output_dir(training_args: Seq2SeqTrainingArguments, overwrite: bool)
     else:
         resumable = bool(complete_checkpoints(out))
         refuse_occupied(
-            out, overwrite, "--overwrite_output_dir", "--output_dir", what="a run",
-            advice="continue it with --resume_from_checkpoint last, " if resumable else "", ignore=LOCK_FILES,
-        )  # fmt: skip
+            out,
+            overwrite,
+            "--overwrite_output_dir",
+            "--output_dir",
+            what="a run",
+            advice="continue it with --resume_from_checkpoint last, " if resumable else "",
+            ignore=LOCK_FILES,
+        )
     if resume and run_finished(out, resume, training_args.max_steps):
         return resume  # nothing to clean: the run changes nothing
     with training_args.main_process_first(desc="output dir"):

@@ -25,8 +25,14 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # fp16: CUDA only, as transformer
 NATIVE_BF16_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16", "sve_bf16")}
 # oneDNN's CPU ISA names (ONEDNN_MAX_CPU_ISA) below which it has no native bf16 kernels.
 ONEDNN_ISAS_WITHOUT_BF16 = (
-    "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-)  # fmt: skip
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+)
 # ATen kernel levels (torch.backends.cpu.get_cpu_capability()) that use no AVX-512 instructions.
 ATEN_CAPABILITIES_WITHOUT_AVX512 = ("DEFAULT", "AVX2", "NO AVX")
 

@@ -171,9 +171,8 @@ def streaming_train_split(
     data_args: DataArguments, raw: DatasetDict, world_size: int, task: str = "translation"
 ) -> IterableDataset:
     """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
-    if (
-        data_args.hub_dataset and not data_args.dataset
-    ):  # with --dataset, the Hub is where that corpus comes from
+    # with --dataset, the Hub is where that corpus comes from
+    if data_args.hub_dataset and not data_args.dataset:
         return load_hub_dataset(
             data_args.hub_dataset,
             data_args.hub_config,
@@ -276,8 +275,14 @@ def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -
             side = "source" if column == "source_truncated" else "target" if seq2seq else "text"
             logger.warning(
                 "%s split: %d of %d %s line(s) longer than %s %d tokens were truncated; raise %s to keep them whole",
-                split, count, dataset.num_rows, side, flag, limit, flag,
-            )  # fmt: skip
+                split,
+                count,
+                dataset.num_rows,
+                side,
+                flag,
+                limit,
+                flag,
+            )
     return dataset.remove_columns(present)
 
 

@@ -172,9 +172,8 @@ def run(settings: Settings) -> dict:
             if not training_args.do_train:
                 refuse_to_replace_results(training_args, settings.run.overwrite_output_dir)
             return _run(settings)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C: where the run stands, and how to go on (ode_transformer.cli prints it)
+    except KeyboardInterrupt:
+        # Ctrl-C: where the run stands, and how to go on (ode_transformer.cli prints it)
         raise KeyboardInterrupt(resume_advice(training_args)) from None
 
 
@@ -207,8 +206,9 @@ def _run(settings: Settings) -> dict:
         logger.warning(
             "%s holds a finished run (its last step is %s): nothing to resume, nothing changed; pass a larger "
             "--max_steps to train on, or choose another --output_dir for a new run",
-            training_args.output_dir, resume,
-        )  # fmt: skip
+            training_args.output_dir,
+            resume,
+        )
         return {}
     tokenizer = own_tokenizer or prepare_tokenizer(
         model_args, training_args, raw_splits.get("train"), run_args.task

@@ -263,8 +263,10 @@ def drop_foreign_tokenizer_code(tokenizer: PreTrainedTokenizerBase, source: str 
     if auto_map is not None:
         logger.warning(
             "%s/tokenizer_config.json: dropped auto_map %s, not this project's: the folders saved from this run carry "
-            "no tokenizer code", source, json.dumps(auto_map),
-        )  # fmt: skip
+            "no tokenizer code",
+            source,
+            json.dumps(auto_map),
+        )
     forget_auto_class(tokenizer)
 
 
@@ -293,8 +295,10 @@ def own_tokenizer_config(folder: str | os.PathLike, source: str | os.PathLike) -
         logger.warning(
             "%s/tokenizer_config.json: dropped %s, not this project's: the tokenizer is saved as transformers' "
             "%s over tokenizer.json, which loads without remote code",
-            source, ", ".join(dropped), STANDARD_TOKENIZER_CLASS,
-        )  # fmt: skip
+            source,
+            ", ".join(dropped),
+            STANDARD_TOKENIZER_CLASS,
+        )
     write_atomic(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 

@@ -160,9 +160,8 @@ class _TokenBudgetMixin:
         self.accelerator.wait_for_everyone()  # every process has written its part
         self.run_id = self.run_id or new_run_id()
         if self.args.should_save:
-            self.state.save_to_json(
-                str(staged / TRAINER_STATE)
-            )  # again, with the final path of the best checkpoint
+            # again, with the final path of the best checkpoint
+            self.state.save_to_json(str(staged / TRAINER_STATE))
             (staged / RUN_ID_FILE).write_text(self.run_id + "\n", encoding="utf-8")
             publish(staged, final)
             rotate_checkpoints(

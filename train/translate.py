@@ -380,9 +380,8 @@ def generate_texts(
         raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
     if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
         raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
-    if (
-        not model.config.is_encoder_decoder
-    ):  # a prompt leaves room for its continuation, counted in new tokens
+    # a prompt leaves room for its continuation, counted in new tokens
+    if not model.config.is_encoder_decoder:
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
     ids = encode_texts(model, tokenizer, texts, max_source_length, kwargs.get("max_new_tokens"))
     return decode(tokenizer, generate_ids(model, ids, **kwargs))
@@ -414,12 +413,16 @@ def encode_texts(
     if cut:
         logger.warning(
             "%d input line(s) longer than %d tokens were truncated (%s); %s",
-            cut, length,
-            f"--max_source_length {max_source_length}" if length == max_source_length
-            else model_limit if length == limit else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
+            cut,
+            length,
+            f"--max_source_length {max_source_length}"
+            if length == max_source_length
+            else model_limit
+            if length == limit
+            else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
             "raise --max_source_length to keep them whole"
             + ("" if length < limit else " (past the positions the model was built for)"),
-        )  # fmt: skip
+        )
     return encoded["input_ids"]
 
 
@@ -553,9 +556,14 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
     saved = read_config_json(args.model, "generation_config.json") or {}
     beams = overrides.get("num_beams", saved.get("num_beams") or 1)
     backend, reason = choose_backend(
-        args.backend, args.model, min(args.batch_size, max(len(texts), 1)), beams, args.quantize, args.device,
+        args.backend,
+        args.model,
+        min(args.batch_size, max(len(texts), 1)),
+        beams,
+        args.quantize,
+        args.device,
         _pytorch_only_flag(args),
-    )  # fmt: skip
+    )
     if args.backend == "auto":
         logger.warning(reason)
     if backend == "onnx":
@@ -572,9 +580,15 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
             "--num_beams 1, or leave out --compile"
         )
     return generate_texts(
-        model, tokenizer, texts, args.max_source_length,
-        batch_size=args.batch_size, bf16=args.bf16, progress=not args.no_progress, **overrides,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        texts,
+        args.max_source_length,
+        batch_size=args.batch_size,
+        bf16=args.bf16,
+        progress=not args.no_progress,
+        **overrides,
+    )
 
 
 if __name__ == "__main__":
