@@ -23,6 +23,7 @@ from .modeling_ode_transformer import (
     ODETransformerForConditionalGeneration,
     ODETransformerModel,
     ODETransformerPreTrainedModel,
+    non_finite_message,
     non_finite_tensors,
 )
 from .ode import COEFFICIENT_MODES, ODE_METHODS, ButcherTableau, StageCoefficients, ode_step
@@ -55,6 +56,7 @@ __all__ = [
     "ODETransformerPreTrainedModel",
     "StageCoefficients",
     "fit_tokenizer_to_model",
+    "non_finite_message",
     "non_finite_tensors",
     "ode_step",
     "tokenizer_limits",

@@ -79,6 +79,7 @@ __all__ = [
     "ODETransformerForCausalLM",
     "StageCacheLayout",
     "BeamSearchCache",
+    "non_finite_message",
     "non_finite_tensors",
 ]
 
@@ -268,11 +269,11 @@ def check_labels(
         )
 
 
-def check_safetensors_file(path: Path) -> None:
-    """A safetensors file must hold its 8-byte header size, the JSON header and every tensor's bytes; a truncated or
-    empty file is refused by name before the loader fails inside its deserializer."""
+def check_safetensors_file(path: Path) -> dict:
+    """The JSON header of a safetensors file, which must hold its 8-byte header size, the header and every tensor's
+    bytes; a truncated or empty file is refused by name before the loader fails inside its deserializer."""
     size = path.stat().st_size
-    problem = None
+    problem, header = None, None
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
@@ -294,6 +295,7 @@ def check_safetensors_file(path: Path) -> None:
             f"{path} is truncated or not a safetensors file ({problem}); copy or save the model again "
             "(a checkpoint folder can be replaced by an earlier complete one)."
         )
+    return header
 
 
 def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[str]:
@@ -312,6 +314,13 @@ def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[
         and tensor.device.type != "meta"
         and not bool(torch.isfinite(tensor).all())
     ]
+
+
+def non_finite_message(subject: str | Path, names: Sequence[str]) -> str:
+    """What every refusal or warning of diverged weights opens with: which weights, by name; the caller adds what
+    follows and the fix."""
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{subject} holds non-finite weights (NaN or infinity) in {len(names)} tensors ({shown})"
 
 
 def padding_mask(
@@ -890,8 +899,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         bad = non_finite_tensors(loaded)
         if bad:  # a diverged training run's model decodes to empty lines without a word otherwise
             logger.warning(
-                f"{pretrained_model_name_or_path} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
-                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its outputs are meaningless; use a "
+                f"{non_finite_message(pretrained_model_name_or_path, bad)}: its outputs are meaningless; use a "
                 "checkpoint from before training diverged, or train again with a lower learning rate."
             )
         return model

@@ -757,8 +757,8 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     """`PadCollator` = `DataCollatorForSeq2Seq` + word dropout: right padding with the pad id and its mask,
     labels padded with -100, no `labels` key without labels, and source words (never `</s>`) dropped only in
     training, with torch's global RNG."""
-    from ode_transformer.train.data import word_dropout
     from ode_transformer.train.tokenizer import SPECIAL_TOKENS, train_tokenizer
+    from ode_transformer.train.trainer import word_dropout
 
     words = len(SPECIAL_TOKENS) + 8
     tokenizer = train_tokenizer(["a b c d e f g h"] * 4, vocab_size=words, min_frequency=1, kind="word")

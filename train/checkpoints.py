@@ -174,7 +174,7 @@ def check_checkpoint_pickles(checkpoint: str | Path) -> None:
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
-    from modeling_ode.modeling_ode_transformer import check_safetensors_file
+    from modeling_ode.modeling_ode_transformer import check_safetensors_file, non_finite_message
 
     folder = Path(checkpoint)
     fix = (
@@ -188,9 +188,8 @@ def check_checkpoint_pickles(checkpoint: str | Path) -> None:
             raise ValueError(f"{str(error).split('; ')[0]}; {fix}") from None
         if bad := _non_finite_weights(folder / WEIGHTS):
             raise ValueError(
-                f"{folder / WEIGHTS} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
-                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the run had diverged before this "
-                f"checkpoint was saved, and training cannot recover them; {fix.replace('another', 'an earlier')}"
+                f"{non_finite_message(folder / WEIGHTS, bad)}: the run had diverged before this checkpoint was "
+                f"saved, and training cannot recover them; {fix.replace('another', 'an earlier')}"
             )
     for path in sorted(p for pattern in _RESUMED_PICKLES for p in folder.glob(pattern)):
         try:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Literal
 
 import datasets
-import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
 from .files import read_byte_lines, read_lines
@@ -56,7 +55,6 @@ __all__ = [
     "tatoeba_de_en",
     "wi_locness",
     "wmt_test",
-    "word_dropout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -819,31 +817,3 @@ def load_task_data(
                 f"task {task!r} needs columns {sorted(needed)}; split {split!r} has {dataset.column_names}"
             )
     return result
-
-
-# --------------------------------------------------------------------------------------------
-# Word dropout
-
-
-def word_dropout(
-    token_ids: Sequence[int] | torch.Tensor,
-    p: float,
-    unk_id: int | None = None,
-    generator: torch.Generator | None = None,
-    keep_ids: Sequence[int] = (),
-) -> list[int] | torch.Tensor:
-    """Randomly drop (``unk_id=None``) or replace by ``unk_id`` each token with probability ``p``.
-
-    The GEC setup of the paper applies it to the source side during training only. It works
-    on the ids of one unpadded sequence (subword tokens, i.e. before padding in a collator);
-    ids in ``keep_ids`` (e.g. ``</s>``) are never touched. Returns the same type as the input
-    (list or 1-D tensor).
-    """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    ids = torch.as_tensor(token_ids, dtype=torch.long)
-    hit = torch.rand(ids.shape, generator=generator) < p
-    if keep_ids:
-        hit &= ~torch.isin(ids, torch.tensor(list(keep_ids), dtype=torch.long))
-    out = ids[~hit] if unk_id is None else ids.masked_fill(hit, unk_id)
-    return out if isinstance(token_ids, torch.Tensor) else out.tolist()

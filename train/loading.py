@@ -1,8 +1,7 @@
 """Loading and checking saved models, one home for training, translation, the hub tools and the benchmarks.
 
 A folder is checked before it is used (its config is an ODE Transformer's, its weights fit and are finite, its
-tokenizer files load), and flags are checked against what a saved model fixes. :func:`build_model` makes the
-model of a run: a fresh one from a preset, a saved one, or a residual one upcycled to RK blocks.
+tokenizer files load), and flags are checked against what a saved model fixes.
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from transformers import (
 )
 
 from modeling_ode import (  # importing modeling_ode registers the model with the auto classes
-    PAPER_DECODING,
     PRESETS,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
+    non_finite_message,
     non_finite_tensors,
 )
 
@@ -36,7 +35,7 @@ from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .tokenizer import check_tokenizer_files
 
 if TYPE_CHECKING:  # the arguments module imports this one
-    from .arguments import DataArguments, ModelArguments, RunArguments
+    from .arguments import ModelArguments
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +129,7 @@ def load_trainable_model(model_args: ModelArguments, task: str):
     model = load_saved_model(model_args.model_name_or_path, **changes)
     if bad := non_finite_tensors(model):
         raise ValueError(
-            f"{model_args.model_name_or_path} holds non-finite weights (NaN or infinity) in {len(bad)} tensors "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): training cannot recover them; start from a "
+            f"{non_finite_message(model_args.model_name_or_path, bad)}: training cannot recover them; start from a "
             "checkpoint saved before its run diverged, or train a new model"
         )
     return model
@@ -176,71 +174,6 @@ def load_state(model, state: dict, source) -> None:
     untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
     if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
         raise ValueError(f"{source} does not fit the model: missing {untied}, unexpected {unexpected}")
-
-
-def build_model(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    task: str,
-    tokenizer: PreTrainedTokenizerFast,
-    saved_model=None,
-):
-    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``: the one
-    :func:`load_trainable_model` loaded for training (``saved_model``), else (evaluation) as it was saved; with
-    ``--upcycle``, that residual model with its blocks swapped (from_residual)."""
-    if model_args.upcycle:
-        return ODETransformerForConditionalGeneration.from_residual(
-            model_args.model_name_or_path, **model_args.overrides()
-        )
-    if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
-        return saved_model if saved_model is not None else load_saved_model(model_args.model_name_or_path)
-    model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
-    overrides = model_args.task_overrides(task)
-    preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
-    needed = max(data_args.max_source_length, data_args.max_target_length) + 2
-    config = ODETransformerConfig.from_preset(
-        model_args.preset,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
-        max_position_embeddings=max(preset_positions, needed),
-        **overrides,
-    )
-    return model_class(config)
-
-
-def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments, saved: bool) -> dict:
-    """Beam size and length penalty of the test decoding, written into ``model.generation_config``.
-
-    ``--num_beams``/``--length_penalty`` if given, else a ``saved`` model's own, else the paper's for the task;
-    ``max_length`` is ``--max_target_length`` + 1 (the start token and the target's tokens).
-    """
-    if run_args.task == "lm":
-        return {}
-    generation = model.generation_config
-    beams, penalty = (
-        PAPER_DECODING[run_args.task]["num_beams"],
-        PAPER_DECODING[run_args.task]["length_penalty"],
-    )
-    if saved:  # unset fields of a generation config read as greedy search, length penalty 1
-        beams, penalty = (
-            generation.num_beams or 1,
-            1.0 if generation.length_penalty is None else generation.length_penalty,
-        )
-    decoding = {
-        "num_beams": run_args.num_beams or beams,
-        "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
-    }
-    # BART's convention: max_length, which counts the decoder's start token, so that a user's max_length,
-    # generation_max_length or max_new_tokens each take effect (a saved max_new_tokens would override the first two)
-    generation.max_length, generation.max_new_tokens = data_args.max_target_length + 1, None
-    generation.num_beams = decoding["num_beams"]
-    if decoding["num_beams"] > 1:  # beam-only settings are refused by greedy generation configs
-        generation.length_penalty = decoding["length_penalty"]
-        generation.early_stopping = True
-    return decoding
 
 
 # Any of these makes a folder's tokenizer loadable by AutoTokenizer (ode_transformer.train.run saves tokenizer.json).
@@ -339,14 +272,9 @@ _SIZE_FIELDS = (
 
 def _stored_parameters(weights: Path) -> int:
     """How many numbers a safetensors file holds, from its header alone (checked whole first)."""
-    import struct
-
     from modeling_ode.modeling_ode_transformer import check_safetensors_file
 
-    check_safetensors_file(weights)
-    with open(weights, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+    header = check_safetensors_file(weights)
     return sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from safetensors.torch import load_file
 from transformers import Seq2SeqTrainingArguments, TrainerState
 
-from modeling_ode import non_finite_tensors
+from modeling_ode import non_finite_message, non_finite_tensors
 
 from .checkpoints import (
     FINAL_MODEL_STAGING,
@@ -184,8 +184,8 @@ def save_final_model(trainer) -> None:
     bad = non_finite_tensors(trainer.model)
     if bad:
         raise FloatingPointError(
-            f"the final model has non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
-            f"not saved; train again with a lower --learning_rate (was {trainer.args.learning_rate:g})."
+            f"{non_finite_message('the final model', bad)}: not saved; train again with a lower --learning_rate "
+            f"(was {trainer.args.learning_rate:g})."
         )
     out = Path(trainer.args.output_dir)
     staged = out / STAGING / FINAL_MODEL_STAGING

@@ -1,6 +1,7 @@
-"""Data preparation: the raw splits a run needs (a shared corpus, local files or a Hub dataset, optionally
-streamed), its tokenizer, and the tokenised splits (with the lines cut to the length limits counted, never lost
-silently)."""
+"""What a run prepares before training: the raw splits (a shared corpus, local files or a Hub dataset, optionally
+streamed), its tokenizer, the tokenised splits (with the lines cut to the length limits counted, never lost
+silently), the model (a fresh one from a preset, a saved one, or a residual one upcycled to RK blocks:
+:func:`build_model`) and its decoding defaults."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from typing import Literal
 from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import PreTrainedTokenizerFast
 
-from modeling_ode import fit_tokenizer_to_model
+from modeling_ode import (
+    PAPER_DECODING,
+    ODETransformerConfig,
+    ODETransformerForCausalLM,
+    ODETransformerForConditionalGeneration,
+    fit_tokenizer_to_model,
+)
 
 from . import metrics
-from .arguments import DataArguments, Settings
+from .arguments import DataArguments, ModelArguments, RunArguments, Settings
 from .batching import seq2seq_lengths
 from .data import (
     SHARED_FOLDERS,
@@ -29,6 +36,7 @@ from .data import (
     load_task_data,
 )
 from .files import read_lines
+from .loading import load_saved_model
 from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 
 logger = logging.getLogger(__name__)
@@ -74,7 +82,7 @@ def _hub_copy(
         return load_task_data(kind, spec)
     except ValueError:  # the dataset loaded, but its columns do not fit: that message says so
         raise
-    except Exception as error:  # noqa: BLE001 - offline, unreachable, not found: datasets raises many kinds
+    except Exception as error:  # offline, unreachable, not found: datasets raises many kinds
         reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
         where = SHARED_FOLDERS.get(name, name)
         raise MissingCorpusError(
@@ -357,3 +365,68 @@ def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrained
     if named:
         check_task_tokenizer(tokenizer, task, named)
     return tokenizer
+
+
+def build_model(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    task: str,
+    tokenizer: PreTrainedTokenizerFast,
+    saved_model=None,
+):
+    """A fresh model from the preset and overrides, or the saved one of ``model_name_or_path``: the one
+    :func:`load_trainable_model` loaded for training (``saved_model``), else (evaluation) as it was saved; with
+    ``--upcycle``, that residual model with its blocks swapped (from_residual)."""
+    if model_args.upcycle:
+        return ODETransformerForConditionalGeneration.from_residual(
+            model_args.model_name_or_path, **model_args.overrides()
+        )
+    if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
+        return saved_model if saved_model is not None else load_saved_model(model_args.model_name_or_path)
+    model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
+    overrides = model_args.task_overrides(task)
+    preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
+    needed = max(data_args.max_source_length, data_args.max_target_length) + 2
+    config = ODETransformerConfig.from_preset(
+        model_args.preset,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=max(preset_positions, needed),
+        **overrides,
+    )
+    return model_class(config)
+
+
+def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments, saved: bool) -> dict:
+    """Beam size and length penalty of the test decoding, written into ``model.generation_config``.
+
+    ``--num_beams``/``--length_penalty`` if given, else a ``saved`` model's own, else the paper's for the task;
+    ``max_length`` is ``--max_target_length`` + 1 (the start token and the target's tokens).
+    """
+    if run_args.task == "lm":
+        return {}
+    generation = model.generation_config
+    beams, penalty = (
+        PAPER_DECODING[run_args.task]["num_beams"],
+        PAPER_DECODING[run_args.task]["length_penalty"],
+    )
+    if saved:  # unset fields of a generation config read as greedy search, length penalty 1
+        beams, penalty = (
+            generation.num_beams or 1,
+            1.0 if generation.length_penalty is None else generation.length_penalty,
+        )
+    decoding = {
+        "num_beams": run_args.num_beams or beams,
+        "length_penalty": penalty if run_args.length_penalty is None else run_args.length_penalty,
+    }
+    # BART's convention: max_length, which counts the decoder's start token, so that a user's max_length,
+    # generation_max_length or max_new_tokens each take effect (a saved max_new_tokens would override the first two)
+    generation.max_length, generation.max_new_tokens = data_args.max_target_length + 1, None
+    generation.num_beams = decoding["num_beams"]
+    if decoding["num_beams"] > 1:  # beam-only settings are refused by greedy generation configs
+        generation.length_penalty = decoding["length_penalty"]
+        generation.early_stopping = True
+    return decoding

@@ -58,12 +58,10 @@ from .data import MissingCorpusError
 from .evaluation import test_results, write_outputs
 from .files import replacing
 from .loading import (
-    build_model,
     check_resume_config,
     check_saved_model_task,
     load_trainable_model,
     saved_model_tokenizer,
-    set_decoding_defaults,
 )
 from .output_folder import (
     load_average,
@@ -76,11 +74,13 @@ from .output_folder import (
     trained_to_the_end,
 )
 from .preparation import (
+    build_model,
     check_splits_not_empty,
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
     prepare_tokenizer,
+    set_decoding_defaults,
     splits_to_use,
     tokenize_splits,
 )

@@ -31,7 +31,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,7 +51,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from . import metrics
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
-from .data import word_dropout
 from .files import saving, write_atomic
 from .tokenizer import tokenizer_sides
 
@@ -62,7 +61,32 @@ __all__ = [
     "TokenBudgetTrainer",
     "fp32_forward",
     "lm_negative_log_likelihood",
+    "word_dropout",
 ]
+
+
+def word_dropout(
+    token_ids: Sequence[int] | torch.Tensor,
+    p: float,
+    unk_id: int | None = None,
+    generator: torch.Generator | None = None,
+    keep_ids: Sequence[int] = (),
+) -> list[int] | torch.Tensor:
+    """Randomly drop (``unk_id=None``) or replace by ``unk_id`` each token with probability ``p``.
+
+    The GEC setup of the paper applies it to the source side during training only. It works
+    on the ids of one unpadded sequence (subword tokens, i.e. before padding in a collator);
+    ids in ``keep_ids`` (e.g. ``</s>``) are never touched. Returns the same type as the input
+    (list or 1-D tensor).
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    hit = torch.rand(ids.shape, generator=generator) < p
+    if keep_ids:
+        hit &= ~torch.isin(ids, torch.tensor(list(keep_ids), dtype=torch.long))
+    out = ids[~hit] if unk_id is None else ids.masked_fill(hit, unk_id)
+    return out if isinstance(token_ids, torch.Tensor) else out.tolist()
 
 
 @dataclass

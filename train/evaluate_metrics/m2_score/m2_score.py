@@ -9,10 +9,7 @@ is then ``ode_transformer/train/evaluate_metrics/m2_score`` in site-packages). I
 import datasets
 import evaluate
 
-try:  # the repository
-    from ode_transformer.train.metrics import m2_score, parse_m2
-except ImportError:  # the [train] extra
-    from ode_transformer.train.metrics import m2_score, parse_m2
+from ode_transformer.train.metrics import m2_score, parse_m2
 
 _DESCRIPTION = """MaxMatch (M2) scorer (Dahlmeier & Ng, 2012) for grammatical error correction:
 corpus-level precision, recall and F_beta of the system's edits against gold M2 edits."""
