@@ -11,7 +11,6 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from .configuration_ode_transformer import (
     LAYER_CONNECTIONS,
     ODE_FUNCTIONS,
-    PAPER_DECODING,
     PAPER_LABEL_SMOOTHING,
     PRESETS,
     ODETransformerConfig,
@@ -43,7 +42,6 @@ __all__ = [
     "LAYER_CONNECTIONS",
     "ODE_FUNCTIONS",
     "ODE_METHODS",
-    "PAPER_DECODING",
     "PAPER_LABEL_SMOOTHING",
     "PRESETS",
     "ButcherTableau",

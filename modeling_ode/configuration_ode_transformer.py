@@ -38,7 +38,6 @@ __all__ = [
     "ODETransformerConfig",
     "ODE_FUNCTIONS",
     "LAYER_CONNECTIONS",
-    "PAPER_DECODING",
     "PAPER_LABEL_SMOOTHING",
     "PRESETS",
 ]
@@ -60,13 +59,6 @@ _PCFORMER: dict[str, Any] = {
     "ode_coefficient_scope": "stack",
     "ode_ema_alpha": "scalar",
     "ode_function_includes_residual": True,
-}
-# The paper's decoding per task (Appendix, table "dataset"); translation's is that of WMT En-De (En-Ro used
-# beam 5, length penalty 1.3).
-PAPER_DECODING: dict[str, dict[str, int | float]] = {
-    "translation": {"num_beams": 4, "length_penalty": 0.6},
-    "summarization": {"num_beams": 4, "length_penalty": 2.0},
-    "gec": {"num_beams": 6, "length_penalty": 0.6},
 }
 # The paper's training loss: cross entropy with label smoothing 0.1. The model returns plain cross entropy (as BART
 # and Marian do); the smoothing is the Trainer's `label_smoothing_factor`, which ode_transformer.train.run sets to this.

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 
 from ode_transformer.train import data
@@ -35,7 +34,6 @@ from ode_transformer.train.data import (
     ptb,
     wi_locness,
     wmt_test,
-    word_dropout,
 )
 
 
@@ -430,27 +428,6 @@ def test_task_data_from_hub_folder(tmp_path):
     assert sorted(dd) == ["train", "validation"] and dd["validation"][0] == {"source": "yes", "target": "da"}
     with pytest.raises(ValueError, match="unknown shared corpus"):
         load_task_data("seq2seq", DataSpec("shared", "wikitext"))
-
-
-# --------------------------------------------------------------------------------------------
-# word dropout
-
-
-def test_word_dropout():
-    ids = list(range(4, 10004)) + [2]
-    assert word_dropout(ids, 0.0) == ids
-    g = torch.Generator().manual_seed(0)
-    dropped = word_dropout(ids, 0.3, generator=g, keep_ids=[2])
-    assert dropped == word_dropout(ids, 0.3, generator=torch.Generator().manual_seed(0), keep_ids=[2])
-    assert dropped[-1] == 2 and 0.27 < 1 - len(dropped) / len(ids) < 0.33  # binomial sd ~0.005
-    assert dropped[:-1] == sorted(dropped[:-1])  # order kept
-    unk = word_dropout(
-        torch.tensor(ids), 0.3, unk_id=3, generator=torch.Generator().manual_seed(0), keep_ids=[2]
-    )
-    assert isinstance(unk, torch.Tensor) and len(unk) == len(ids) and unk[-1] == 2
-    assert (unk == 3).sum().item() == len(ids) - len(dropped)  # same draws: replaced where dropped
-    with pytest.raises(ValueError):
-        word_dropout(ids, 1.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,10 +24,8 @@ from ode_transformer.train.data import data_root
 from ode_transformer.train.evaluate_predictions import main
 from ode_transformer.train.files import read_lines
 from ode_transformer.train.metrics import (
-    TASK_METRIC_NAMES,
     GoldEdit,
     M2Sentence,
-    build_seq2seq_compute_metrics,
     chrf_score,
     exact_match,
     gleu_score,
@@ -39,6 +37,8 @@ from ode_transformer.train.metrics import (
     split_compounds,
     tokenized_bleu,
 )
+from ode_transformer.train.tasks import TASKS
+from ode_transformer.train.trainer import build_seq2seq_compute_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -480,7 +480,7 @@ def test_compute_metrics_decodes_and_scores(word_tokenizer):
     # --metric_for_best_model is checked against these names before training: they must be what is returned
     returned = {"translation": translation, "gec": gec, "summarization": summary}
     assert {task: sorted(scores) for task, scores in returned.items()} == {
-        task: sorted(names) for task, names in TASK_METRIC_NAMES.items()
+        name: sorted(task.metric_names) for name, task in TASKS.items() if not task.is_lm
     }
     with pytest.raises(ValueError, match="task must be one of"):
         build_seq2seq_compute_metrics(word_tokenizer, "parsing")

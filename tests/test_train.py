@@ -753,6 +753,25 @@ def test_card_names_a_test_slice_as_one():
     assert dataset_card(data_args, "translation", None, rows=40)["split"] == "test"
 
 
+def test_word_dropout():
+    from ode_transformer.train.trainer import word_dropout
+
+    ids = list(range(4, 10004)) + [2]
+    assert word_dropout(ids, 0.0) == ids
+    g = torch.Generator().manual_seed(0)
+    dropped = word_dropout(ids, 0.3, generator=g, keep_ids=[2])
+    assert dropped == word_dropout(ids, 0.3, generator=torch.Generator().manual_seed(0), keep_ids=[2])
+    assert dropped[-1] == 2 and 0.27 < 1 - len(dropped) / len(ids) < 0.33  # binomial sd ~0.005
+    assert dropped[:-1] == sorted(dropped[:-1])  # order kept
+    unk = word_dropout(
+        torch.tensor(ids), 0.3, unk_id=3, generator=torch.Generator().manual_seed(0), keep_ids=[2]
+    )
+    assert isinstance(unk, torch.Tensor) and len(unk) == len(ids) and unk[-1] == 2
+    assert (unk == 3).sum().item() == len(ids) - len(dropped)  # same draws: replaced where dropped
+    with pytest.raises(ValueError):
+        word_dropout(ids, 1.0)
+
+
 def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     """`PadCollator` = `DataCollatorForSeq2Seq` + word dropout: right padding with the pad id and its mask,
     labels padded with -100, no `labels` key without labels, and source words (never `</s>`) dropped only in

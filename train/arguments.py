@@ -28,20 +28,24 @@ from modeling_ode.compat import order_argument_groups, parser_actions
 from modeling_ode.tokenizer_limits import NO_LENGTH_LIMIT
 from ode_transformer.cli import program_name
 
-from . import metrics
 from .loading import check_saved_model_flags, check_saved_model_preset, target_length
 from .output_folder import refuse_to_delete_inputs
 from .precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
+from .tasks import TASKS, get_task
 
 logger = logging.getLogger(__name__)
 
 
 # the command these arguments are for (python -m ode_transformer.train.run)
 RUN_MODULE = f"{__spec__.parent}.run"
-TASKS = ("translation", "summarization", "gec", "lm")
 
 
 DEFAULT_LENGTH = 256  # --max_source_length / --max_target_length of a new model
+
+
+def _paper_decoding(setting: str) -> str:
+    """The paper's ``num_beams`` or ``length_penalty`` of each seq2seq task, for the flag's help."""
+    return " / ".join(str(task.paper_decoding[setting]) for task in TASKS.values() if not task.is_lm)
 
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
@@ -133,8 +137,8 @@ class ModelArguments:
         return {**chosen, **extra}
 
     def task_overrides(self, task: str) -> dict:
-        """:meth:`overrides` with what a task fixes (``lm``: a decoder-only model without label smoothing)."""
-        if task == "lm":
+        """:meth:`overrides` with what a task fixes (a language model: decoder-only)."""
+        if get_task(task).is_lm:
             return {"is_encoder_decoder": False, **self.overrides()}
         return self.overrides()
 
@@ -228,10 +232,12 @@ class RunArguments:
 
     _argument_group_name = "run"
 
-    task: str = field(default="translation", metadata={"help": "translation, summarization, gec, lm"})
-    num_beams: int | None = field(default=None, metadata={"help": "default per task (paper): 4 / 4 / 6"})
+    task: str = field(default="translation", metadata={"help": ", ".join(TASKS)})
+    num_beams: int | None = field(
+        default=None, metadata={"help": f"default per task (paper): {_paper_decoding('num_beams')}"}
+    )
     length_penalty: float | None = field(
-        default=None, metadata={"help": "default per task (paper): 0.6 / 2.0 / 0.6"}
+        default=None, metadata={"help": f"default per task (paper): {_paper_decoding('length_penalty')}"}
     )
     average_last_checkpoints: int = field(
         default=0, metadata={"help": "average the last N checkpoints before testing"}
@@ -427,8 +433,7 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
     )
     if positional.recipe is not None:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
-    if run_args.task not in TASKS:
-        raise ValueError(f"--task must be one of {TASKS}, got {run_args.task!r}")
+    task = get_task(run_args.task)
     for flag in ("max_source_length", "max_target_length"):
         length = getattr(data_args, flag)
         if length is not None and length <= 0:
@@ -450,10 +455,11 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
                 getattr(data_args, flag),
             )
             setattr(data_args, flag, None)
-    if model_args.upcycle and (not model_args.model_name_or_path or run_args.task == "lm"):
+    if model_args.upcycle and (not model_args.model_name_or_path or task.is_lm):
+        seq2seq = ", ".join(name for name, other in TASKS.items() if not other.is_lm)
         raise ValueError(
             "--upcycle true converts the seq2seq model of --model_name_or_path to this run's ODE blocks: give that "
-            "folder, and a seq2seq --task (translation, summarization, gec)"
+            f"folder, and a seq2seq --task ({seq2seq})"
         )
     if not training_args.do_train and not model_args.model_name_or_path:
         raise ValueError(
@@ -472,10 +478,11 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
     if run_args.num_beams is not None and run_args.num_beams <= 0:
         raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
     metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
-    evaluated = metrics.evaluation_metrics(run_args.task, training_args.predict_with_generate)
-    if metric not in evaluated:  # transformers would fail at the first evaluation, after training up to it
-        model = "a language model" if run_args.task == "lm" else f"a {run_args.task} model"
-        unlocked = sorted(set(metrics.evaluation_metrics(run_args.task, generate=True)) - set(evaluated))
+    evaluated = task.evaluated(training_args.predict_with_generate)
+    # transformers would fail at the first evaluation, after training up to it
+    if metric not in evaluated:
+        model = "a language model" if task.is_lm else f"a {task.name} model"
+        unlocked = sorted(set(task.evaluated(generate=True)) - set(evaluated))
         raise ValueError(
             f"--metric_for_best_model {metric}: {model}'s evaluation gives {', '.join(evaluated)}; choose one"
             + (f" (or {', '.join(unlocked)} with --predict_with_generate true)" if unlocked else "")
@@ -593,9 +600,10 @@ def set_label_smoothing(
     """The model returns plain cross entropy (as BART and Marian do); label smoothing is the Trainer's
     ``--label_smoothing_factor``: by default the paper's 0.1, and 0 for ``--task lm``. transformers shifts the
     labels of a smoothed loss only for its own causal LMs, so a smoothed ODE language model is refused."""
+    is_lm = get_task(task).is_lm
     if not given("label_smoothing_factor", argv, recipe):
-        training_args.label_smoothing_factor = 0.0 if task == "lm" else PAPER_LABEL_SMOOTHING
-    elif task == "lm" and training_args.label_smoothing_factor:
+        training_args.label_smoothing_factor = 0.0 if is_lm else PAPER_LABEL_SMOOTHING
+    elif is_lm and training_args.label_smoothing_factor:
         raise ValueError(
             f"--label_smoothing_factor {training_args.label_smoothing_factor} with --task lm: transformers' label "
             "smoother would not shift a causal LM's labels; leave it out (the paper's language models use none)"

@@ -16,18 +16,13 @@ from ode_transformer.cli import install_command
 from ode_transformer.wording import counted
 
 from .precision import PrecisionChoice, choose_precision
+from .tasks import get_task
 
 if TYPE_CHECKING:
     from .arguments import DataArguments, Settings
 
 logger = logging.getLogger(__name__)
 
-HUB_TASKS = {
-    "translation": "translation",
-    "summarization": "summarization",
-    "gec": "text2text-generation",
-    "lm": "text-generation",
-}
 # Shared corpora as the model card names them: (display name, Hub id of the public original).
 CORPUS_CARDS: dict[str, tuple[str, str]] = {
     "multi30k": ("Multi30k Task 1", "bentrevett/multi30k"),
@@ -63,7 +58,7 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows:
     ``--max_test_samples``, named ``test[:N]`` as a datasets slice, or all of it)."""
     if data_args.test_file:  # scored on the user's own file, whatever corpus trained the model
         name, hub_id = (data_args.dataset_name,) * 2 if data_args.dataset_name else LOCAL_DATA
-    elif task == "gec" and m2_file:
+    elif get_task(task).m2_scored and m2_file:
         name, hub_id = CORPUS_CARDS["conll2013"]
     else:
         name, hub_id = data_name(data_args)
@@ -106,7 +101,7 @@ def training_datasets(data_args: DataArguments) -> list[str]:
 
 def card_language(data_args: DataArguments, task: str) -> list[str] | None:
     """ISO 639-1 codes for the card (source first): the translation pair, else the shared corpus's language."""
-    if task == "translation":
+    if get_task(task).language_pair:
         pair = [data_args.source_lang, data_args.target_lang]
         return pair if all(pair) else None
     first = (data_args.dataset or "").split("+")[0]
@@ -157,8 +152,8 @@ def training_card(settings: Settings, train_metrics: dict, config: ODETransforme
 
 
 def usage_example(task: str, raw_test: Dataset) -> str:
-    """The model card's usage input: the first test source (lm: its first three words)."""
-    if task == "lm":
+    """The model card's usage input: the first test source (a language model: its first three words)."""
+    if get_task(task).is_lm:
         return " ".join(raw_test[0]["text"].split()[:3])
     return raw_test[0]["source"].strip()
 
@@ -175,7 +170,7 @@ def metrics_document(
     """The metrics JSON in the schema of :mod:`ode_transformer.hub.model_card` (``training`` only when this run trained)."""
     data_args, run_args = settings.data, settings.run
     document = {
-        "task": HUB_TASKS[run_args.task],
+        "task": get_task(run_args.task).hub_tag,
         "dataset": dataset_card(data_args, run_args.task, m2_file, raw_test.num_rows),
         "results": results,
         "example": usage_example(run_args.task, raw_test),
@@ -187,7 +182,7 @@ def metrics_document(
     base = settings.model.model_name_or_path
     if train_metrics and base and not Path(base).exists():  # fine-tuned from a Hub model
         document["base_model"] = base
-    if run_args.task != "lm":
+    if not get_task(run_args.task).is_lm:
         document["decoding"] = {
             **{k: decoding[k] for k in ("num_beams", "length_penalty")},
             "precision": "fp32",

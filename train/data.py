@@ -667,13 +667,13 @@ def _check_lm_text_file(spec: str, name: str) -> None:
 
 
 def iter_local_rows(
-    spec: str, task: Literal["seq2seq", "lm"], source_column: str = "source", target_column: str = "target"
+    spec: str, kind: Literal["seq2seq", "lm"], source_column: str = "source", target_column: str = "target"
 ) -> Iterator[dict]:
     """The training rows of :func:`load_local_file`, read one line at a time (``--streaming true``): memory does not
     grow with the file. The same formats and checks (columns, a language model's plain text, aligned pairs); blank
     or empty-sided rows are skipped, without :func:`load_local_file`'s count (the file is not read ahead)."""
     name = spec.removesuffix(".gz")
-    if task == "lm":
+    if kind == "lm":
         _check_lm_text_file(spec, name)
         with _open_text(spec) as lines:
             yield from ({"text": line.strip()} for line in lines if line.strip())
@@ -732,7 +732,7 @@ def _open_text(path: str):
 
 def load_local_file(
     spec: tuple[str, str] | str,
-    task: Literal["seq2seq", "lm"],
+    kind: Literal["seq2seq", "lm"],
     source_column: str = "source",
     target_column: str = "target",
     skip_empty: bool = True,
@@ -741,7 +741,7 @@ def load_local_file(
     (``.gz`` allowed; columns ``source_column``/``target_column``) or, for ``lm``, one text file (a ``text``
     row per line, stripped). ``skip_empty=False`` keeps every row (an evaluation split)."""
     name = spec.removesuffix(".gz") if isinstance(spec, str) else ""
-    if task == "lm":
+    if kind == "lm":
         _check_lm_text_file(spec, name)
         return _text_dataset(spec, skip_empty)
     if isinstance(spec, tuple) or "," in spec:
@@ -772,7 +772,7 @@ def _shared_readers(spec: DataSpec) -> dict[str, Callable[[], Dataset]]:
 
 
 def load_task_data(
-    task: Literal["seq2seq", "lm"], spec: DataSpec, without_train: bool = False
+    kind: Literal["seq2seq", "lm"], spec: DataSpec, without_train: bool = False
 ) -> DatasetDict:
     """Build the ``train``/``validation``/``test`` :class:`DatasetDict` described by ``spec``.
 
@@ -781,7 +781,7 @@ def load_task_data(
     splits only (its training split streams, and is not downloaded).
 
     Raises:
-        ValueError: unknown kind/corpus, or columns that do not fit ``task`` (``lm`` needs
+        ValueError: unknown kind/corpus, or columns that do not fit ``kind`` (``lm`` needs
             ``text``, ``seq2seq`` needs ``source`` and ``target``).
     """
     if spec.kind == "shared":
@@ -792,7 +792,7 @@ def load_task_data(
         columns = (spec.source_lang or "source", spec.target_lang or "target")
         result = DatasetDict(
             {
-                split: load_local_file(f, task, *columns, skip_empty=split == "train")
+                split: load_local_file(f, kind, *columns, skip_empty=split == "train")
                 for split, f in spec.files.items()
             }
         )
@@ -810,10 +810,10 @@ def load_task_data(
         result = DatasetDict({renames.get(split, split): ds for split, ds in loaded.items()})
     else:
         raise ValueError(f"unknown DataSpec kind {spec.kind!r}; use 'shared', 'files' or 'hub'")
-    needed = {"text"} if task == "lm" else {"source", "target"}
+    needed = {"text"} if kind == "lm" else {"source", "target"}
     for split, dataset in result.items():
         if not needed <= set(dataset.column_names):
             raise ValueError(
-                f"task {task!r} needs columns {sorted(needed)}; split {split!r} has {dataset.column_names}"
+                f"task {kind!r} needs columns {sorted(needed)}; split {split!r} has {dataset.column_names}"
             )
     return result

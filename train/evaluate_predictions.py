@@ -41,8 +41,6 @@ from .metrics import (
     tokenized_bleu,
 )
 
-TASKS = ("translation", "summarization", "gec", "gleu")
-
 
 class UsageError(Exception):
     """A problem with the command line or the input files, reported without a traceback."""
@@ -117,7 +115,8 @@ def _gleu(args: argparse.Namespace, hyps: list[str]) -> dict:
     return gleu_score(sources, hyps, list(refs.values()))
 
 
-_RUNNERS = {"translation": _translation, "summarization": _summarization, "gec": _gec, "gleu": _gleu}
+# What `--task` scores: a task's outputs (its name in train/tasks.py), or `gleu` (JFLEG's GEC measure).
+SCORERS = {"translation": _translation, "summarization": _summarization, "gec": _gec, "gleu": _gleu}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=program_name(__spec__.name),
         description="Score system outputs (one segment per line; .gz accepted) and print JSON metrics.",
     )
-    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--task", required=True, choices=list(SCORERS))
     parser.add_argument("--hyp", required=True, help="system outputs")
     parser.add_argument("--ref", action="append", help="reference file (repeat for several references)")
     parser.add_argument("--src", help="source sentences (gleu; for gec, checked against the M2 file)")
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         hyps = read_lines(args.hyp)
         if not hyps:  # sacrebleu fails on it, ROUGE would score it 0
             raise UsageError(f"{args.hyp} has no lines: nothing to score")
-        metrics = _RUNNERS[args.task](args, hyps)
+        metrics = SCORERS[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
         return report_user_error(__spec__.name, error)
     text = json.dumps(metrics, indent=2, ensure_ascii=False)

@@ -12,6 +12,7 @@ from datasets import Dataset
 from . import metrics
 from .card import write_card
 from .files import read_lines, write_atomic
+from .tasks import get_task
 from .trainer import PadCollator, fp32_forward, lm_negative_log_likelihood
 from .translate import decode, generate_ids
 
@@ -32,12 +33,10 @@ def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollat
 
 
 def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file: str | None) -> list[dict]:
-    """Metric records (hub schema ``results``) of the test hypotheses against the raw references."""
-    refs = [text.strip() for text in raw_test["target"]]
-    if task == "summarization":
-        scores = metrics.rouge_scores(hyps, refs)
-        return [{"metric": "rouge", "name": key.upper(), "value": value} for key, value in scores.items()]
-    if task == "gec" and m2_file:
+    """Metric records (hub schema ``results``) of the test hypotheses: against the M2 file for an M2-scored task
+    given one, else the task's ``test_records`` against the raw references."""
+    task = get_task(task)
+    if task.m2_scored and m2_file:
         # --max_test_samples: the first ones
         sentences = metrics.parse_m2(read_lines(m2_file), m2_file)[: len(hyps)]
         m2 = metrics.m2_score(hyps, sentences)
@@ -46,11 +45,7 @@ def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file:
             {"metric": "recall", "name": "M2 recall", "value": m2["recall"]},
             {"metric": "f0.5", "name": "M2 F0.5", "value": m2["f0.5"]},
         ]
-    bleu, chrf = metrics.sacrebleu_score(hyps, refs), metrics.chrf_score(hyps, refs)
-    return [
-        {"metric": "sacrebleu", "name": "BLEU", "value": bleu["score"], "signature": bleu["signature"]},
-        {"metric": "chrf", "name": "chrF", "value": chrf["score"], "signature": chrf["signature"]},
-    ]
+    return task.test_records(hyps, [text.strip() for text in raw_test["target"]])
 
 
 def test_results(
@@ -66,7 +61,7 @@ def test_results(
     if not trainer.is_world_process_zero():
         return [], []
     model = trainer.accelerator.unwrap_model(trainer.model)
-    if task == "lm":
+    if get_task(task).is_lm:
         scores = lm_test_results(model, test, raw_test, collator, training_args.per_device_eval_batch_size)
         return [
             {"metric": "perplexity", "name": "Word perplexity", "value": scores["word_perplexity"]},

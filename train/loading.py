@@ -32,6 +32,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
 )
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
+from .tasks import TASKS, get_task
 from .tokenizer import check_tokenizer_files
 
 if TYPE_CHECKING:  # the arguments module imports this one
@@ -57,12 +58,14 @@ def check_saved_model_task(model_name_or_path: str, task: str) -> None:
     """A saved ODE Transformer whose kind fits ``--task`` (an encoder-decoder for the seq2seq tasks, a
     decoder-only model for ``lm``): otherwise the model class refuses it in words about classes, not the flag."""
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
-    if seq2seq and task == "lm":
+    lm = get_task(task).is_lm
+    if seq2seq and lm:
+        tasks = [name for name, other in TASKS.items() if not other.is_lm]
         raise ValueError(
-            f"{model_name_or_path} is an encoder-decoder model, and --task lm trains a decoder-only one: give "
-            "--task translation, summarization or gec, or a language model's folder"
+            f"{model_name_or_path} is an encoder-decoder model, and --task {task} trains a decoder-only one: give "
+            f"--task {', '.join(tasks[:-1])} or {tasks[-1]}, or a language model's folder"
         )
-    if not seq2seq and task != "lm":
+    if not seq2seq and not lm:
         raise ValueError(f"{model_name_or_path} is a decoder-only language model: give --task lm with it")
 
 

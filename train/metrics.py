@@ -8,7 +8,6 @@
   (:func:`m2_score`, written from the paper's description, not copied from the official
   scorer) and the JFLEG GLEU (:func:`gleu_score`).
 * Language modelling: :func:`perplexity` from a mean negative log-likelihood.
-* :func:`build_seq2seq_compute_metrics`: a ``compute_metrics`` for ``Seq2SeqTrainer``.
 
 All BLEU-like scores are on a 0-100 scale; M2 precision/recall/F are in [0, 1] as printed
 by the official m2scorer.
@@ -21,7 +20,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,8 +30,8 @@ from sacremoses import MosesTokenizer
 
 __all__ = [
     "GoldEdit",
+    "ROUGE_TYPES",
     "M2Sentence",
-    "build_seq2seq_compute_metrics",
     "chrf_score",
     "exact_match",
     "gleu_score",
@@ -178,7 +177,7 @@ def tokenized_bleu(
 # Summarization
 # ----------------------------------------------------------------------------------------------
 
-_ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -205,12 +204,12 @@ def rouge_scores(
     """
     if len(preds) != len(refs):
         raise ValueError(f"{len(preds)} predictions but {len(refs)} references")
-    scorer = rouge_scorer.RougeScorer(list(_ROUGE_TYPES), use_stemmer=use_stemmer)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
     prepare = split_sentences if sentence_split else str
-    totals = dict.fromkeys(_ROUGE_TYPES, 0.0)
+    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
     for pred, ref in zip(preds, refs):
         scores = scorer.score(prepare(ref), prepare(pred))
-        for key in _ROUGE_TYPES:
+        for key in ROUGE_TYPES:
             totals[key] += scores[key].fmeasure
     return {key: 100.0 * total / max(len(preds), 1) for key, total in totals.items()}
 
@@ -637,71 +636,3 @@ def perplexity(mean_nll: float) -> float:
 # ----------------------------------------------------------------------------------------------
 # compute_metrics for Seq2SeqTrainer
 # ----------------------------------------------------------------------------------------------
-
-
-def _translation_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
-    return {"bleu": sacrebleu_score(hyps, refs)["score"], "chrf": chrf_score(hyps, refs)["score"]}
-
-
-def _gec_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
-    return {**_translation_metrics(hyps, refs), "exact_match": exact_match(hyps, refs)}
-
-
-_TASK_METRICS: dict[str, Callable[[list[str], list[str]], dict[str, float]]] = {
-    "translation": _translation_metrics,
-    "summarization": rouge_scores,
-    "gec": _gec_metrics,
-}
-# The names each of them returns (an evaluation reports them as eval_NAME): what --metric_for_best_model can pick.
-TASK_METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "translation": ("bleu", "chrf"),
-    "summarization": _ROUGE_TYPES,
-    "gec": ("bleu", "chrf", "exact_match"),
-}
-
-
-def evaluation_metrics(task: str, generate: bool) -> tuple[str, ...]:
-    """What an evaluation during training reports, without the ``eval_`` prefix: the loss; a language model's
-    perplexity; a seq2seq task's metrics only when each evaluation generates (``--predict_with_generate``)."""
-    if task == "lm":
-        return ("loss", "perplexity")
-    return ("loss", *(TASK_METRIC_NAMES[task] if generate else ()))
-
-
-def _decode(tokenizer, ids) -> list[str]:
-    """Token ids (or logits) -> stripped strings; negative ids (-100 padding) become pad ids."""
-    from .translate import decode  # torch and transformers only where a model is evaluated
-
-    if isinstance(ids, tuple):
-        ids = ids[0]
-    ids = np.asarray(ids)
-    if ids.ndim == 3:
-        ids = ids.argmax(axis=-1)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = np.where(ids < 0, pad_id, ids)
-    return decode(tokenizer, ids.tolist())
-
-
-def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], dict[str, float]]:
-    """``compute_metrics`` for ``Seq2SeqTrainer(..., compute_metrics=...)`` with ``predict_with_generate=True``.
-
-    The returned callable takes an ``EvalPrediction`` (``predictions``: generated ids, possibly
-    a tuple whose first item is the ids, padded with -100 or the pad id; ``label_ids``: padded
-    with -100), decodes both with ``tokenizer`` and returns floats only:
-
-    * ``translation``: ``bleu`` (SacreBLEU 13a) and ``chrf``;
-    * ``summarization``: ``rouge1``, ``rouge2``, ``rougeL``, ``rougeLsum``;
-    * ``gec``: ``bleu``, ``chrf`` and ``exact_match`` against the target side. The M2 and GLEU
-      scores need the source sentences and the M2 file, so they are computed after training
-      by ``python -m ode_transformer.train.evaluate_predictions --task gec|gleu``.
-    """
-    if task not in _TASK_METRICS:
-        raise ValueError(f"task must be one of {sorted(_TASK_METRICS)}, got {task!r}")
-    task_metrics = _TASK_METRICS[task]
-
-    def compute_metrics(eval_prediction) -> dict[str, float]:
-        hyps = _decode(tokenizer, eval_prediction.predictions)
-        refs = _decode(tokenizer, eval_prediction.label_ids)
-        return task_metrics(hyps, refs)
-
-    return compute_metrics

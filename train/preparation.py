@@ -15,7 +15,6 @@ from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import PreTrainedTokenizerFast
 
 from modeling_ode import (
-    PAPER_DECODING,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
@@ -29,7 +28,6 @@ from .data import (
     SHARED_FOLDERS,
     DataSpec,
     MissingCorpusError,
-    conll2013_test,
     iter_local_rows,
     load_hub_dataset,
     load_local_file,
@@ -37,6 +35,7 @@ from .data import (
 )
 from .files import read_lines
 from .loading import load_saved_model
+from .tasks import get_task
 from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 
 logger = logging.getLogger(__name__)
@@ -93,11 +92,13 @@ def _hub_copy(
 
 
 def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
-    """Raw ``train``/``validation``/``test`` splits and, for GEC, the test split's M2 file.
+    """Raw ``train``/``validation``/``test`` splits and, for an M2-scored task (GEC), the test split's M2 file.
 
-    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
+    Without a test split: the task's own (``Task.test_split``: GEC's CoNLL-2013, M2-scored), else the validation
+    split.
     """
-    kind = "lm" if task == "lm" else "seq2seq"
+    task = get_task(task)
+    kind = task.kind
     if data_args.dataset:
         raw = _shared_corpus(data_args.dataset, kind, data_args)
     elif data_args.hub_dataset:  # streamed, the training split is read by streaming_train_split
@@ -119,10 +120,10 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
                 spec, kind, data_args.source_column, data_args.target_column, skip_empty=split == "train"
             )
     m2_file = data_args.m2_file
-    if task == "gec" and "test" not in raw:
-        raw["test"], conll_m2 = conll2013_test(data_args.data_dir)
-        m2_file = m2_file or str(conll_m2)
-    if task == "gec" and m2_file and "test" in raw:
+    if task.test_split is not None and "test" not in raw:
+        raw["test"], split_m2 = task.test_split(data_args.data_dir)
+        m2_file = m2_file or str(split_m2)
+    if task.m2_scored and m2_file and "test" in raw:
         check_m2_aligned(m2_file, raw["test"].num_rows)
     if "test" not in raw and "validation" in raw:
         raw["test"] = raw["validation"]
@@ -190,7 +191,7 @@ def streaming_train_split(
             streaming=True,
         )
     if data_args.train_file:
-        return stream_local_file(data_args.train_file, "lm" if task == "lm" else "seq2seq", data_args)
+        return stream_local_file(data_args.train_file, get_task(task).kind, data_args)
     return raw["train"].to_iterable_dataset(num_shards=max(world_size, 1))
 
 
@@ -200,7 +201,7 @@ def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> Iterabl
     is read now, so that a wrong column or format is refused before training starts."""
     rows = {
         "spec": spec,
-        "task": kind,
+        "kind": kind,
         "source_column": data_args.source_column,
         "target_column": data_args.target_column,
     }
@@ -209,7 +210,7 @@ def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> Iterabl
 
 
 def _tokenizer_texts(train: Dataset | IterableDataset, task: str) -> Iterator[str]:
-    columns = ("text",) if task == "lm" else ("source", "target")
+    columns = get_task(task).columns
     for example in islice(iter(train), TOKENIZER_SAMPLE) if isinstance(train, IterableDataset) else train:
         for column in columns:
             yield example[column]
@@ -249,7 +250,7 @@ def tokenize_function(
         columns = {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
         return columns | ({"target_truncated": truncated_rows(encoded)} if report else {})
 
-    return lm if task == "lm" else seq2seq
+    return lm if get_task(task).is_lm else seq2seq
 
 
 TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncated": "--max_target_length"}
@@ -336,7 +337,7 @@ def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
 
 def trained_length(task: str, data_args: DataArguments) -> int:
     """The input length a run trains on: ``--max_source_length``, a language model's ``--max_target_length``."""
-    return data_args.max_target_length if task == "lm" else data_args.max_source_length
+    return data_args.max_target_length if get_task(task).is_lm else data_args.max_source_length
 
 
 def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
@@ -359,11 +360,11 @@ def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrained
             texts,
             model_args.vocab_size,
             kind=model_args.tokenizer_type,
-            causal=task == "lm",
+            causal=get_task(task).is_lm,
             verify=not named,
         )
     if named:
-        check_task_tokenizer(tokenizer, task, named)
+        check_task_tokenizer(tokenizer, get_task(task).is_lm, named)
     return tokenizer
 
 
@@ -383,7 +384,9 @@ def build_model(
         )
     if model_args.model_name_or_path:  # its kind checked against the task (check_saved_model_task)
         return saved_model if saved_model is not None else load_saved_model(model_args.model_name_or_path)
-    model_class = ODETransformerForCausalLM if task == "lm" else ODETransformerForConditionalGeneration
+    model_class = (
+        ODETransformerForCausalLM if get_task(task).is_lm else ODETransformerForConditionalGeneration
+    )
     overrides = model_args.task_overrides(task)
     preset_positions = ODETransformerConfig.from_preset(model_args.preset).max_position_embeddings
     needed = max(data_args.max_source_length, data_args.max_target_length) + 2
@@ -406,13 +409,11 @@ def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArgument
     ``--num_beams``/``--length_penalty`` if given, else a ``saved`` model's own, else the paper's for the task;
     ``max_length`` is ``--max_target_length`` + 1 (the start token and the target's tokens).
     """
-    if run_args.task == "lm":
+    task = get_task(run_args.task)
+    if task.is_lm:
         return {}
     generation = model.generation_config
-    beams, penalty = (
-        PAPER_DECODING[run_args.task]["num_beams"],
-        PAPER_DECODING[run_args.task]["length_penalty"],
-    )
+    beams, penalty = task.num_beams, task.length_penalty
     if saved:  # unset fields of a generation config read as greedy search, length penalty 1
         beams, penalty = (
             generation.num_beams or 1,

@@ -43,7 +43,6 @@ from transformers import (
 
 from ode_transformer.cli import report_interrupt, report_user_error
 
-from . import metrics
 from .arguments import (
     RecipeError,
     RecipeNotFoundError,
@@ -84,8 +83,14 @@ from .preparation import (
     splits_to_use,
     tokenize_splits,
 )
+from .tasks import get_task
 from .tokenizer import drop_foreign_tokenizer_code
-from .trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
+from .trainer import (
+    PadCollator,
+    TokenBudgetSeq2SeqTrainer,
+    TokenBudgetTrainer,
+    build_seq2seq_compute_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +127,10 @@ def _make_trainer(settings: Settings, model, tokenizer, splits: dict, collator: 
         "callbacks": callbacks,
         "max_tokens": data_args.max_tokens,
     }
-    if run_args.task == "lm":
+    if get_task(run_args.task).is_lm:
         return TokenBudgetTrainer(**common)
     compute = (
-        metrics.build_seq2seq_compute_metrics(tokenizer, run_args.task)
+        build_seq2seq_compute_metrics(tokenizer, run_args.task)
         if training_args.predict_with_generate
         else None
     )

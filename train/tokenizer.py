@@ -342,12 +342,13 @@ def load_or_train_tokenizer(
     return tokenizer
 
 
-def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, task: str, where: str) -> None:
-    """A tokenizer from elsewhere (``--tokenizer_name``) that this task can train with: it has the pad and ``</s>``
+def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, causal: bool, where: str) -> None:
+    """A tokenizer from elsewhere (``--tokenizer_name``) that a task can train with (``causal``: a language model's):
+    it has the pad and ``</s>``
     tokens the model's config takes (a language model ``<s>`` too), and a seq2seq tokenizer adds ``</s>`` to each
     sequence (a model learns to stop on it: a causal LM's tokenizer, which does not, would train a model that never
     stops)."""
-    needed = ("pad_token", "bos_token", "eos_token") if task == "lm" else ("pad_token", "eos_token")
+    needed = ("pad_token", "bos_token", "eos_token") if causal else ("pad_token", "eos_token")
     missing = [name for name in needed if getattr(tokenizer, name) is None]
     if missing:
         raise ValueError(
@@ -355,7 +356,7 @@ def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, task: str, where: s
             "language model's sequence, </s> ending one); leave --tokenizer_name out to train one for this task, or "
             "add it to that tokenizer"
         )
-    if task != "lm" and tokenizer.eos_token_id not in tokenizer("a")["input_ids"]:
+    if not causal and tokenizer.eos_token_id not in tokenizer("a")["input_ids"]:
         raise ValueError(
             f"the tokenizer in {where} does not add {tokenizer.eos_token} to a sequence (a language model's "
             "tokenizer?): a seq2seq model learns to stop on it; leave --tokenizer_name out to train one for this task"

@@ -31,11 +31,12 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from transformers import (
@@ -52,6 +53,7 @@ from . import metrics
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
 from .files import saving, write_atomic
+from .tasks import get_task
 from .tokenizer import tokenizer_sides
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "TokenBudgetTrainer",
     "fp32_forward",
     "lm_negative_log_likelihood",
+    "build_seq2seq_compute_metrics",
     "word_dropout",
 ]
 
@@ -371,3 +374,38 @@ def lm_negative_log_likelihood(model, dataset, collator: PadCollator, batch_size
         total += float(nll)
         count += int((targets != -100).sum())
     return total, count
+
+
+def _decode(tokenizer, ids) -> list[str]:
+    """Token ids (or logits) -> stripped strings; negative ids (-100 padding) become pad ids."""
+    from .translate import decode
+
+    if isinstance(ids, tuple):
+        ids = ids[0]
+    ids = np.asarray(ids)
+    if ids.ndim == 3:
+        ids = ids.argmax(axis=-1)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = np.where(ids < 0, pad_id, ids)
+    return decode(tokenizer, ids.tolist())
+
+
+def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], dict[str, float]]:
+    """``compute_metrics`` for ``Seq2SeqTrainer(..., compute_metrics=...)`` with ``predict_with_generate=True``:
+    the task's ``validation_metrics`` (:mod:`ode_transformer.train.tasks`), floats only.
+
+    The returned callable takes an ``EvalPrediction`` (``predictions``: generated ids, possibly a tuple whose first
+    item is the ids, padded with -100 or the pad id; ``label_ids``: padded with -100) and decodes both with
+    ``tokenizer``. GEC's M2 and GLEU scores need the source sentences and the M2 file: they are computed on the test
+    split, and by ``python -m ode_transformer.train.evaluate_predictions --task gec|gleu``.
+    """
+    scores = get_task(task).validation_metrics
+    if scores is None:
+        raise ValueError(f"task {task!r} is not scored by generating")
+
+    def compute_metrics(eval_prediction) -> dict[str, float]:
+        hyps = _decode(tokenizer, eval_prediction.predictions)
+        refs = _decode(tokenizer, eval_prediction.label_ids)
+        return scores(hyps, refs)
+
+    return compute_metrics
