@@ -12,7 +12,7 @@ each round times every system once per setting, and a system's figure is its bes
 Systems: `marian` (MarianMTModel of the same dims, dynamic cache); `<model>` (float32, `generate` with its default
 cache: `BeamSearchCache` with beams, dynamic greedy); `<model>-int8` (`modeling_ode.quantization.quantize_int8`, the
 same cache); `<model>-int8-compiled`
-(int8 with `ode_transformer.train.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
+(int8 with `ode_transformer.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
 greedy settings only, as transformers compiles no beam-search step); `ct2` / `ct2-int8` (the Marian model converted
 with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
 installed: `pip install '.[bench]'`). The goals of issue #43 are checked as ratios of one run, and a torch.profiler
@@ -34,7 +34,7 @@ exported into a temporary folder, decoded by `load_onnx_for_generation`, as `ode
 same interleaved rounds as above (`run_rounds`), best round; then BLEU / chrF (sacrebleu, as
 `ode_transformer.train.metrics` scores the demo) of float32, PyTorch int8 and ONNX int8 on the whole test split
 (batch 16, beam 4). Goals: each int8 path within `BLEU_WITHIN` BLEU of float32, and the backend `ode-translate --backend auto`
-picks (train/translate.py `FASTEST`) is the faster one measured at each setting and precision: where a row is
+picks (ode_transformer/translate.py `FASTEST`) is the faster one measured at each setting and precision: where a row is
 unmet, refill `FASTEST` from this run's speeds. Writes <out-dir>/translate-real-<time stamp>.json and
 translate-real.json/.md.
 
@@ -63,7 +63,7 @@ from benchmarks.common import BASE_DIMS, TINY_DIMS
 from modeling_ode.compat import raise_recompile_limit
 from modeling_ode.quantization import quantize_int8
 from ode_transformer.cli import positive_int
-from ode_transformer.train.translate import compile_decoding
+from ode_transformer.translate import compile_decoding
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("residual", "rk2", "rk4")
@@ -209,14 +209,14 @@ def onnx_int8_system(
     model: torch.nn.Module, threads: int, folder: Path, new_tokens: int, profile: bool = False
 ):
     """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: much quicker
-    than dynamo) decoded by `ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
+    than dynamo) decoded by `ode_transformer.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
     end-of-sentence id is one the model cannot write. None without the onnx extra.
     `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
     try:
         import onnxruntime
 
         from ode_transformer.hub.onnx_export import export_onnx
-        from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+        from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
     except ImportError:
         return None
     export_onnx(model, folder, dynamo=False, quantize="int8")
@@ -312,7 +312,7 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
     systems.update(ct2)
     notes = [
         note,
-        f"int8 compiled (ode_transformer.train.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
+        f"int8 compiled (ode_transformer.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
         "onnx-int8: ode-export --onnx --quantize int8 (TorchScript exporter), decoded with ONNXSeq2SeqGenerator"
         if "residual-onnx-int8" in systems
         else "onnx, onnxscript or onnxruntime is not installed (pip install '.[onnx]'): the ONNX rows are skipped",
@@ -606,7 +606,7 @@ def real_sentences(test_files: list[Path] | None) -> tuple[list[str], list[str],
     """Sources, references and where they come from: the demo's test split (the LibreOffice-help corpus that
     `ode_transformer.train.demo` trains and scores on), or two parallel text files."""
     if test_files:
-        from ode_transformer.train.files import read_lines
+        from ode_transformer.files import read_lines
 
         sources, references = (read_lines(path) for path in test_files)
         if len(sources) != len(references) or not sources:
@@ -622,7 +622,7 @@ def real_systems(model_dir: str, threads: int, folder: Path) -> tuple[dict, list
     """{name: (model, tokenizer)} of REAL_SYSTEMS, loaded as `ode-translate --backend B [--quantize int8]` loads
     them (the ONNX graphs exported into `folder`, where ode-export would write MODEL/onnx); the ONNX rows are
     skipped with a note without the onnx extra."""
-    from ode_transformer.train.translate import load_for_generation, load_onnx_for_generation
+    from ode_transformer.translate import load_for_generation, load_onnx_for_generation
 
     systems, notes = {}, []
     for name, (backend, quantize) in REAL_SYSTEMS.items():
@@ -644,7 +644,7 @@ def real_systems(model_dir: str, threads: int, folder: Path) -> tuple[dict, list
 def decode_system(model) -> object:
     """A system of `run_rounds`: one batch of token-id sequences through `generate_ids`, ode-translate's decoder
     (padding, the generation config's max length and early stopping at EOS), with the beams of the setting."""
-    from ode_transformer.train.translate import generate_ids
+    from ode_transformer.translate import generate_ids
 
     def translate(sequences, beams):
         penalty = {"length_penalty": LENGTH_PENALTY} if beams > 1 else {}
@@ -655,7 +655,7 @@ def decode_system(model) -> object:
 
 def real_calls(setting: str, setup: dict) -> list[tuple[list[list[int]]]]:
     """A setting's calls: the sentences in ode-translate's batches (`length_batches`: longest first)."""
-    from ode_transformer.train.translate import length_batches
+    from ode_transformer.translate import length_batches
 
     sequences = setup["sequences"]
     batches = length_batches([len(ids) for ids in sequences], SETTINGS[setting][0])
@@ -666,7 +666,7 @@ def quality(systems: dict, sources: list[str], references: list[str]) -> dict:
     """BLEU and chrF (sacrebleu, as `ode_transformer.train.metrics` scores the demo) of QUALITY_SYSTEMS on
     `sources`, decoded as `ode-translate` decodes (QUALITY_SETTING's batch and beams, LENGTH_PENALTY)."""
     from ode_transformer.train import metrics
-    from ode_transformer.train.translate import generate_texts
+    from ode_transformer.translate import generate_texts
 
     batch, beams = SETTINGS[QUALITY_SETTING]
     out = {}
@@ -692,7 +692,7 @@ def quality(systems: dict, sources: list[str], references: list[str]) -> dict:
 def real_goals(results: dict) -> list[dict]:
     """Issue #57's goals on real text: each int8 path's BLEU within BLEU_WITHIN of fp32's, and, per setting and
     precision, the backend ode-translate's table (`FASTEST`) picks is the faster one measured."""
-    from ode_transformer.train.translate import fastest_backend
+    from ode_transformer.translate import fastest_backend
 
     rows = []
     scores = results["quality"]
@@ -718,7 +718,7 @@ def real_goals(results: dict) -> list[dict]:
             fastest = max(speeds, key=speeds.get) if None not in speeds.values() else None
             rows.append(
                 {
-                    "goal": f"ode-translate --backend auto ({precision}) picks the faster path (train/translate.py FASTEST)",
+                    "goal": f"ode-translate --backend auto ({precision}) picks the faster path (ode_transformer/translate.py FASTEST)",
                     "setting": setting,
                     "value": {"picked": picked, "fastest": fastest, "sentences_per_s": speeds},
                     "met": None if fastest is None else picked == fastest,
@@ -771,7 +771,7 @@ def real_markdown(results: dict) -> str:
             value = f"{value:+.2f} BLEU"
         met = {None: "n/a", True: "met", False: "**unmet**"}[goal["met"]]
         lines.append(f"| {goal['goal']} | {goal['setting'].replace('_', ', ')} | {value or 'n/a'} | {met} |")
-    lines += ["", "ode-translate's table (train/translate.py `FASTEST`, as of this run):", ""]
+    lines += ["", "ode-translate's table (ode_transformer/translate.py `FASTEST`, as of this run):", ""]
     lines += ["| batch, beams | float32 | int8 |", "|---|---|---|"]
     for setting, picks in results["fastest_table"].items():
         lines.append(f"| {setting} | {picks.get('float32', '-')} | {picks.get('int8', '-')} |")
@@ -780,7 +780,7 @@ def real_markdown(results: dict) -> str:
 
 def run_real_text(args: argparse.Namespace, argv: list[str], machine: dict) -> dict:
     """The real-text mode: speed of REAL_SYSTEMS in REAL_SETTINGS, quality of QUALITY_SYSTEMS, its goals."""
-    from ode_transformer.train.translate import FASTEST, encode_texts
+    from ode_transformer.translate import FASTEST, encode_texts
 
     setup = dict(REAL_QUICK if args.quick else REAL_FULL)
     setup.update(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ode_transformer.train.precision import cpu_capability, device_native_bf16
+from ode_transformer.precision import cpu_capability, device_native_bf16
 
 # ----------------------------------------------------------------------------------------------------------
 # Dimensions and variants

@@ -30,7 +30,7 @@ import torch
 
 from modeling_ode.ode import GATED_MODES, StageCoefficients
 from ode_transformer.train.data import multi30k, ptb
-from ode_transformer.train.translate import load_for_generation
+from ode_transformer.translate import load_for_generation
 
 COLLAPSED = 0.99  # a stage with more than this share of the weight carries the block alone
 LOGIT_PERCENTILES = (50, 90, 99)

@@ -13,8 +13,8 @@ import argparse
 import torch
 
 from modeling_ode import ODETransformerConfig, ODETransformerForCausalLM
+from ode_transformer.tokenizer import train_tokenizer
 from ode_transformer.train.data import ptb
-from ode_transformer.train.tokenizer import train_tokenizer
 from ode_transformer.train.trainer import PadCollator
 
 BLOCKS = {

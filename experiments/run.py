@@ -6,7 +6,7 @@ leaves one result file, ``results/<study>/<size>/<variant>-<depth>-seed<k>.json`
 trained model's config, seed, data (files and SHA-256), git commit, device (with the CPU's capability),
 training precision (and why it was chosen), wall time, steps, every
 test metric, the validation and training curves, and for seq2seq tasks the test hypotheses. A study's
-extra test sets (JFLEG for ``gec``) are scored after training with ``ode_transformer.train.translate`` and
+extra test sets (JFLEG for ``gec``) are scored after training with ``ode_transformer.translate`` and
 ``ode_transformer.train.evaluate_predictions`` on the saved model; their commands, hypotheses and metrics are recorded too.
 
 Resuming: a run whose result file exists is skipped (reported STALE and kept if the study's flags for it
@@ -210,7 +210,7 @@ def collect(
 
 
 def _lines(path: Path) -> list[str]:
-    """The lines of a file written one output per line (as `ode_transformer.train.run` and `ode_transformer.train.translate` write them)."""
+    """The lines of a file written one output per line (as `ode_transformer.train.run` and `ode_transformer.translate` write them)."""
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
@@ -235,7 +235,7 @@ def extra_test_commands(
     translate = [
         sys.executable,
         "-m",
-        "ode_transformer.train.translate",
+        "ode_transformer.translate",
         str(out),
         "--input",
         str(data_root / test.source),

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ode_transformer.train.files import read_lines
+from ode_transformer.files import read_lines
 from ode_transformer.train.trainer import PadCollator
-from ode_transformer.train.translate import load_for_generation
+from ode_transformer.translate import load_for_generation
 
 
 def target_cross_entropy(

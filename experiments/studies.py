@@ -43,7 +43,7 @@ class Metric:
 @dataclass(frozen=True)
 class ExtraTest:
     """A further test set, scored on the trained model with the commands a user would run:
-    ``python -m ode_transformer.train.translate MODEL --input SOURCE``, then ``python -m ode_transformer.train.evaluate_predictions --task TASK``
+    ``python -m ode_transformer.translate MODEL --input SOURCE``, then ``python -m ode_transformer.train.evaluate_predictions --task TASK``
     against the sources and references. Paths are relative to the data root; ``metrics`` maps a key of
     ``evaluate_predictions``' JSON to the name the result records it under."""
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..train.files import claim_output, refuse_occupied, staged_folder
+from ode_transformer.files import claim_output, refuse_occupied, staged_folder
 
 __all__ = [
     "FairseqCheckpointError",

@@ -10,7 +10,7 @@
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
       README.md                the model card (hub/model_card.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
-                               (hub/onnx_export.py: their inputs and outputs; hub/onnx_generation.py decodes them);
+                               (hub/onnx_export.py: their inputs and outputs; ode_transformer/onnx_generation.py decodes them);
                                `--quantize int8` writes them with int8 products, as *_quantized.onnx (Optimum's names)
 
 The code and `auto_map` come from `save_pretrained` itself: `modeling_ode` registers its classes for the auto
@@ -36,10 +36,10 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from ode_transformer.cli import program_name, report_user_error
+from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
+from ode_transformer.loading import load_saved_model
+from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
 
-from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
-from ..train.loading import load_saved_model
-from ..train.tokenizer import check_tokenizer_files, own_tokenizer_config
 from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 from .onnx_export import (
     EXPORT_PACKAGES,
@@ -178,7 +178,7 @@ def export_for_hub(
     Returns: out_dir.
 
     The folder is written as ``OUT_DIR.incomplete`` and renamed to ``out_dir`` once complete
-    (:func:`ode_transformer.train.files.staged_folder`): a kill leaves no ``out_dir`` that looks complete, and the next export
+    (:func:`ode_transformer.files.staged_folder`): a kill leaves no ``out_dir`` that looks complete, and the next export
     deletes the incomplete one. One export into ``out_dir`` at a time (a second is refused, naming the first).
     """
     source_dir = (
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with ode_transformer.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
     )
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:

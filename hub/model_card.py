@@ -61,9 +61,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from ode_transformer.cli import program_name
+from ode_transformer.files import replacing
 from ode_transformer.wording import counted
-
-from ..train.files import replacing
 
 __all__ = [
     "CITATION",
@@ -549,8 +548,7 @@ def _load_config(model_dir: Path):
     """The folder's config, refused unless it is an ODE Transformer's: the card would otherwise describe another
     model (a BART folder, say) as one."""
     from modeling_ode import ODETransformerConfig
-
-    from ..train.loading import ode_model_config
+    from ode_transformer.loading import ode_model_config
 
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; pass a folder written by save_pretrained.")

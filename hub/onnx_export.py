@@ -32,14 +32,13 @@ cross-attention ones (`cache_names`).
 
 With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
 `decoder_model_quantized.onnx`, `decoder_with_past_model_quantized.onnx` (`QUANTIZED_GRAPHS`). No merged decoder
-(`decoder_model_merged.onnx`) is written: hub/README.md says why. `ode_transformer.hub.onnx_generation` decodes the graphs with onnxruntime through
+(`decoder_model_merged.onnx`) is written: hub/README.md says why. `ode_transformer.onnx_generation` (with the graphs' names) decodes them with onnxruntime through
 transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 import warnings
 from collections.abc import Sequence
@@ -49,7 +48,17 @@ from typing import Any
 
 import numpy as np
 
-from ode_transformer.cli import install_command
+from ode_transformer.onnx_generation import (
+    DECODER,
+    DECODER_WITH_PAST,
+    ENCODER,
+    GRAPHS,
+    QUANTIZED_GRAPHS,
+    QUANTIZED_SUFFIX,
+    RUNTIME_PACKAGES,
+    quantized_name,
+    require,
+)
 
 __all__ = [
     "DECODER",
@@ -71,36 +80,8 @@ __all__ = [
 ]
 
 ONNX_OPSET = 18  # the dynamo exporter's own opset (no version conversion); onnxruntime >= 1.14 runs it
-ENCODER, DECODER, DECODER_WITH_PAST = (
-    "encoder_model.onnx",
-    "decoder_model.onnx",
-    "decoder_with_past_model.onnx",
-)
-GRAPHS = (ENCODER, DECODER, DECODER_WITH_PAST)
-QUANTIZED_SUFFIX = "_quantized"  # Optimum's ORTQuantizer: model.onnx -> model_quantized.onnx
-
-
-def quantized_name(graph: str) -> str:
-    """The file name of `graph`'s int8 version: `encoder_model.onnx` -> `encoder_model_quantized.onnx`."""
-    stem, dot, suffix = graph.rpartition(".")
-    return f"{stem}{QUANTIZED_SUFFIX}{dot}{suffix}"
-
-
-QUANTIZED_GRAPHS = tuple(quantized_name(graph) for graph in GRAPHS)
 EXPORT_PACKAGES = ("onnx", "onnxscript")  # torch.onnx.export needs them (the dynamo exporter both)
-RUNTIME_PACKAGES = ("onnxruntime",)
 ONNX_QUANTIZE_CHOICES = ("int8",)
-
-
-def require(packages: Sequence[str], purpose: str) -> None:
-    """Refuse by name, before any work, when a package of the `onnx` extra is missing."""
-    missing = [name for name in packages if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ModuleNotFoundError(
-            f"{purpose} needs the {', '.join(missing)} package{'s' if len(missing) > 1 else ''}: install the "
-            f"[onnx] extra ({install_command('onnx')})",
-            name=missing[0],
-        )
 
 
 def self_attention_name(layer: int, stage: int) -> str:

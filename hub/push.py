@@ -29,7 +29,7 @@ IGNORE_PATTERNS = [
     "__pycache__/*",
     "*/__pycache__/*",
     "*.pyc",
-    ".run.lock",  # a training run's lock files (ode_transformer.train.checkpoints.LOCK_FILES)
+    ".run.lock",  # a training run's lock files (ode_transformer.checkpoints.LOCK_FILES)
     ".run.pid",
 ]
 

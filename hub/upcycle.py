@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..train.files import clear_folder, refuse_occupied, saving
+from ode_transformer.files import clear_folder, refuse_occupied, saving
 
 __all__ = ["upcycle_folder"]
 

@@ -36,7 +36,6 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, PretrainedConfig, Pr
 from transformers.utils import logging
 
 from .configuration_ode_transformer import ODETransformerConfig, _choice_fields
-from .modeling_ode_transformer import ODETransformerForConditionalGeneration
 from .ode import GATED_MODES, resolve_tableau
 
 __all__ = ["REFUSED", "SUPPORTED", "from_residual"]
@@ -96,6 +95,7 @@ CHOSEN = frozenset(
 
 
 def from_residual(
+    model_class: type[PreTrainedModel],
     source: str | os.PathLike | PreTrainedModel,
     *,
     encoder_ode_method: str | dict = "euler",
@@ -103,9 +103,11 @@ def from_residual(
     encoder_ode_coefficients: str | None = None,
     decoder_ode_coefficients: str | None = None,
     **config_fields: Any,
-) -> ODETransformerForConditionalGeneration:
+) -> PreTrainedModel:
     """The pretrained residual seq2seq model `source` (a folder, a Hub id, or a loaded model) as an ODE Transformer
-    whose encoder and decoder blocks are `encoder_ode_method` / `decoder_ode_method`, in eval mode.
+    (`model_class`, `ODETransformerForConditionalGeneration`, whose `from_residual` calls this one: this module
+    imports no modeling code) whose encoder and decoder blocks are `encoder_ode_method` / `decoder_ode_method`, in
+    eval mode.
 
     With Euler blocks (the default) it computes the source's function. A multi-stage method starts as the residual
     block too: its coefficients default to `learnable` starting at Euler's weights (`ode_coefficients_init="euler"`:
@@ -131,7 +133,7 @@ def from_residual(
     _check_source(source_config)
     if not isinstance(source, PreTrainedModel):
         source_class = (
-            ODETransformerForConditionalGeneration
+            model_class
             if source_config.model_type == ODETransformerConfig.model_type
             else AutoModelForSeq2SeqLM
         )
@@ -144,7 +146,7 @@ def from_residual(
     else:
         base, state = _m2m100_base(source.config), _m2m100_state_dict(source)
     config = _converted_config(base, blocks, config_fields)
-    model = ODETransformerForConditionalGeneration(config)
+    model = model_class(config)
     _load(model, state, _new_coefficient_prefixes(base, config))
     model.generation_config = copy.deepcopy(source.generation_config)
     _warn_where_the_start_differs(config)
@@ -332,9 +334,7 @@ def _new_coefficient_prefixes(base: dict[str, Any], config: ODETransformerConfig
     )
 
 
-def _load(
-    model: ODETransformerForConditionalGeneration, state: dict[str, torch.Tensor], new: tuple[str, ...]
-):
+def _load(model: PreTrainedModel, state: dict[str, torch.Tensor], new: tuple[str, ...]):
     """Load the source's weights; only the new coefficient modules may be missing (and the source's old ones of the
     changed sides unused), anything else means the mapping is not exact."""
     target = model.state_dict()

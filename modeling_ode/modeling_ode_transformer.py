@@ -1357,7 +1357,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         # `from .name import` into every model folder, and the conversion is no part of a saved model
         from . import conversion
 
-        return conversion.from_residual(pretrained_model_name_or_path, **kwargs)
+        return conversion.from_residual(cls, pretrained_model_name_or_path, **kwargs)
 
     @can_return_tuple
     def forward(

@@ -13,7 +13,7 @@ goes away) in favour of torchao's `quantize_(model, Int8DynamicActivationInt8Wei
 
 Only for inference (no gradients), on CPU; the model keeps its float32 embeddings and works with `generate`.
 
-Under `torch.compile` (compiled decoding, `ode_transformer.train.translate.compile_decoding`) the product is the operator
+Under `torch.compile` (compiled decoding, `ode_transformer.translate.compile_decoding`) the product is the operator
 `ode_transformer::int8_linear`, opaque to the compiler: dynamo cannot trace fbgemm's packed weights (a TorchScript
 object), so the operator takes the layer's key in a registry of them instead. Everything around the products
 (attention, LayerNorms, the ODE steps) is then compiled into one graph per step. Eager calls skip the operator: its

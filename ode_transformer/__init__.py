@@ -18,7 +18,7 @@ __all__ = ["generate_texts", "load_for_generation"]
 def __getattr__(name: str):
     # Lazy: importing ode_transformer.train.data need not import torch and the model.
     if name in __all__:
-        from .train import translate
+        from . import translate
 
         return getattr(translate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

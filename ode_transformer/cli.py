@@ -9,7 +9,7 @@ hours of training must not lose it; only the newest few such files are kept), an
 instead. A refusal by the project's own checks (an occupied folder, a second writer, a bad file named) keeps none. Ctrl-C
 (SIGINT) ends it with one line too, ``PROG: interrupted; ADVICE`` (how to resume, from the ``KeyboardInterrupt``'s
 message where the module gives one) and exit code 130 (128 + SIGINT, as shells report it). A closed
-output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m ode_transformer.train.translate`` and the other
+output pipe (``ode-translate ... | head``) ends the command quietly. ``python -m ode_transformer.translate`` and the other
 modules keep Python's traceback: that is the developer's path.
 """
 
@@ -194,7 +194,7 @@ def train() -> None:
 
 
 def translate() -> None:
-    _launch("ode-translate", "train.translate", None)  # the core install suffices
+    _launch("ode-translate", "translate", None)  # the core install suffices
 
 
 def evaluate() -> None:

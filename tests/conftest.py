@@ -63,7 +63,7 @@ def dtype() -> torch.dtype:
 # --- the CPU the tests see (tests/mocked_cpus.py) ------------------------------------------------------------------
 # Every test sees an AVX2-only CPU, whatever the machine: `--precision auto` then trains in fp32 everywhere, and the
 # suite takes the same paths on any CI machine. Session-wide, so module-scoped training fixtures see it too; child
-# processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which ode_transformer.train.precision honours.
+# processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which ode_transformer.precision honours.
 # `@pytest.mark.both_cpus` runs a test once more on a CPU with native bf16 (the `cpu_kind` parameter).
 from mocked_cpus import CPUS, pretend  # noqa: E402
 

@@ -1,5 +1,5 @@
 """CPUs the tests pretend to run on: their flags (``torch.cpu.get_capabilities``) and PyTorch's kernel level
-(``torch.backends.cpu.get_cpu_capability``), which ``ode_transformer.train.precision`` reads to choose bf16 or fp32.
+(``torch.backends.cpu.get_cpu_capability``), which ``ode_transformer.precision`` reads to choose bf16 or fp32.
 
 The suite runs on whatever CPU CI lands on: on one with native bf16, ``--precision auto`` trains in bf16, elsewhere
 in fp32. So conftest pins every test to ``AVX2_ONLY`` unless it asks for another kind, and tests marked

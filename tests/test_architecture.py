@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
 import tokenize
 from pathlib import Path
 
@@ -157,3 +158,140 @@ def test_comments_sit_on_their_own_lines_rather_than_wrap_a_statement():
         for line in wrapped_by_a_comment(path.read_text(encoding="utf-8"))
     ]
     assert found == [], "put these comments on their own line above the statement:\n" + "\n".join(found)
+
+
+# --- the import layers -----------------------------------------------------------------------------------------------
+# import-linter reads modules from their folders; in a clone train/ and hub/ sit beside ode_transformer/ (pyproject's
+# package-dir maps them into it), so the contracts are checked on a copy laid out as an install lays the tree out.
+LAYOUT = {
+    "modeling_ode": "modeling_ode",
+    "ode_transformer": "ode_transformer",
+    "ode_transformer/train": "train",
+    "ode_transformer/hub": "hub",
+    "experiments": "experiments",
+    "benchmarks": "benchmarks",
+}
+
+
+def installed_layout(root: Path) -> Path:
+    import shutil
+
+    for target, source in LAYOUT.items():
+        shutil.copytree(REPO / source, root / target, ignore=shutil.ignore_patterns("__pycache__", "recipes"))
+    return root
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(sys.argv[1]))"
+    return subprocess.run(
+        [sys.executable, "-c", command, str(REPO / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_import_layers_hold(tmp_path):
+    """Layers point down (benchmarks, experiments, ode_transformer, modeling_ode); inside ode_transformer, train and
+    hub import neither each other nor anything but the shared modules below them, and every module has its layer;
+    no package's modules import each other in a circle."""
+    run = lint_imports(installed_layout(tmp_path))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "3 kept, 0 broken" in run.stdout
+
+
+def test_the_import_layers_catch_an_import_between_the_tools(tmp_path):
+    root = installed_layout(tmp_path)
+    (root / "ode_transformer" / "hub" / "crossing.py").write_text("from ode_transformer.train import tasks\n")
+    run = lint_imports(root)
+    assert run.returncode != 0 and "ode_transformer.hub.crossing -> ode_transformer.train.tasks" in run.stdout
+
+
+# --- the map ---------------------------------------------------------------------------------------------------------
+MAPPED = ("modeling_ode", "ode_transformer", "train", "hub", "experiments", "benchmarks")
+
+
+def map_sections() -> dict[str, set[str]]:
+    """The module names (``name.py``) each ``### `folder/` `` section of docs/architecture.md names."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    sections = re.split(r"^### `(\w+)/`.*$", text, flags=re.M)
+    return {
+        folder: set(re.findall(r"`(\w+\.py)`", body)) for folder, body in zip(sections[1::2], sections[2::2])
+    }
+
+
+def test_the_map_names_every_module_and_only_modules_that_exist():
+    sections = map_sections()
+    assert sorted(sections) == sorted(MAPPED)
+    for folder in MAPPED:
+        modules = {path.name for path in (REPO / folder).rglob("*.py") if path.name != "__init__.py"}
+        assert sections[folder] == modules, (
+            f"docs/architecture.md, `{folder}/`: missing {sorted(modules - sections[folder])}, "
+            f"gone {sorted(sections[folder] - modules)}"
+        )
+
+
+# --- the "how to add" recipes of docs/architecture.md, each followed once --------------------------------------------
+
+
+def test_recipe_a_method_is_one_tableau(monkeypatch, device):
+    """Heun's third-order method, added to the catalogue alone, builds encoder and decoder blocks and decodes with
+    beams (the per-stage cache has its stages)."""
+    import torch
+
+    from modeling_ode import ButcherTableau, ODETransformerConfig, ODETransformerForConditionalGeneration, ode
+
+    heun3 = ButcherTableau(
+        a=((), (1 / 3,), (0.0, 2 / 3)), b=(0.25, 0.0, 0.75), c=(0.0, 1 / 3, 2 / 3), order=3
+    )
+    monkeypatch.setitem(ode.ODE_METHODS, "heun3", heun3)
+    config = ODETransformerConfig.from_preset("tiny", encoder_ode_method="heun3", decoder_ode_method="heun3")
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(config).to(device).eval()
+    assert model.get_decoder().cache_layout.stages == 3
+    source = torch.randint(4, config.vocab_size, (2, 7), device=device)
+    out = model.generate(source, num_beams=2, max_new_tokens=5, do_sample=False)
+    uncached = model.generate(source, num_beams=2, max_new_tokens=5, do_sample=False, use_cache=False)
+    assert torch.equal(out, uncached)
+
+
+def test_recipe_a_study_is_run_reported_and_documented(tmp_path):
+    """A study's results, reported (`experiments.report STUDY`), then its marker in the template, then the study
+    document (`--write-docs`): the table is the report's. A marker placed before the report has no table to show."""
+    import dataclasses
+    import shutil
+
+    import pytest
+
+    from experiments.report import first_table, report, study_document
+    from experiments.studies import STUDIES
+
+    study = dataclasses.replace(STUDIES["ptb"], name="toy_study")
+    folder = tmp_path / "results" / "toy_study" / "cpu"
+    folder.mkdir(parents=True)
+    for path in sorted((REPO / "results" / "ptb" / "cpu").glob("*-seed0.json"))[:4]:  # the study's runs
+        shutil.copy(path, folder / path.name)
+    template = tmp_path / "docs" / "templates" / "results.md"
+    template.parent.mkdir(parents=True)
+    template.write_text("# Studies\n\n## A toy study\n\n<!-- table: results/toy_study/cpu -->\n")
+    with pytest.raises(FileNotFoundError):  # documented before it is reported
+        study_document(template, tmp_path)
+    report(study, "cpu", tmp_path / "results")
+    document = study_document(template, tmp_path)
+    assert first_table((folder / "README.md").read_text()) in document
+
+
+def test_recipe_every_benchmark_has_a_quick_test():
+    """Every benchmark module is run by tests/test_benchmarks.py in a mode of seconds (`--quick`, or `--dry-run`)."""
+    tests = (REPO / "tests" / "test_benchmarks.py").read_text(encoding="utf-8")
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        if path.name in ("__init__.py", "common.py"):
+            continue
+        run = re.search(rf"{path.stem}[\s\S]{{0,400}}?--(quick|dry-run)", tests)
+        assert run, f"benchmarks/{path.name}: no --quick test in tests/test_benchmarks.py"

@@ -94,6 +94,6 @@ def test_checkpoints_of_two_runs_are_refused(tmp_path):
 def test_incomplete_checkpoint_is_skipped(tmp_path, caplog):
     write_run(tmp_path)
     (tmp_path / "checkpoint-30" / "trainer_state.json").unlink()  # a save killed before its last file
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.checkpoints"):
         assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["checkpoint-10", "checkpoint-20"]
     assert "skipping incomplete checkpoint" in caplog.text and "no trainer_state.json" in caplog.text

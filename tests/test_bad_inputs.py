@@ -22,6 +22,7 @@ from modeling_ode import (
 )
 from modeling_ode.compat import attention_implementation
 from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.checks import check_settings
 from ode_transformer.train.data import load_jsonl, load_local_file, load_tsv
 from ode_transformer.train.run import run
 
@@ -327,16 +328,19 @@ def test_run_arguments_that_would_fail_after_training_are_refused_first(tmp_path
     """Each would otherwise train first, then fail (averaging: with the trained model unsaved) or train silently
     with another setting (--max_tokens 0: eight-sentence batches)."""
     with pytest.raises(ValueError, match=re.escape(fragment)):
-        parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b", *flags])
+        check_settings(
+            parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b", *flags])
+        )
 
 
 @pytest.mark.both_cpus
 def test_the_early_config_check_uses_the_run_vocabulary(tmp_path):
-    """The config is checked in parse_arguments with the tokenizer's vocabulary size, not the preset's: a source
-    vocabulary equal to --vocab_size is valid (shared embeddings) and had been refused there."""
+    """The config is checked before the data with the tokenizer's vocabulary size, not the preset's: a source
+    vocabulary equal to --vocab_size is valid (shared embeddings)."""
     overrides = '{"source_vocab_size": 300}'
     args = parse_arguments([*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
                             "--config_overrides", overrides])  # fmt: skip
+    check_settings(args)
     assert args[0].overrides()["source_vocab_size"] == 300
 
 
@@ -367,7 +371,7 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     with 'Not a directory'."""
     from transformers import AutoTokenizer
 
-    from ode_transformer.train.tokenizer import check_task_tokenizer, train_tokenizer
+    from ode_transformer.tokenizer import check_task_tokenizer, train_tokenizer
 
     texts = [f"the dog number {i} runs" for i in range(12)]
     train_tokenizer(texts, vocab_size=300, save_to=tmp_path / "lm_tokenizer", causal=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from ode_transformer.files import read_lines
 from ode_transformer.train.batching import TokenBudgetBatchSampler, seq2seq_lengths
-from ode_transformer.train.files import read_lines
 
 MAX_TOKENS = 1024
 

@@ -397,7 +397,7 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
     from tiny_folder import save_tiny_folder
 
     from benchmarks import bench_translate
-    from ode_transformer.train.translate import fastest_backend
+    from ode_transformer.translate import fastest_backend
 
     if not all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime")):
         pytest.skip("the onnx extra is not installed")
@@ -455,3 +455,17 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
     assert f"PyTorch kernels {results['machine']['cpu_capability']}; has " in report
     q = results["quality"]["onnx-int8"]
     assert f"| onnx-int8 | {q['bleu']:.2f} | {q['chrf']:.2f} | 4 |" in report
+
+
+def test_bench_precision_quick_times_both_precisions_and_records_the_choice(tmp_path):
+    """`benchmarks.bench_precision --quick`: one tiny training step in fp32 and in bf16 autocast, the CPU's
+    capability and what `--precision auto` picks on it (fp32 on the suite's AVX2-only CPU)."""
+    from benchmarks import bench_precision
+
+    results = bench_precision.main(["--quick", "--json", str(tmp_path / "precision.json")])
+    assert json.loads((tmp_path / "precision.json").read_text()) == json.loads(json.dumps(results))
+    assert set(results["seconds_per_step"]) == {"fp32", "bf16"} and results["bf16_over_fp32_time"] > 0
+    assert (
+        results["auto_choice"]["precision"] == "fp32"
+        and results["dims"]["d_model"] == common.TINY_DIMS.d_model
+    )

@@ -21,7 +21,7 @@ from transformers import (
 from modeling_ode import ODETransformerForConditionalGeneration
 from modeling_ode import ode as ode_module
 from ode_transformer.hub.upcycle import main as upcycle_main
-from ode_transformer.train.tokenizer import train_tokenizer
+from ode_transformer.tokenizer import train_tokenizer
 from tests.tiny_folder import TEXTS, save_tiny_folder
 
 TINY_M2M100 = dict(

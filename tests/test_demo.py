@@ -12,9 +12,10 @@ import torch
 import yaml
 from datasets import Dataset
 
+from ode_transformer.precision import choose_precision
 from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.checks import check_settings
 from ode_transformer.train.demo import RECIPE, main, parse_demo_arguments
-from ode_transformer.train.precision import choose_precision
 from ode_transformer.train.preparation import drop_long_training_pairs
 from ode_transformer.train.provenance import REPO, git_commit
 
@@ -49,8 +50,18 @@ def test_drop_long_training_pairs_keeps_the_other_splits():
 @pytest.mark.both_cpus
 def test_max_train_tokens_must_be_below_the_truncation_length():
     with pytest.raises(ValueError, match="max_train_tokens"):
-        parse_arguments(
-            [str(RECIPE), "--output_dir", "unused", "--max_train_tokens", "128", "--max_source_length", "128"]
+        check_settings(
+            parse_arguments(
+                [
+                    str(RECIPE),
+                    "--output_dir",
+                    "unused",
+                    "--max_train_tokens",
+                    "128",
+                    "--max_source_length",
+                    "128",
+                ]
+            )
         )
 
 

@@ -13,7 +13,7 @@ import torch
 from experiments import report as report_module
 from experiments import run as runner
 from experiments.studies import STUDIES, run_id, size_and_batch
-from ode_transformer.train.files import read_lines
+from ode_transformer.files import read_lines
 from ode_transformer.train.metrics import gleu_score
 from tests.tiny_folder import save_tiny_folder
 
@@ -765,14 +765,12 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
 
     def fake_run(command, **kwargs):
         modules.append(command[2])
-        return subprocess.CompletedProcess(
-            command, 3 if command[2] == "ode_transformer.train.translate" else 0
-        )
+        return subprocess.CompletedProcess(command, 3 if command[2] == "ode_transformer.translate" else 0)
 
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     status = runner.execute(run, args)
     assert status.startswith(f"FAILED {run.id} (exit 3;")
-    assert modules == ["ode_transformer.train.run", "ode_transformer.train.translate"]
+    assert modules == ["ode_transformer.train.run", "ode_transformer.translate"]
     assert not stale.exists() and not run.result_path(args.results).exists()
 
 

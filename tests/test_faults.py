@@ -27,21 +27,23 @@ from safetensors.torch import load_file, save_file
 from test_bad_inputs import TINY_RUN, corpus, seq2seq, write
 from tiny_folder import TEXTS, save_tiny_folder
 
+import ode_transformer.loading
 import ode_transformer.train.arguments
 import ode_transformer.train.evaluation
-import ode_transformer.train.loading
 import ode_transformer.train.run
+import ode_transformer.train.saved_model
 import ode_transformer.train.trainer
 from modeling_ode import ODETransformerForConditionalGeneration
-from ode_transformer import cli
+from ode_transformer import cli, translate
+from ode_transformer.files import read_lines
 from ode_transformer.hub.export import export_for_hub
-from ode_transformer.train import averaging, evaluate_predictions, translate
+from ode_transformer.tokenizer import train_tokenizer
+from ode_transformer.train import averaging, evaluate_predictions
 from ode_transformer.train.arguments import parse_arguments
+from ode_transformer.train.checks import check_settings
 from ode_transformer.train.data import load_local_file
-from ode_transformer.train.files import read_lines
 from ode_transformer.train.output_folder import save_final_model
 from ode_transformer.train.run import run
-from ode_transformer.train.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -350,7 +352,7 @@ def test_a_non_finite_model_is_never_saved_and_warned_about_when_loaded(tmp_path
         ODETransformerForConditionalGeneration.from_pretrained(folder)
         assert f"{folder} holds non-finite weights (NaN or infinity) in 1 tensors" in caplog.text
         caplog.clear()
-        translate.load_for_generation(str(folder))  # what ode_transformer.train.translate loads
+        translate.load_for_generation(str(folder))  # what ode_transformer.translate loads
         assert "holds non-finite weights" in caplog.text
 
 
@@ -415,7 +417,7 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# 6. ode_transformer.train.translate
+# 6. ode_transformer.translate
 
 
 def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
@@ -510,7 +512,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     assert output.read_text() == ""
 
     long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
     assert (
         "1 input line(s) longer than 128 tokens were truncated (the model's max_position_embeddings"
@@ -519,7 +521,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     assert "--max_source_length" in caplog.text
     assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
         translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress",
                         "--max_source_length", "4"])  # fmt: skip
     assert "were truncated (--max_source_length 4); raise --max_source_length" in caplog.text
@@ -547,7 +549,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
         translate.main(["run/modle", "--input", str(empty)])
     # ... but a Hub id whose owner happens to name a local folder without models stays a Hub id
     (tmp_path / "someuser").mkdir()
-    ode_transformer.train.loading.check_model_folder("someuser/ode-base")
+    ode_transformer.loading.check_model_folder("someuser/ode-base")
 
 
 @pytest.mark.both_cpus
@@ -840,16 +842,16 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
     flags = [*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
              "--model_name_or_path", str(folder)]  # fmt: skip
     with pytest.raises(ValueError) as raised:
-        parse_arguments([*flags, "--d_model", "64", "--encoder_layers", "3"])
+        check_settings(parse_arguments([*flags, "--d_model", "64", "--encoder_layers", "3"]))
     assert str(raised.value) == (
         f"--d_model 64 (saved: 16), --encoder_layers 3 (saved: 2): {folder} is a saved model, whose shape and "
         "method its config.json fixes; leave these flags out to fine-tune it as it is, or leave "
         "--model_name_or_path out to train a new model with them"
     )
     with pytest.raises(ValueError, match=r"^--encoder_ode_method 'euler' \(saved: 'rk2'\): "):
-        parse_arguments([*flags, "--encoder_ode_method", "euler"])
+        check_settings(parse_arguments([*flags, "--encoder_ode_method", "euler"]))
     model_args, _, run_args, _ = parse_arguments([*flags, "--d_model", "16", "--dropout", "0.3"])
-    model = ode_transformer.train.loading.load_trainable_model(model_args, run_args.task)
+    model = ode_transformer.train.saved_model.load_trainable_model(model_args, run_args.task)
     assert model.config.d_model == 16 and model.config.dropout == 0.3
     assert model.model.encoder.embed.dropout.p == 0.3  # built with it, not only written into the config
 
@@ -913,7 +915,7 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     marker = _foreign_entries(folder)
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
         export_for_hub(folder, tmp_path / "exported")
     assert "dropped not_a_field, trust_remote_code, auto_map.AutoTokenizer, not this project's" in caplog.text
     _assert_own_entries_only(tmp_path / "exported", marker)
@@ -926,7 +928,7 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
 @pytest.mark.both_cpus
 def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """#44 row 5: the refusal was right, but a RuntimeError traceback with exit code 1, even from ode-train."""
-    from ode_transformer.train.checkpoints import lock_output_dir
+    from ode_transformer.checkpoints import lock_output_dir
 
     out = tmp_path / "out"
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
@@ -1104,7 +1106,7 @@ def test_a_bad_recipe_is_one_line_naming_it(tmp_path, capsys, monkeypatch, text,
 FULL_DISK_OPTIMIZER = """
 import os, resource, signal, sys
 import torch
-from ode_transformer.train.files import saving
+from ode_transformer.files import saving
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 64)
@@ -1201,8 +1203,8 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
 ):
     """#56 row 1: `ode-train --do_train false --do_predict true --model_name_or_path RUN --output_dir RUN` replaced
     the run's hub_metrics.json (its training section gone), hypotheses and scores, rc 0, with no lock."""
-    from ode_transformer.train.checkpoints import lock_output_dir
-    from ode_transformer.train.files import InUseError
+    from ode_transformer.checkpoints import lock_output_dir
+    from ode_transformer.files import InUseError
 
     data = ",".join(corpus(tmp_path / "data"))
     finished = tmp_path / "run"
@@ -1476,7 +1478,7 @@ def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch,
 def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
     """#56 row 6: `--output LINK` replaced the link by a regular file; its target kept the old content. Every
     file writer (write_atomic, replacing) and folder writer (staged_folder) writes through the link."""
-    from ode_transformer.train.files import staged_folder, write_atomic
+    from ode_transformer.files import staged_folder, write_atomic
 
     target = write(tmp_path / "real.txt", "old\n")
     link = tmp_path / "out.txt"
@@ -1501,7 +1503,7 @@ def test_written_files_get_the_modes_the_umask_gives(tmp_path, umask):
     """#56 row 7: model.safetensors was written 0600 (safetensors' own temporary file) while every other file was
     0644: another user could not read an exported model. Folders written whole and files written whole get the
     modes open() and mkdir give under the umask."""
-    from ode_transformer.train.files import replacing
+    from ode_transformer.files import replacing
 
     save_tiny_folder(tmp_path / "model")
     old = os.umask(umask)
@@ -1543,7 +1545,7 @@ def test_a_folder_is_replaced_whole_and_a_kill_at_any_step_leaves_one_version(
     is one version whole, a kill leaves one in place, and the next write removes and names what was left."""
     import shutil
 
-    from ode_transformer.train import files
+    from ode_transformer import files
 
     final = tmp_path / "out"
     final.mkdir()
@@ -1589,7 +1591,7 @@ def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
     device`: no path, no fix."""
     import errno
 
-    from ode_transformer.train.files import claim_output
+    from ode_transformer.files import claim_output
 
     original = Path.write_text
 

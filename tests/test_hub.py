@@ -24,11 +24,11 @@ from modeling_ode import (  # noqa: E402
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
+from ode_transformer.files import read_lines  # noqa: E402
 from ode_transformer.hub import model_card, push  # noqa: E402
 from ode_transformer.hub.export import export_for_hub  # noqa: E402
 from ode_transformer.hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from ode_transformer.train.data import data_root  # noqa: E402
-from ode_transformer.train.files import read_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = (

@@ -20,9 +20,9 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
+from ode_transformer.files import read_lines
 from ode_transformer.train.data import data_root
 from ode_transformer.train.evaluate_predictions import main
-from ode_transformer.train.files import read_lines
 from ode_transformer.train.metrics import (
     GoldEdit,
     M2Sentence,

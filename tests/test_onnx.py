@@ -1,6 +1,6 @@
 """ONNX export (hub/onnx_export.py): the three graphs, with both of torch.onnx's exporters, load in onnxruntime and
 give PyTorch's outputs (float32, atol 1e-4) at shapes other than the export's; onnxruntime decoding
-(hub/onnx_generation.py, transformers' `generate` over the sessions) gives the PyTorch model's `generate` tokens;
+(ode_transformer/onnx_generation.py, transformers' `generate` over the sessions) gives the PyTorch model's `generate` tokens;
 `ode-export --onnx` writes the graphs.
 
 The default run exports a tiny model trained on a toy task (gated RK2 blocks on both sides, SDPA: the issue's
@@ -29,7 +29,7 @@ from ode_transformer.hub.onnx_export import (
     cache_names,
     export_onnx,
 )
-from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
 from tests.decoding import tiny
 from tests.test_compile import BLOCKS
 

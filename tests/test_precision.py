@@ -1,4 +1,4 @@
-"""--precision auto: bf16 autocast only where the device computes bf16 natively (ode_transformer.train.precision), with the CPU's
+"""--precision auto: bf16 autocast only where the device computes bf16 natively (ode_transformer.precision), with the CPU's
 flags and PyTorch's restrictions mocked, then through ode-train's argument parsing."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch
 from mocked_cpus import CPUS, GRAVITON2, GRAVITON3, SAPPHIRE_RAPIDS, SKYLAKE, ZEN3, ZEN4, pretend
 
+from ode_transformer.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
 from ode_transformer.train.arguments import parse_arguments
-from ode_transformer.train.precision import choose_precision, cpu_native_bf16, emulated_bf16_warning
 from ode_transformer.train.run import main
 
 
@@ -114,7 +114,7 @@ def test_conflicting_precision_flags_are_refused():
         parse_arguments([*RECIPE, "--precision", "bf32"])
 
 
-CHOICE = "from ode_transformer.train.precision import choose_precision, cpu_capability; import json; " \
+CHOICE = "from ode_transformer.precision import choose_precision, cpu_capability; import json; " \
     "print(json.dumps([cpu_capability(), choose_precision('cpu').as_dict()]))"  # fmt: skip
 
 

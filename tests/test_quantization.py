@@ -17,7 +17,7 @@ from torch import nn
 from modeling_ode import ODETransformerConfig, ODETransformerForConditionalGeneration
 from modeling_ode.ode import StageGate
 from modeling_ode.quantization import DynamicInt8Linear, is_quantized, quantize_int8
-from ode_transformer.train import translate
+from ode_transformer import translate
 
 PAD, EOS, FIRST_WORD, VOCAB = 1, 2, 4, 24
 # int8 decoding may differ from float32 where two candidates are nearly tied; on this task and model at most this
@@ -191,7 +191,7 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
         export_onnx,
         quantized_name,
     )
-    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+    from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
 
     # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
     # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs

@@ -1,4 +1,4 @@
-"""Tests of ode_transformer.train.tokenizer: special-token ids, </s> post-processing, round trip, reuse."""
+"""Tests of ode_transformer.tokenizer: special-token ids, </s> post-processing, round trip, reuse."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ode_transformer.train.files import read_lines
-from ode_transformer.train.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_tokenizer
+from ode_transformer.files import read_lines
+from ode_transformer.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_tokenizer
 
 VOCAB_SIZE = 3000
 
@@ -131,7 +131,7 @@ def test_unknown_tokenizer_kind_is_refused():
 def test_reuse_refuses_a_tokenizer_trained_otherwise(tmp_path, caplog):
     texts = ["der Hund läuft", "die Katze schläft", "the dog runs", "the cat sleeps"] * 50
     trained = load_or_train_tokenizer(tmp_path, texts, vocab_size=300)
-    with caplog.at_level(logging.INFO, logger="ode_transformer.train.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="ode_transformer.tokenizer"):
         load_or_train_tokenizer(tmp_path, texts, vocab_size=300)  # same settings and data: reused
     assert f"using the tokenizer in {tmp_path}" in caplog.text
     with pytest.raises(ValueError, match="vocab_size 300 vs 400 now"):

@@ -27,12 +27,13 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
+from ode_transformer import translate
 from ode_transformer.hub.model_card import write_model_card
-from ode_transformer.train import translate
+from ode_transformer.precision import choose_precision
 from ode_transformer.train.arguments import build_parser, parse_arguments
 from ode_transformer.train.card import dataset_card, training_card
+from ode_transformer.train.checks import check_settings
 from ode_transformer.train.data import multi30k, ptb
-from ode_transformer.train.precision import choose_precision
 from ode_transformer.train.run import main, run
 from ode_transformer.train.trainer import PadCollator, lm_negative_log_likelihood
 
@@ -183,7 +184,7 @@ def untrained_model(multi30k_run, tmp_path) -> Path:
 
 def test_test_decoding_translate_and_plain_generate_agree(untrained_model, tmp_path):
     """One decoder: ``ode_transformer.train.run``'s test decoding (after the trainer has wrapped the model in bf16 autocast
-    for --do_eval), ``ode_transformer.train.translate`` (other batches) and plain ``generate()`` (one batch, fresh
+    for --do_eval), ``ode_transformer.translate`` (other batches) and plain ``generate()`` (one batch, fresh
     interpreter) give the same hypotheses."""
     sources = multi30k("test")["source"][:48]
     src = tmp_path / "test.en"
@@ -248,7 +249,7 @@ def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
     ):
         run(parse_arguments(["--test_file", f"{src},{ref}", *common]))
     with pytest.raises(ValueError, match="--do_train false evaluates a trained model: give its folder"):
-        parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common])
+        check_settings(parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common]))
 
 
 @pytest.mark.both_cpus
@@ -289,7 +290,7 @@ def test_lm_ptb_perplexity(tmp_path):
     assert values["Word perplexity"] > values["Subword perplexity"]
     assert "label_smoothing" not in json.loads((tmp_path / "config.json").read_text())  # the Trainer's now
 
-    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and ode_transformer.train.translate.
+    # The saved folder continues prompts: <s> prompt (no </s>), with pipeline, generate and ode_transformer.translate.
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     prompts = ["the company said", "it is", "in new york"]
     for prompt in prompts:
@@ -493,7 +494,7 @@ def test_cli_overrides_recipe():
     )
     assert (training_args.max_steps, data_args.max_tokens, training_args.warmup_steps) == (7, 1000, 300)
     with pytest.raises(ValueError, match="needs --max_steps"):
-        parse_arguments(["--streaming", "true", "--use_cpu", "true"])
+        check_settings(parse_arguments(["--streaming", "true", "--use_cpu", "true"]))
     for flag in (
         "--max_tokens",
         "--max_train_samples",
@@ -776,7 +777,7 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
     """`PadCollator` = `DataCollatorForSeq2Seq` + word dropout: right padding with the pad id and its mask,
     labels padded with -100, no `labels` key without labels, and source words (never `</s>`) dropped only in
     training, with torch's global RNG."""
-    from ode_transformer.train.tokenizer import SPECIAL_TOKENS, train_tokenizer
+    from ode_transformer.tokenizer import SPECIAL_TOKENS, train_tokenizer
     from ode_transformer.train.trainer import word_dropout
 
     words = len(SPECIAL_TOKENS) + 8

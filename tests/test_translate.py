@@ -1,4 +1,4 @@
-"""ode_transformer.train.translate: length batching, input order, stdin/stdout, and agreement with plain generate()."""
+"""ode_transformer.translate: length batching, input order, stdin/stdout, and agreement with plain generate()."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
-from ode_transformer.train import translate
+from ode_transformer import translate
 
 SOURCES = [
     "the dog",
@@ -58,7 +58,7 @@ def test_an_overlong_lm_prompt_keeps_its_end_and_leaves_room_for_the_continuatio
     for new_tokens in (8, None, 127):
         kept = [tokenizer.bos_token_id, *full[-max(128 - (new_tokens or 20) - 1, 1) :]]
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
             (text,) = translate.generate_texts(
                 model, tokenizer, [prompt], max_new_tokens=new_tokens, num_beams=1
             )

@@ -1,5 +1,5 @@
 """ode-translate's --backend: onnx decodes the folder's graphs (of `ode-export --onnx`) into the PyTorch path's
-outputs, auto picks the path of train/translate.py's FASTEST table and falls back to PyTorch with the command that
+outputs, auto picks the path of ode_transformer/translate.py's FASTEST table and falls back to PyTorch with the command that
 writes the graphs, and a combination that cannot work is a parser error naming the fix.
 
 One tiny random model (tests/tiny_folder.py) exported once to float32 and once to int8 graphs (TorchScript
@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_folder import save_tiny_folder
 
-from ode_transformer.train import translate
+from ode_transformer import translate
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -91,7 +91,7 @@ def test_auto_picks_the_tables_backend_and_says_why(folders, capsys, caplog, mon
         )
     for beams, expected in (("1", "onnx"), ("4", "pytorch")):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
             outputs = run(folders["fp32"], capsys, "--num_beams", beams, "--max_new_tokens", "4")
         assert len(outputs) == len(SOURCES)
         lines = [r.getMessage() for r in caplog.records]
@@ -116,7 +116,7 @@ def test_auto_falls_back_to_pytorch_with_the_command_that_writes_the_graphs(
     )
     for folder, flags, hint in cases:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
             outputs = run(
                 folder, capsys, "--num_beams", "1", "--max_new_tokens", "3", *flags, sources=SOURCES[:2]
             )

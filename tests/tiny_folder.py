@@ -12,7 +12,7 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
-from ode_transformer.train.tokenizer import train_tokenizer
+from ode_transformer.tokenizer import train_tokenizer
 
 TEXTS = ["the dog runs in the park", "a cat sleeps on the warm mat", "zwei Hunde spielen im Schnee"] * 40
 

@@ -23,14 +23,13 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from modeling_ode import PAPER_LABEL_SMOOTHING, ODETransformerConfig
+from modeling_ode import PAPER_LABEL_SMOOTHING
 from modeling_ode.compat import order_argument_groups, parser_actions
 from modeling_ode.tokenizer_limits import NO_LENGTH_LIMIT
 from ode_transformer.cli import program_name
+from ode_transformer.loading import target_length
+from ode_transformer.precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
 
-from .loading import check_saved_model_flags, check_saved_model_preset, target_length
-from .output_folder import refuse_to_delete_inputs
-from .precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
 from .tasks import TASKS, get_task
 
 logger = logging.getLogger(__name__)
@@ -49,6 +48,7 @@ def _paper_decoding(setting: str) -> str:
 
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
+SAMPLE_LIMITS = ("max_train_samples", "max_eval_samples", "max_test_samples")
 
 
 @dataclass
@@ -63,6 +63,9 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "start from a saved model folder or Hub id, with its own tokenizer"}
     )
+    # Whether --preset was given (on the command line or in the recipe): not a flag, set by parse_arguments for
+    # check_settings, which compares a given preset with a saved model's config.
+    preset_given: bool = field(default=False, init=False, repr=False)
     upcycle: bool = field(
         default=False,
         metadata={
@@ -121,6 +124,7 @@ class ModelArguments:
             "vocab_size",
             "tokenizer_type",
             "config_overrides",
+            "preset_given",
         }
         chosen = {k: v for k, v in asdict(self).items() if k not in skip and v is not None}
         try:
@@ -225,6 +229,22 @@ class DataArguments:
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
 
+    def __post_init__(self) -> None:
+        for flag in ("max_source_length", "max_target_length"):
+            length = getattr(self, flag)
+            if length is not None and length <= 0:
+                raise ValueError(f"--{flag} must be a positive number of tokens, got {length}")
+        # a stream ignores --max_train_samples and --max_tokens (parse_arguments says so)
+        limits = ("max_eval_samples", "max_test_samples") if self.streaming else SAMPLE_LIMITS
+        for flag in limits:
+            value = getattr(self, flag)
+            if value is not None and value < 1:  # a slice [:-1] or [:0], not a limit
+                raise ValueError(
+                    f"--{flag} must be a positive number of examples, got {value}; leave it out for all"
+                )
+        if self.max_tokens is not None and self.max_tokens <= 0 and not self.streaming:
+            raise ValueError(f"--max_tokens must be a positive token budget per batch, got {self.max_tokens}")
+
 
 @dataclass
 class RunArguments:
@@ -267,12 +287,20 @@ class RunArguments:
         },
     )
 
+    def __post_init__(self) -> None:
+        get_task(self.task)  # a known task
+        if self.num_beams is not None and self.num_beams <= 0:
+            raise ValueError(f"--num_beams must be a positive number of beams, got {self.num_beams}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
 
 
 class Settings(NamedTuple):
-    """One run's settings, as :func:`parse_arguments` resolved and checked them: read them by name."""
+    """One run's settings, as :func:`parse_arguments` resolved them (each dataclass checked its own fields;
+    ``ode_transformer.train.checks.check_settings`` checks the rest): read them by name."""
 
     model: ModelArguments
     data: DataArguments
@@ -433,17 +461,10 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
     )
     if positional.recipe is not None:
         raise ValueError(f"the recipe {positional.recipe} must come first, before the flags")
-    task = get_task(run_args.task)
-    for flag in ("max_source_length", "max_target_length"):
-        length = getattr(data_args, flag)
-        if length is not None and length <= 0:
-            raise ValueError(f"--{flag} must be a positive number of tokens, got {length}")
-        if length is None and not model_args.model_name_or_path:  # else: resolve_lengths
-            setattr(data_args, flag, DEFAULT_LENGTH)
-    if not model_args.model_name_or_path:
-        check_max_train_tokens(data_args)
-    if data_args.streaming and training_args.max_steps <= 0:
-        raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    if not model_args.model_name_or_path:  # a saved model's lengths are its own (resolve_lengths)
+        for flag in ("max_source_length", "max_target_length"):
+            if getattr(data_args, flag) is None:
+                setattr(data_args, flag, DEFAULT_LENGTH)
     # both need the whole split: lengths to bucket, rows to count
     for flag in ("max_tokens", "max_train_samples"):
         if data_args.streaming and getattr(data_args, flag) is not None:
@@ -455,76 +476,8 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
                 getattr(data_args, flag),
             )
             setattr(data_args, flag, None)
-    if model_args.upcycle and (not model_args.model_name_or_path or task.is_lm):
-        seq2seq = ", ".join(name for name, other in TASKS.items() if not other.is_lm)
-        raise ValueError(
-            "--upcycle true converts the seq2seq model of --model_name_or_path to this run's ODE blocks: give that "
-            f"folder, and a seq2seq --task ({seq2seq})"
-        )
-    if not training_args.do_train and not model_args.model_name_or_path:
-        raise ValueError(
-            "--do_train false evaluates a trained model: give its folder with --model_name_or_path"
-        )
-    for flag in ("max_train_samples", "max_eval_samples", "max_test_samples"):
-        value = getattr(data_args, flag)
-        if value is not None and value < 1:  # a slice [:-1] or [:0], not a limit
-            raise ValueError(
-                f"--{flag} must be a positive number of examples, got {value}; leave it out for all"
-            )
-    if data_args.max_tokens is not None and data_args.max_tokens <= 0:
-        raise ValueError(
-            f"--max_tokens must be a positive token budget per batch, got {data_args.max_tokens}"
-        )
-    if run_args.num_beams is not None and run_args.num_beams <= 0:
-        raise ValueError(f"--num_beams must be a positive number of beams, got {run_args.num_beams}")
-    metric = (training_args.metric_for_best_model or "loss").removeprefix("eval_")
-    evaluated = task.evaluated(training_args.predict_with_generate)
-    # transformers would fail at the first evaluation, after training up to it
-    if metric not in evaluated:
-        model = "a language model" if task.is_lm else f"a {task.name} model"
-        unlocked = sorted(set(task.evaluated(generate=True)) - set(evaluated))
-        raise ValueError(
-            f"--metric_for_best_model {metric}: {model}'s evaluation gives {', '.join(evaluated)}; choose one"
-            + (f" (or {', '.join(unlocked)} with --predict_with_generate true)" if unlocked else "")
-        )
-    if run_args.early_stopping_patience and (
-        not training_args.metric_for_best_model or training_args.eval_strategy == "no"
-    ):
-        raise ValueError(
-            "--early_stopping_patience needs --metric_for_best_model (e.g. loss) and --load_best_model_at_end true, "
-            "with an --eval_strategy to compare the evaluations"
-        )
-    if (
-        run_args.average_last_checkpoints > 1
-        and training_args.do_train
-        and training_args.save_strategy == "no"
-    ):
-        raise ValueError(
-            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
-            "--save_strategy no saves none; give --save_strategy steps --save_steps N, or leave averaging out"
-        )
-    if (
-        run_args.average_last_checkpoints > 1
-        and training_args.save_total_limit is not None
-        and training_args.save_total_limit < run_args.average_last_checkpoints
-    ):
-        raise ValueError(
-            f"--average_last_checkpoints {run_args.average_last_checkpoints} averages saved checkpoints, but "
-            f"--save_total_limit {training_args.save_total_limit} keeps fewer; raise --save_total_limit to at least "
-            f"{run_args.average_last_checkpoints}, or average fewer"
-        )
-    if run_args.overwrite_output_dir and training_args.do_train:  # only a training run clears its folder
-        refuse_to_delete_inputs(model_args, data_args, training_args)
     set_label_smoothing(run_args.task, training_args, argv, recipe)
-    if model_args.model_name_or_path and given("preset", argv, recipe):
-        check_saved_model_preset(model_args, run_args.task)
-    # upcycling takes block flags (from_residual)
-    if model_args.model_name_or_path and not model_args.upcycle:
-        check_saved_model_flags(model_args, run_args.task)
-    if not model_args.model_name_or_path:  # a misspelt preset or field, bad sizes: before data and tokenizer
-        # the vocabulary as the tokenizer will have it (build_model sets the tokenizer's actual size)
-        checked = {"vocab_size": model_args.vocab_size, **model_args.task_overrides(run_args.task)}
-        ODETransformerConfig.from_preset(model_args.preset, **checked)
+    model_args.preset_given = given("preset", argv, recipe)
     return Settings(model_args, data_args, run_args, training_args)
 
 
@@ -543,14 +496,12 @@ def _cpu_only_flags(argv: list[str], recipe: dict) -> list[str]:
 
 
 def _resolve_precision(parser: HfArgumentParser, argv: list[str], recipe: dict, parsed: tuple) -> tuple:
-    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (ode_transformer.train.precision);
+    """``--precision auto`` becomes bf16 where the device computes it natively, else fp32 (ode_transformer.precision);
     an explicit ``--bf16``/``--fp16`` is taken as asked, with a warning where bf16 would be emulated. The
     arguments are parsed again with ``--bf16 true`` rather than patched, so transformers derives its mixed
     precision settings from the flag as usual. ``run_args.precision`` ends as what was asked (auto, bf16, fp16,
-    fp32): :func:`ode_transformer.train.precision.choose_precision` gives the same choice from it anywhere later."""
+    fp32): :func:`ode_transformer.precision.choose_precision` gives the same choice from it anywhere later."""
     run_args, training_args = parsed[2], parsed[3]
-    if run_args.precision not in PRECISIONS:
-        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {run_args.precision!r}")
     if given("bf16", argv, recipe) or given("fp16", argv, recipe):
         asked = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
         if run_args.precision not in ("auto", asked):
@@ -581,7 +532,7 @@ def check_max_train_tokens(data_args: DataArguments) -> None:
 def resolve_lengths(data_args: DataArguments, tokenizer: PreTrainedTokenizerFast, saved_model: str) -> None:
     """The lengths a saved model was trained and decodes with, where the flags leave them unset: its tokenizer's
     ``model_max_length`` (the source limit its run saved) and its generation config's output length (:func:`target_length`), so that
-    ``--do_train false`` scores the hypotheses ``ode_transformer.train.translate`` writes."""
+    ``--do_train false`` scores the hypotheses ``ode_transformer.translate`` writes."""
     if data_args.max_source_length is None:
         limit = tokenizer.model_max_length  # transformers' 1e30 where none was saved
         data_args.max_source_length = limit if limit < NO_LENGTH_LIMIT else DEFAULT_LENGTH

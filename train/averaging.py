@@ -3,7 +3,7 @@
 ``python -m ode_transformer.train.averaging OUTPUT_DIR --last 5 --out DIR`` averages the ``model.safetensors`` of
 the last ``checkpoint-<step>`` folders of a training run and writes a loadable model folder (the
 config, generation config and tokenizer files are copied from the newest checkpoint). Only complete
-checkpoints of one training run are averaged (:mod:`ode_transformer.train.checkpoints`). A non-empty ``--out`` is refused
+checkpoints of one training run are averaged (:mod:`ode_transformer.checkpoints`). A non-empty ``--out`` is refused
 unless ``--overwrite`` (which replaces it): files left there would describe another model. The folder is written as
 ``OUT.incomplete`` and renamed to ``OUT`` once complete; one writer of ``--out`` at a time.
 """
@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ode_transformer.checkpoints import check_one_run, complete_checkpoints
 from ode_transformer.cli import positive_int, report_user_error
-
-from .checkpoints import check_one_run, complete_checkpoints
-from .files import InUseError, claim_output, refuse_occupied, staged_folder
+from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
 from ode_transformer.cli import install_command
+from ode_transformer.precision import PrecisionChoice, choose_precision
 from ode_transformer.wording import counted
 
-from .precision import PrecisionChoice, choose_precision
 from .tasks import get_task
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ from typing import Literal
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 
-from .files import read_byte_lines, read_lines
+from ode_transformer.files import read_byte_lines, read_lines
+
 from .libreoffice_corpus import DEFAULT_CACHE, build_corpus
 
 __all__ = [

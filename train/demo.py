@@ -5,7 +5,7 @@
 1. builds the English-German LibreOffice-help corpus (``.cache/libreoffice-help``);
 2. trains a joint BPE (8k) on its training split;
 3. trains an RK2-gated encoder / Euler decoder model (d 192, 3-3 layers, 2K-token batches; bf16 autocast where
-   the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`ode_transformer.train.precision`) with the recipe
+   the CPU computes bf16 natively, fp32 elsewhere: ``--precision auto``, :mod:`ode_transformer.precision`) with the recipe
    ``train/recipes/libreoffice_demo.yaml`` for exactly its ``max_steps`` (900) or ``--max_steps`` updates (a step budget, not a time budget: the same seed and steps give the same
    model on every machine of a kind, however busy; the progress bar's total is the real end);
 4. translates the held-out test split (beam 4, length penalty 0.6, fp32) and scores it with
@@ -28,13 +28,13 @@ import torch
 import transformers
 
 from ode_transformer.cli import output_problem
+from ode_transformer.files import write_atomic
+from ode_transformer.precision import choose_precision
 
 from . import metrics
 from .arguments import parse_arguments
 from .data import libreoffice
-from .files import write_atomic
 from .libreoffice_corpus import build_corpus
-from .precision import choose_precision
 from .provenance import REPO, device_info, git_commit
 from .run import run
 

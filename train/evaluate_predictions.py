@@ -29,8 +29,8 @@ import sys
 from sacrebleu.metrics.bleu import BLEU
 
 from ode_transformer.cli import output_problem, program_name, report_user_error
+from ode_transformer.files import claim_output, read_lines, write_atomic
 
-from .files import claim_output, read_lines, write_atomic
 from .metrics import (
     chrf_score,
     gleu_score,

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from ode_transformer.files import read_lines, write_atomic
+from ode_transformer.translate import decode, generate_ids
+
 from . import metrics
 from .card import write_card
-from .files import read_lines, write_atomic
 from .tasks import get_task
 from .trainer import PadCollator, fp32_forward, lm_negative_log_likelihood
-from .translate import decode, generate_ids
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,8 @@ def test_results(
 ) -> tuple[list[dict], list[str]]:
     """Metric records for the test split and the hypotheses (empty for lm), on the main process only.
 
-    Seq2seq hypotheses come from :func:`ode_transformer.train.translate.generate_ids` on the plain model in fp32, the
-    decoder of ``python -m ode_transformer.train.translate`` and the same hypotheses plain ``model.generate`` gives: not
+    Seq2seq hypotheses come from :func:`ode_transformer.translate.generate_ids` on the plain model in fp32, the
+    decoder of ``python -m ode_transformer.translate`` and the same hypotheses plain ``model.generate`` gives: not
     from ``trainer.predict``, whose model runs under accelerate's bf16 autocast wrapper when ``--bf16``.
     """
     training_args = trainer.args

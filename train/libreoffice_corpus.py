@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .files import write_atomic
+from ode_transformer.files import write_atomic
 
 __all__ = [
     "DEV_PERCENT",

@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 from transformers import Seq2SeqTrainingArguments, TrainerState
 
 from modeling_ode import non_finite_message, non_finite_tensors
-
-from .checkpoints import (
+from ode_transformer.checkpoints import (
     FINAL_MODEL_STAGING,
     LOCK_FILES,
     STAGING,
@@ -28,8 +27,9 @@ from .checkpoints import (
     missing_part,
     remove_staging,
 )
-from .files import clear_folder, match_umask, refuse_occupied, saving
-from .loading import load_state
+from ode_transformer.files import clear_folder, match_umask, refuse_occupied, saving
+
+from .saved_model import load_state
 
 if TYPE_CHECKING:  # the arguments module imports this one
     from .arguments import DataArguments, ModelArguments

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the headless backend)
 
-from .files import replacing  # noqa: E402
+from ode_transformer.files import replacing  # noqa: E402
 
 __all__ = ["loss_series", "plot_loss_curves"]
 

@@ -20,6 +20,9 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
+from ode_transformer.files import read_lines
+from ode_transformer.loading import load_saved_model
+from ode_transformer.tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 
 from . import metrics
 from .arguments import DataArguments, ModelArguments, RunArguments, Settings
@@ -33,10 +36,7 @@ from .data import (
     load_local_file,
     load_task_data,
 )
-from .files import read_lines
-from .loading import load_saved_model
 from .tasks import get_task
-from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ defaults), checkpoints, TensorBoard logs (``runs/``).
 ``--do_train/--do_eval/--do_predict`` select the steps as in transformers' ``run_translation.py``
 (default: train and test); ``--do_train false --model_name_or_path MODEL --test_file ...`` evaluates a
 saved model and writes only the hypotheses and metrics. The test split is decoded by
-:mod:`ode_transformer.train.translate` in fp32 on the plain model, so the reported score is that of ``python -m
-ode_transformer.train.translate`` and of plain ``model.generate`` on the saved folder.
+:mod:`ode_transformer.translate` in fp32 on the plain model, so the reported score is that of ``python -m
+ode_transformer.translate`` and of plain ``model.generate`` on the saved folder.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ from transformers import (
     set_seed,
 )
 
+from ode_transformer.checkpoints import TRAINER_STATE, lock_output_dir, read_run_id
 from ode_transformer.cli import report_interrupt, report_user_error
+from ode_transformer.files import replacing
+from ode_transformer.tokenizer import drop_foreign_tokenizer_code
 
 from .arguments import (
     RecipeError,
@@ -52,16 +55,9 @@ from .arguments import (
     resolve_lengths,
 )
 from .card import metrics_document
-from .checkpoints import TRAINER_STATE, lock_output_dir, read_run_id
+from .checks import check_settings
 from .data import MissingCorpusError
 from .evaluation import test_results, write_outputs
-from .files import replacing
-from .loading import (
-    check_resume_config,
-    check_saved_model_task,
-    load_trainable_model,
-    saved_model_tokenizer,
-)
 from .output_folder import (
     load_average,
     prepare_output_dir,
@@ -83,8 +79,13 @@ from .preparation import (
     splits_to_use,
     tokenize_splits,
 )
+from .saved_model import (
+    check_resume_config,
+    check_saved_model_task,
+    load_trainable_model,
+    saved_model_tokenizer,
+)
 from .tasks import get_task
-from .tokenizer import drop_foreign_tokenizer_code
 from .trainer import (
     PadCollator,
     TokenBudgetSeq2SeqTrainer,
@@ -164,10 +165,11 @@ def run(settings: Settings) -> dict:
     processes other than the main one).
 
     Every run that writes into the output folder (training, evaluation, test) holds its lock throughout
-    (:func:`ode_transformer.train.checkpoints.lock_output_dir`): a second run started into it at the same time is refused. An
+    (:func:`ode_transformer.checkpoints.lock_output_dir`): a second run started into it at the same time is refused. An
     evaluation alone (``--do_train false``) does not replace a run's results unless ``--overwrite_output_dir``
     (:func:`ode_transformer.train.output_folder.refuse_to_replace_results`).
     """
+    check_settings(settings)
     training_args = settings.training
     writes = training_args.do_train or training_args.do_eval or training_args.do_predict
     try:

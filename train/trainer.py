@@ -20,7 +20,7 @@ Training stops at the first non-finite loss or gradient norm, before the optimiz
 the weights, with an error naming the step and the learning rate (:meth:`_TokenBudgetMixin.training_step`).
 
 Checkpoints are written aside and renamed into place, with the id of the run that wrote them
-(:mod:`ode_transformer.train.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
+(:mod:`ode_transformer.checkpoints`): a kill during a save never leaves a ``checkpoint-<step>`` folder that
 looks complete but is not.
 """
 
@@ -49,12 +49,13 @@ from transformers import (
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from ode_transformer.checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
+from ode_transformer.files import saving, write_atomic
+from ode_transformer.tokenizer import tokenizer_sides
+
 from . import metrics
 from .batching import TokenBudgetBatchSampler
-from .checkpoints import RUN_ID_FILE, STAGING, TRAINER_STATE, new_run_id, publish
-from .files import saving, write_atomic
 from .tasks import get_task
-from .tokenizer import tokenizer_sides
 
 __all__ = [
     "PadCollator",
@@ -198,7 +199,7 @@ class _TokenBudgetMixin:
 
     def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
         """transformers' ``save_metrics`` (``SPLIT_results.json``, merged into ``all_results.json``), each file
-        written whole or not at all (:func:`ode_transformer.train.files.write_atomic`)."""
+        written whole or not at all (:func:`ode_transformer.files.write_atomic`)."""
         if not self.is_world_process_zero():
             return
         out = Path(self.args.output_dir)
@@ -378,7 +379,7 @@ def lm_negative_log_likelihood(model, dataset, collator: PadCollator, batch_size
 
 def _decode(tokenizer, ids) -> list[str]:
     """Token ids (or logits) -> stripped strings; negative ids (-100 padding) become pad ids."""
-    from .translate import decode
+    from ode_transformer.translate import decode
 
     if isinstance(ids, tuple):
         ids = ids[0]

@@ -1,4 +1,5 @@
-"""Decoding the ONNX graphs of `ode_transformer.hub.onnx_export` with onnxruntime, driven by transformers' own `generate`.
+"""Decoding the ONNX graphs that `ode_transformer.hub.onnx_export` writes, with onnxruntime, driven by transformers' own
+`generate`; the graphs' file names, which the exporter writes, are defined here.
 
 `ORTModelForODESeq2SeqLM` is a `PreTrainedModel` with `GenerationMixin` whose encoder and forward run the three
 onnxruntime sessions instead of PyTorch modules, as 🤗 Optimum's `ORTModelForSeq2SeqLM` wraps its graphs: the
@@ -14,6 +15,7 @@ folder of `ode-export --onnx`), reads the decoding defaults beside them, and tak
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,17 +30,52 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from modeling_ode.compat import CACHE_FIELD, CACHE_KWARGS
 
-from .onnx_export import (
-    DECODER,
-    DECODER_WITH_PAST,
-    ENCODER,
-    GRAPHS,
-    QUANTIZED_GRAPHS,
-    RUNTIME_PACKAGES,
-    require,
-)
+from .cli import install_command
 
-__all__ = ["ONNXSeq2SeqGenerator", "ORTModelForODESeq2SeqLM", "open_sessions"]
+__all__ = [
+    "DECODER",
+    "DECODER_WITH_PAST",
+    "ENCODER",
+    "GRAPHS",
+    "QUANTIZED_GRAPHS",
+    "RUNTIME_PACKAGES",
+    "ONNXSeq2SeqGenerator",
+    "ORTModelForODESeq2SeqLM",
+    "open_sessions",
+    "quantized_name",
+    "require",
+]
+
+# The graphs' file names, the contract between the exporter (`ode_transformer.hub.onnx_export`) and this decoder.
+ENCODER, DECODER, DECODER_WITH_PAST = (
+    "encoder_model.onnx",
+    "decoder_model.onnx",
+    "decoder_with_past_model.onnx",
+)
+GRAPHS = (ENCODER, DECODER, DECODER_WITH_PAST)
+QUANTIZED_SUFFIX = "_quantized"  # Optimum's ORTQuantizer: model.onnx -> model_quantized.onnx
+
+
+def quantized_name(graph: str) -> str:
+    """The file name of `graph`'s int8 version: `encoder_model.onnx` -> `encoder_model_quantized.onnx`."""
+    stem, dot, suffix = graph.rpartition(".")
+    return f"{stem}{QUANTIZED_SUFFIX}{dot}{suffix}"
+
+
+QUANTIZED_GRAPHS = tuple(quantized_name(graph) for graph in GRAPHS)
+RUNTIME_PACKAGES = ("onnxruntime",)
+
+
+def require(packages: Sequence[str], purpose: str) -> None:
+    """Refuse by name, before any work, when a package of the `onnx` extra is missing."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"{purpose} needs the {', '.join(missing)} package{'s' if len(missing) > 1 else ''}: install the "
+            f"[onnx] extra ({install_command('onnx')})",
+            name=missing[0],
+        )
+
 
 # The token ids `generate` needs, taken from config.json where the generation config lacks them.
 _TOKEN_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id")

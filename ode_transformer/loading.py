@@ -1,7 +1,8 @@
-"""Loading and checking saved models, one home for training, translation, the hub tools and the benchmarks.
+"""Loading and checking saved models, one home for translation, training, the hub tools and the benchmarks.
 
-A folder is checked before it is used (its config is an ODE Transformer's, its weights fit and are finite, its
-tokenizer files load), and flags are checked against what a saved model fixes.
+A folder is checked before it is used: its config is an ODE Transformer's, its weights fit and are finite, its
+generation config and tokenizer files load. What a training run checks against a saved model (its flags, preset
+and task) is ``ode_transformer.train.saved_model``'s.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import logging
 import math
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from transformers import (
     AutoTokenizer,
@@ -19,31 +19,18 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
 )
 
 from modeling_ode import (  # importing modeling_ode registers the model with the auto classes
-    PRESETS,
     ODETransformerConfig,
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
-    non_finite_message,
-    non_finite_tensors,
 )
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
-from .tasks import TASKS, get_task
 from .tokenizer import check_tokenizer_files
 
-if TYPE_CHECKING:  # the arguments module imports this one
-    from .arguments import ModelArguments
-
 logger = logging.getLogger(__name__)
-
-
-# Config fields a fine-tuning run may change in a saved model (regularisation, not the model's shape or its
-# parameters' meaning); every other model flag is refused with --model_name_or_path where it differs.
-TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 def target_length(generation: GenerationConfig) -> int | None:
@@ -52,131 +39,6 @@ def target_length(generation: GenerationConfig) -> int | None:
     if generation.max_new_tokens is not None:
         return generation.max_new_tokens
     return generation.max_length - 1 if generation.max_length is not None else None
-
-
-def check_saved_model_task(model_name_or_path: str, task: str) -> None:
-    """A saved ODE Transformer whose kind fits ``--task`` (an encoder-decoder for the seq2seq tasks, a
-    decoder-only model for ``lm``): otherwise the model class refuses it in words about classes, not the flag."""
-    seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
-    lm = get_task(task).is_lm
-    if seq2seq and lm:
-        tasks = [name for name, other in TASKS.items() if not other.is_lm]
-        raise ValueError(
-            f"{model_name_or_path} is an encoder-decoder model, and --task {task} trains a decoder-only one: give "
-            f"--task {', '.join(tasks[:-1])} or {tasks[-1]}, or a language model's folder"
-        )
-    if not seq2seq and not lm:
-        raise ValueError(f"{model_name_or_path} is a decoder-only language model: give --task lm with it")
-
-
-def check_saved_model_flags(model_args: ModelArguments, task: str) -> None:
-    """Refuse model flags (``--d_model``, ``--encoder_layers``, ``--config_overrides``, ...) that differ from the
-    saved model's config: a saved model keeps its shape, so such a flag could only be ignored. Flags
-    equal to the saved values change nothing and pass; :data:`TRAINING_FIELDS` (the dropout rates) are
-    applied to the model instead. ``--preset`` is not read with a saved model.
-
-    Raises:
-        ValueError: the flags, the saved values and the fix.
-    """
-    path = model_args.model_name_or_path
-    check_model_folder(path)
-    saved = ode_model_config(path)
-    asked = model_args.task_overrides(task)
-    asked.pop("is_encoder_decoder", None)  # --task against the model's kind: check_saved_model_task's message
-    differing = sorted(k for k, v in asked.items() if k not in TRAINING_FIELDS and saved.get(k) != v)
-    if differing:
-        flags = ", ".join(f"--{key} {asked[key]!r} (saved: {saved.get(key)!r})" for key in differing)
-        raise ValueError(
-            f"{flags}: {path} is a saved model, whose shape and method its config.json fixes; leave these flags out "
-            "to fine-tune it as it is, or leave --model_name_or_path out to train a new model with them"
-        )
-
-
-def check_saved_model_preset(model_args: ModelArguments, task: str) -> None:
-    """Refuse a ``--preset`` (given, or in the recipe) that differs from the saved model of
-    ``--model_name_or_path`` in a field no flag sets: the saved config.json decides the model, so the preset would
-    be dropped without a word. The sizes the run sets from its tokenizer and data (vocabulary, positions) are not
-    compared; fields a flag sets are :func:`check_saved_model_flags`' to check.
-
-    Raises:
-        ValueError: the preset's differing fields, the saved values and the fix.
-    """
-    ODETransformerConfig.from_preset(model_args.preset)  # an unknown name is refused, the presets listed
-    preset = PRESETS[model_args.preset]
-    saved = ode_model_config(model_args.model_name_or_path)
-    flags = model_args.task_overrides(task)
-    sized_by_the_run = ("vocab_size", "max_position_embeddings")
-    differing = sorted(
-        key
-        for key in preset
-        if key not in flags and key not in sized_by_the_run and saved.get(key) != preset[key]
-    )
-    if differing:
-        fields = ", ".join(f"{key} {preset[key]!r} (saved: {saved.get(key)!r})" for key in differing)
-        raise ValueError(
-            f"--preset {model_args.preset} sets {fields}: {model_args.model_name_or_path} is a saved model, whose "
-            "config.json fixes its shape and method; leave --preset out to fine-tune it as it is (dropout rates "
-            "are flags: --dropout, --attention_dropout, --activation_dropout)"
-        )
-
-
-def load_trainable_model(model_args: ModelArguments, task: str):
-    """The saved model of ``--model_name_or_path`` to train on, with the run's :data:`TRAINING_FIELDS` set;
-    refused before anything is written when its weights are not finite (training would only stop at the first
-    step, blaming the learning rate).
-
-    Raises:
-        ValueError: the non-finite tensors, by name.
-    """
-    changes = {k: v for k, v in model_args.task_overrides(task).items() if k in TRAINING_FIELDS}
-    model = load_saved_model(model_args.model_name_or_path, **changes)
-    if bad := non_finite_tensors(model):
-        raise ValueError(
-            f"{non_finite_message(model_args.model_name_or_path, bad)}: training cannot recover them; start from a "
-            "checkpoint saved before its run diverged, or train a new model"
-        )
-    return model
-
-
-def saved_model_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerFast | None:
-    """A saved model's own tokenizer (unless --tokenizer_name names another): never trained, since the model's
-    embeddings are rows of that vocabulary; a folder without one is refused."""
-    if not model_args.model_name_or_path or model_args.tokenizer_name:
-        return None
-    tokenizer = load_model_tokenizer(model_args.model_name_or_path)
-    logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
-    return tokenizer
-
-
-def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
-    """Refuse to resume a checkpoint of another model configuration, naming the fields that differ."""
-    saved = ODETransformerConfig.from_pretrained(checkpoint).to_dict()
-    now = config.to_dict()
-    bookkeeping = {
-        "architectures",
-        "auto_map",
-        "transformers_version",
-        "_name_or_path",
-        "dtype",
-        "use_cache",
-    }  # not the model
-    fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
-    if fields:
-        detail = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now" for k in fields)
-        raise ValueError(
-            f"{checkpoint} was trained with another model configuration ({detail}); resume with the checkpoint's "
-            "settings, or start a new run in an empty --output_dir."
-        )
-
-
-def load_state(model, state: dict, source) -> None:
-    """Load ``state`` (a safetensors file's tensors, tied weights stored once) into ``model``."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded = {params[key].data_ptr() for key in state if key in params}
-    untied = [key for key in missing if key not in params or params[key].data_ptr() not in loaded]
-    if unexpected or untied:  # keys left out of the safetensors file must be tied to loaded ones
-        raise ValueError(f"{source} does not fit the model: missing {untied}, unexpected {unexpected}")
 
 
 # Any of these makes a folder's tokenizer loadable by AutoTokenizer (ode_transformer.train.run saves tokenizer.json).

@@ -1,7 +1,7 @@
 """Translate (summarise, correct, continue) text with a trained model folder, one line per input line.
 
-    python -m ode_transformer.train.translate MODEL --input src.txt --output hyp.txt --num_beams 4
-    cat src.txt | python -m ode_transformer.train.translate MODEL > hyp.txt
+    python -m ode_transformer.translate MODEL --input src.txt --output hyp.txt --num_beams 4
+    cat src.txt | python -m ode_transformer.translate MODEL > hyp.txt
 
 ``MODEL`` is a folder written by ``ode_transformer.train.run`` / ``save_pretrained`` (or a Hub id). Decoding defaults come
 from the folder's ``generation_config.json`` (the run's beam size, length penalty and output length);
@@ -132,7 +132,8 @@ def load_onnx_for_generation(
     from transformers import GenerationConfig
 
     from modeling_ode import ODETransformerConfig
-    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+
+    from .onnx_generation import ONNXSeq2SeqGenerator
 
     tokenizer = load_model_tokenizer(model_name_or_path)
     options = onnxruntime.SessionOptions()
@@ -160,8 +161,7 @@ def check_onnx(model_name_or_path: str, quantize: str | None, graphs: str | Path
         FileNotFoundError: no graphs (the command that writes them named).
         ValueError: the graphs are of the other precision.
     """
-    from ode_transformer.hub.onnx_export import QUANTIZED_GRAPHS, RUNTIME_PACKAGES, require
-    from ode_transformer.hub.onnx_generation import graph_files, graphs_folder
+    from .onnx_generation import QUANTIZED_GRAPHS, RUNTIME_PACKAGES, graph_files, graphs_folder, require
 
     require(RUNTIME_PACKAGES, "decoding with ONNX")
     write = f"`ode-export {model_name_or_path} OUT --onnx{' --quantize int8' if quantize else ''}`, then translate OUT"

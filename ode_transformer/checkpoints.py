@@ -133,7 +133,7 @@ def remove_staging(output_dir: str | Path) -> None:
 
 @contextmanager
 def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
-    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs (:func:`ode_transformer.train.files.claim`): one run per folder, also for
+    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs (:func:`ode_transformer.files.claim`): one run per folder, also for
     runs started at once (a check of the folder's contents alone lets both through). The folder is created if
     needed; the lock files are removed at the end, and the folder too if the run wrote nothing into it.
 
