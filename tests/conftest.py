@@ -88,3 +88,28 @@ def cpu_kind(request, monkeypatch) -> str:
     if kind != "avx2":
         pretend(monkeypatch, *CPUS[kind])
     return kind
+
+
+# --- what the tests of the tools share -------------------------------------------------------------------------------
+@pytest.fixture
+def refused(capsys):
+    """``refused(main, *args)`` runs a command's ``main(*args)`` (or a console command, ``cli.translate``), which must
+    end the process (``SystemExit``) with exit code 2, a refusal, or ``code``; returns what it wrote on stderr."""
+
+    def refuse(main, *args, code: int = 2) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main(*args)
+        assert exit_.value.code == code
+        return capsys.readouterr().err
+
+    return refuse
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models: more only add synchronisation, and under `pytest -n 2` on
+    two cores they oversubscribe the CPU. Restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

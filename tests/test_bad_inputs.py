@@ -14,6 +14,8 @@ import pytest
 import torch
 from decoding import causal_lm
 from huggingface_hub.errors import StrictDataclassClassValidationError
+from tiny_run import TINY_RUN, corpus, seq2seq, write
+from tiny_run import train_run as train
 
 from modeling_ode import (
     ODETransformerConfig,
@@ -24,16 +26,8 @@ from modeling_ode.compat import attention_implementation
 from ode_transformer.train.arguments import parse_arguments
 from ode_transformer.train.checks import check_settings
 from ode_transformer.train.data import load_jsonl, load_local_file, load_tsv
-from ode_transformer.train.run import run
 
 IDS = torch.tensor([[5, 6, 7, 2]])
-
-
-def seq2seq(**overrides) -> ODETransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    return ODETransformerForConditionalGeneration(
-        ODETransformerConfig.from_preset("tiny", **overrides)
-    ).eval()
 
 
 def causal() -> ODETransformerForCausalLM:
@@ -45,11 +39,6 @@ def changed_config(**changes) -> ODETransformerConfig:
     for name, value in changes.items():
         setattr(config, name, value)
     return config
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def truncated_safetensors(folder: Path, keep: int | None) -> Path:
@@ -213,23 +202,6 @@ def test_empty_and_malformed_files(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # Training runs: refused before training starts
-
-TINY_RUN = [
-    "--preset", "tiny", "--vocab_size", "300", "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true",
-    "--max_steps", "2", "--save_strategy", "no", "--do_predict", "false", "--max_source_length", "16",
-    "--max_target_length", "16", "--per_device_train_batch_size", "4",
-]  # fmt: skip
-
-
-def corpus(folder: Path, lines: int = 12) -> tuple[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    src = write(folder / "src.txt", "".join(f"the dog number {i} runs\n" for i in range(lines)))
-    tgt = write(folder / "tgt.txt", "".join(f"der Hund Nummer {i} läuft\n" for i in range(lines)))
-    return str(src), str(tgt)
-
-
-def train(output_dir: Path, *flags: str) -> dict:
-    return run(parse_arguments([*TINY_RUN, "--output_dir", str(output_dir), *flags]))
 
 
 @pytest.mark.parametrize("content", ["", "\n \n\t\n"], ids=["no-lines", "blank-lines"])

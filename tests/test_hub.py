@@ -5,28 +5,39 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from tiny_folder import save_tiny_folder
+from tiny_run import (
+    ROOT,
+    snapshot,
+    weights,
+    write,
+)
+
+from modeling_ode import ODETransformerForConditionalGeneration
+from ode_transformer import cli
+from ode_transformer.files import read_lines
+from ode_transformer.hub.export import export_for_hub
+from ode_transformer.train import averaging
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from huggingface_hub import ModelCard  # noqa: E402
 from package_free import run_package_free  # noqa: E402
-from tiny_folder import save_tiny_folder  # noqa: E402
 
 import modeling_ode  # noqa: E402
 from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
     ODETransformerForCausalLM,
-    ODETransformerForConditionalGeneration,
 )
-from ode_transformer.files import read_lines  # noqa: E402
 from ode_transformer.hub import model_card, push  # noqa: E402
-from ode_transformer.hub.export import export_for_hub  # noqa: E402
 from ode_transformer.hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from ode_transformer.train.data import data_root  # noqa: E402
 
@@ -212,7 +223,7 @@ def test_a_folder_of_another_model_type_is_refused(tmp_path):
 def test_export_refuses_weights_that_do_not_fill_the_model(tmp_path):
     """Missing, unexpected or reshaped weights are refused by name (transformers initialises the missing ones at
     random and only warns); the tied output projection, stored once, is not missing."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     folder = tmp_path / "trained"
     model = tiny_seq2seq()
@@ -574,3 +585,167 @@ def test_a_saved_folder_carries_the_model_limits_and_loads_with_every_auto_class
     assert lm[:2] == ["lm", "ODETransformerDecoder"] and lm[-1] == "left"
     for row in (seq2seq, lm):
         assert int(row[2]) == int(row[3]) == int(row[4])  # cut to the model's positions, no more
+
+
+@pytest.mark.both_cpus
+def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path, capsys, refused):
+    model_dir = tmp_path / "model"
+    save_tiny_folder(model_dir)
+    for step in (1, 2):
+        checkpoint = tmp_path / "run" / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        save_file({"w": torch.full((2,), float(step))}, str(checkpoint / "model.safetensors"))
+        (checkpoint / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    before = snapshot(model_dir)
+    error = refused(averaging.main, [str(tmp_path / "run"), "--last", "2", "--out", str(model_dir)])
+    assert f"{model_dir} already holds files (" in error
+    assert "pass --overwrite to delete it first, or choose an empty --out." in error
+    export_dir = tmp_path / "exported"
+    export_for_hub(model_dir, export_dir)
+    exported = snapshot(export_dir)
+    with pytest.raises(FileExistsError, match=f"{export_dir} already holds files .*; pass --overwrite"):
+        export_for_hub(model_dir, export_dir)
+    assert snapshot(model_dir) == before and snapshot(export_dir) == exported  # nothing touched
+
+    (export_dir / "checkpoint-9").mkdir()  # a stale file that would describe another model
+    export_for_hub(model_dir, export_dir, overwrite=True)
+    assert not (export_dir / "checkpoint-9").exists() and (export_dir / "model.safetensors").is_file()
+    averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(model_dir), "--overwrite"])
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "model.safetensors"
+    ]  # the old model's files are gone
+    assert torch.equal(weights(model_dir)["w"], torch.full((2,), 1.5))
+    with pytest.raises(ValueError, match="is or holds the checkpoints it averages"):
+        averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"])
+
+
+KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
+    "export": (
+        "ode_transformer.hub.model_card.write_model_card",
+        lambda model, out: ["ode_transformer.hub.export", str(model), str(out)],
+    ),
+    "averaging": (
+        "safetensors.torch.save_file",
+        lambda run, out: ["ode_transformer.train.averaging", str(run), "--out", str(out)],
+    ),
+}
+
+
+KILLED_RUN = """
+import importlib, os, runpy, signal, sys
+module, name = sys.argv[1].rsplit(".", 1)
+setattr(importlib.import_module(module), name, lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.both_cpus
+@pytest.mark.parametrize("tool", list(KILL_DURING))
+def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool, refused):
+    """#44 rows 9 and 10: after a kill, `python -m ode_transformer.hub.export` / `python -m ode_transformer.train.averaging` again gave a raw
+    FileExistsError traceback, and nothing marked the folder left behind as incomplete."""
+    from ode_transformer.hub import export
+
+    target, argv = KILL_DURING[tool]
+    source = tmp_path / "model"
+    save_tiny_folder(source)
+    if tool == "averaging":
+        source = tmp_path / "run"
+        for step in (1, 2):
+            save_tiny_folder(source / f"checkpoint-{step}")
+            (source / f"checkpoint-{step}" / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, target, *argv(source, out)], cwd=ROOT)
+    assert killed.returncode == -signal.SIGKILL
+    assert not out.exists() and (tmp_path / "out.incomplete").is_dir()  # named for what it is
+    main = export.main if tool == "export" else averaging.main
+    main(argv(source, out)[1:])  # the rerun: python -m runs main
+    assert (out / "model.safetensors").is_file() and not (tmp_path / "out.incomplete").exists()
+    assert not list(tmp_path.glob(".out.*"))  # lock files released
+    capsys.readouterr()
+    err = refused(main, argv(source, out)[1:])  # a third time: the folder is occupied, said in one line
+    assert err.startswith(f"python -m {argv(source, out)[0]}: error: {out} already holds files (")
+    assert "pass --overwrite to delete it first" in err and len(err.splitlines()) == 1
+
+
+def test_an_exported_card_names_neither_the_staging_folder_nor_a_local_path(tmp_path):
+    """#56 row 4: without --repo-id the card said `name: OUT.incomplete` and from_pretrained("path/to/OUT.incomplete")."""
+    save_tiny_folder(tmp_path / "model")
+    (tmp_path / "model" / "README.md").unlink(missing_ok=True)
+    out = export_for_hub(tmp_path / "model", tmp_path / "my-model")
+    card = (out / "README.md").read_text()
+    assert ".incomplete" not in card and str(tmp_path) not in card
+    assert 'from_pretrained("path/to/my-model"' in card or "path/to/my-model" in card
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "my-model"]  # no scratch folder left
+    # the card is written in a scratch copy: the tokenizer's files go with it, so it states the trained length
+    limit = json.loads((out / "tokenizer_config.json").read_text())["model_max_length"]
+    assert f"trained on inputs of up to {limit} tokens" in card, card
+    # ... and the exported tokenizer.json truncates to it too (tokenizers-only deployments read that)
+    assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == limit
+
+
+def _training_folder(folder: Path) -> Path:
+    save_tiny_folder(folder)
+    (folder / "checkpoint-2").mkdir()
+    for name in ("optimizer.pt", "rng_state.pth", "model.safetensors"):
+        write(folder / "checkpoint-2" / name, "x")
+    write(folder / "trainer_state.json", "{}")
+    write(folder / "training_args.bin", "pickle")
+    return folder
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "push"])
+def test_push_refuses_a_training_folder_naming_what_would_leave(
+    tmp_path, monkeypatch, capsys, dry_run, refused
+):
+    """#56 row 5: ode-push of a training folder listed (and would upload) its checkpoints, optimizer states and
+    pickled training arguments, with no warning."""
+    import huggingface_hub
+
+    folder = _training_folder(tmp_path / "run")
+    monkeypatch.setattr(huggingface_hub, "HfApi", None)  # nothing may reach the network code
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    argv = ["ode-push", str(folder), "--repo-id", "u/n", *(["--dry-run"] if dry_run else [])]
+    monkeypatch.setattr(sys, "argv", argv)
+    capsys.readouterr()
+    assert refused(cli.push) == (
+        f"ode-push: error: {folder} is a training folder: 5 of its files are training state, not the model "
+        "(checkpoint-2/, trainer_state.json, training_args.bin), and would leave the machine; export it first "
+        f"(ode-export {folder} OUT_DIR) and push OUT_DIR\n"
+    )
+    export_for_hub(folder, tmp_path / "exported")  # what the message says to do
+    monkeypatch.setattr(
+        sys, "argv", ["ode-push", str(tmp_path / "exported"), "--repo-id", "u/n", "--dry-run"]
+    )
+    refused(cli.push, code=0)
+    assert "checkpoint" not in capsys.readouterr().out
+
+
+class ConnectError(Exception):
+    """As httpx names the failure to connect (huggingface_hub's HTTP client)."""
+
+
+def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, refused):
+    """#56 row 17, #55 item 8: no network and HF_HUB_OFFLINE unset gave a 60-line httpx ConnectError traceback
+    and exit code 1. (The Hub client is patched to fail as it does offline: no real network.)"""
+    import huggingface_hub
+
+    class OfflineApi:
+        def create_repo(self, *args, **kwargs):
+            try:
+                raise OSError("[Errno -3] Temporary failure in name resolution")
+            except OSError as error:
+                raise ConnectError("[Errno -3] Temporary failure in name resolution") from error
+
+    save_tiny_folder(tmp_path / "model")
+    export_for_hub(tmp_path / "model", tmp_path / "exported")
+    monkeypatch.setattr(huggingface_hub, "HfApi", OfflineApi)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["ode-push", str(tmp_path / "exported"), "--repo-id", "u/n"])
+    capsys.readouterr()
+    assert refused(cli.push) == (
+        "ode-push: error: could not reach the Hugging Face Hub to push u/n (ConnectError: [Errno -3] Temporary "
+        "failure in name resolution); check the network (or HF_ENDPOINT, a proxy) and run the command again; "
+        "--dry-run lists the files without it\n"
+    )

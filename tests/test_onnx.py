@@ -42,13 +42,7 @@ ATOL = 1e-4
 AUTHORS_GATE = {"ode_function_includes_residual": True, "ode_coefficient_scope": "stack"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add synchronisation (and oversubscribe two cores under `-n 2`)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def session_options() -> ort.SessionOptions:

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 
 import pytest
 import torch
-from tiny_folder import save_tiny_folder
+from tiny_folder import SOURCES, save_tiny_folder
+from tiny_run import (
+    assert_one_line,
+    command,
+    interrupt,
+    read_until,
+    start,
+    write,
+)
 
-from ode_transformer import translate
-
-SOURCES = [
-    "the dog",
-    "a cat sleeps on the warm mat in the park",
-    "zwei Hunde",
-    "",
-    "the dog runs in the park",
-]
+import ode_transformer.loading
+import ode_transformer.train.arguments
+import ode_transformer.train.evaluation
+import ode_transformer.train.run
+import ode_transformer.train.saved_model
+import ode_transformer.train.trainer
+from ode_transformer import cli, translate
+from ode_transformer.files import read_lines
 
 
 def test_length_batches_longest_first():
@@ -113,3 +121,164 @@ def test_a_byte_order_mark_is_not_part_of_the_first_input(tmp_path, capsys):
         translate.main([str(tmp_path / "model"), "--input", str(source), "--num_beams", "1", "--no_progress"])
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[0].count("\n") == 2
+
+
+def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
+    """A byte-level vocabulary can write a line break; written as is, it would shift every later hypothesis."""
+    _, tokenizer = save_tiny_folder(tmp_path / "model")
+    ids = tokenizer(["the dog\nruns\u2028far\r.", "a cat"])["input_ids"]
+    assert translate.decode(tokenizer, ids) == ["the dog runs far .", "a cat"]
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "mps", "fragment"),
+    [
+        ("cuda:2", 2, False, "there are 2 CUDA device(s), numbered from 0; use cuda:0 or cpu"),
+        ("cuda:1", 2, False, None),
+        ("cuda", 0, False, "this torch has no CUDA device"),
+        ("mps", 0, False, "this machine has no Apple MPS device"),
+        ("mps", 0, True, None),
+        ("cpu", 0, False, None),
+    ],
+)
+def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, fragment):
+    """A GPU index past the count, or mps on a machine without it, failed only when the model was moved."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    problem = translate.device_problem(device)
+    assert problem is None if fragment is None else fragment in problem
+
+
+@pytest.mark.both_cpus
+def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):
+    save_tiny_folder(tmp_path / "model")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a dog\n\xff cat\n")))
+    with pytest.raises(ValueError, match="^standard input, line 2: not UTF-8 text"):
+        translate.main([str(tmp_path / "model"), "--no_progress"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            translate.main([str(tmp_path / "model"), "--device", "cuda"])
+        assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.both_cpus
+def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, monkeypatch):
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    empty, output = write(tmp_path / "empty.txt", ""), tmp_path / "out.txt"
+    translate.main([str(folder), "--input", str(empty), "--output", str(output), "--no_progress"])
+    assert output.read_text() == ""
+
+    long = write(tmp_path / "long.txt", "the dog " * 200 + "\nthe cat\n")
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
+        translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress"])
+    assert (
+        "1 input line(s) longer than 128 tokens were truncated (the model's max_position_embeddings"
+        in caplog.text
+    )
+    assert "--max_source_length" in caplog.text
+    assert len(output.read_text().split("\n")) == 3  # two lines, each ended by a newline
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
+        translate.main([str(folder), "--input", str(long), "--output", str(output), "--no_progress",
+                        "--max_source_length", "4"])  # fmt: skip
+    assert "were truncated (--max_source_length 4); raise --max_source_length" in caplog.text
+
+    with pytest.raises(
+        FileNotFoundError, match=f"^no model folder {tmp_path}/missing/model: give the folder"
+    ):
+        translate.main([str(tmp_path / "missing" / "model"), "--input", str(empty)])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(FileNotFoundError, match=f"^{folder} holds no tokenizer .*: copy tokenizer.json"):
+        translate.main([str(folder), "--input", str(empty)])
+
+    # a run that has not finished: checkpoints, no final model (it had been called a folder without a tokenizer)
+    run_folder = tmp_path / "run"
+    save_tiny_folder(run_folder / "checkpoint-4")
+    (run_folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    with pytest.raises(
+        FileNotFoundError, match=f"^{run_folder} holds checkpoints \\(checkpoint-4\\) but no final model"
+    ):
+        translate.main([str(run_folder), "--input", str(empty)])
+    # a mistyped folder beside existing ones is a path, not a Hub id to try for a minute
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="^no model folder run/modle"):
+        translate.main(["run/modle", "--input", str(empty)])
+    # ... but a Hub id whose owner happens to name a local folder without models stays a Hub id
+    (tmp_path / "someuser").mkdir()
+    ode_transformer.loading.check_model_folder("someuser/ode-base")
+
+
+def test_translate_on_a_full_disk_keeps_the_old_output(tmp_path):
+    """#44 row 1: the output was truncated, then cut off mid-word by the full disk (59 of 80 lines kept)."""
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "".join(f"the dog number {i} runs in the park\n" for i in range(80)))
+    output = write(tmp_path / "out.txt", "".join(f"old line {i}\n" for i in range(80)))
+    argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(output), "--no_progress"]
+    process = start(command("ode-translate", *argv, limit=40))  # 80 outputs take 80 newlines at least
+    _, stderr = process.communicate(timeout=300)
+    stderr = stderr.decode()
+    assert process.returncode == 2, stderr
+    last = assert_one_line(
+        stderr, f"ode-translate: error: [Errno 28] no space left on device while saving {output}"
+    )
+    assert "free some space" in last
+    assert output.read_text() == "".join(f"old line {i}\n" for i in range(80))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model", "out.txt"]  # no temporary left
+
+
+def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(
+    tmp_path, monkeypatch, capsys, refused
+):
+    """#44 rows 3 and 8: two ode-translate into one --output both exited 0 (the first one's output lost), and
+    Ctrl-C printed a KeyboardInterrupt traceback."""
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "the dog runs in the park\n" * 20000)  # minutes of decoding
+    output = write(tmp_path / "out.txt", "old\n")
+    argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(output), "--batch_size", "1"]
+    first = start(command("ode-translate", *argv))
+    try:
+        seen = read_until(first, b"sent/s]")  # the progress bar: decoding has begun
+        monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+        monkeypatch.setattr(sys, "argv", ["ode-translate", *argv, "--no_progress"])
+        capsys.readouterr()
+        assert refused(cli.translate) == (
+            f"ode-translate: error: {output} is in use by another process (pid {first.pid}); "
+            "wait for it to finish or stop it, or choose another --output.\n"
+        )
+        code, stderr = interrupt(first, seen)
+    finally:
+        first.kill()
+    assert code == 130
+    assert assert_one_line(stderr, "ode-translate: interrupted; ") == (
+        f"ode-translate: interrupted; nothing was written to {output} (it keeps its old content); run the "
+        "command again to translate the input"
+    )
+    assert output.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model", "out.txt"]  # lock files gone
+
+
+def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, monkeypatch):
+    """#55 item 10: `ode-translate MODEL --max_new_tokens 20` made transformers warn that both max_new_tokens and
+    max_length (the saved generation config's) were set."""
+    import transformers.generation.utils
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)  # its generation config has max_length 9
+    warnings = []
+    monkeypatch.setattr(
+        transformers.generation.utils.logger,
+        "warning",
+        lambda message, *a, **k: warnings.append(str(message)),
+    )
+    source = write(tmp_path / "in.txt", "the dog runs in the park\na cat\n")
+    model, tokenizer = translate.load_for_generation(str(tmp_path / "model"), "cpu")
+    ids = [tokenizer(line)["input_ids"] for line in read_lines(source)]
+    for new_tokens in (2, 5):
+        outputs = translate.generate_ids(model, ids, num_beams=1, max_new_tokens=new_tokens)
+        longest = max(len(output) for output in outputs)
+        assert longest == 1 + new_tokens  # the decoder's start token + new tokens (the random model runs on)
+    translate.main([str(tmp_path / "model"), "--input", str(source), "--output", str(tmp_path / "out.txt"),
+                    "--max_new_tokens", "3", "--no_progress"])  # fmt: skip
+    assert not [w for w in warnings if "max_new_tokens" in w], warnings

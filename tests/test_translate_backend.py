@@ -11,31 +11,15 @@ import logging
 import shutil
 
 import pytest
-import torch
-from tiny_folder import save_tiny_folder
+from tiny_folder import SOURCES, save_tiny_folder
 
 from ode_transformer import translate
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-SOURCES = [
-    "the dog",
-    "a cat sleeps on the warm mat in the park",
-    "zwei Hunde",
-    "",
-    "the dog runs in the park",
-    "the cat runs",
-]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add synchronisation (and oversubscribe two cores under `-n 2`)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,15 @@ from modeling_ode import (
 from ode_transformer.tokenizer import train_tokenizer
 
 TEXTS = ["the dog runs in the park", "a cat sleeps on the warm mat", "zwei Hunde spielen im Schnee"] * 40
+# What the tests translate with a tiny folder: lengths that differ, a word the tokenizer never saw, an empty line.
+SOURCES = [
+    "the dog",
+    "a cat sleeps on the warm mat in the park",
+    "zwei Hunde",
+    "",
+    "the dog runs in the park",
+    "the cat runs",
+]
 
 
 def save_tiny_folder(folder: Path, causal: bool = False, weight_scale: float = 1.0, **overrides):
