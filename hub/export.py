@@ -38,6 +38,7 @@ from modeling_ode import (
 )
 from ode_transformer.cli import program_name, report_user_error
 
+from ..train.checkpoints import refuse_replacing_a_run
 from ..train.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ..train.loading import load_saved_model
 from ..train.tokenizer import check_tokenizer_files, own_tokenizer_config
@@ -161,7 +162,8 @@ def export_for_hub(
 
     Args:
         model_dir_or_model: a folder written by `save_pretrained` or an ODE Transformer model.
-        out_dir: the folder to write (created); a non-empty one is refused unless ``overwrite``.
+        out_dir: the folder to write (created); a non-empty one is refused unless ``overwrite``, and one that
+            holds an input of the export or a training run is refused whatever ``overwrite`` says.
         tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
             default the tokenizer files of the model folder, if any.
         metrics: a metrics JSON (path or dict, schema in hub/model_card.py) for the card; by default the model
@@ -184,14 +186,16 @@ def export_for_hub(
         None if isinstance(model_dir_or_model, ODETransformerPreTrainedModel) else Path(model_dir_or_model)
     )
     out_dir = Path(out_dir)
-    if source_dir is not None and out_dir.resolve() == source_dir.resolve():
-        raise ValueError("out_dir must differ from the model folder.")
+    inputs = [source_dir, *(p for p in (tokenizer, metrics) if isinstance(p, (str, Path)))]
+    refuse_replacing_a_run(out_dir, inputs, "OUT_DIR", overwrite)
     if onnx_quantize and not onnx:
         raise ValueError("onnx_quantize (--quantize) quantises the ONNX graphs: add --onnx")
     if onnx:
         require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if onnx_quantize else ()), "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     with claim_output(out_dir, "OUT_DIR"):
+        # again, now that no other export writes it
+        refuse_replacing_a_run(out_dir, inputs, "OUT_DIR", overwrite)
         return _export(
             model_dir_or_model, source_dir, out_dir, tokenizer, metrics, repo_id, overwrite, onnx, onnx_dynamo,
             onnx_quantize,

@@ -165,7 +165,9 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
         "model.safetensors"
     ]  # the old model's files are gone
     assert torch.equal(weights(model_dir)["w"], torch.full((2,), 1.5))
-    with pytest.raises(ValueError, match="is or holds the checkpoints it averages"):
+    with pytest.raises(
+        ValueError, match=r"holds .*checkpoint-1, an input of this command: writing the folder"
+    ):
         averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"])
 
 
@@ -1754,3 +1756,138 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
     src = write(tmp_path / "in.txt", "the dog\n")
     assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 65: one lock per real folder, exports that cannot eat their source, a test split that is one
+
+EXPORTED = sorted(
+    ["README.md", "compat.py", "config.json", "configuration_ode_transformer.py", "generation_config.json",
+     "model.safetensors", "modeling_ode_transformer.py", "ode.py", "tokenizer.json", "tokenizer_config.json"]
+)  # fmt: skip
+
+
+def last_line(stderr: bytes) -> str:
+    text = stderr.decode(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    return text.strip().splitlines()[-1]
+
+
+def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
+    """#65 row 1: `ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to
+    E9) took two locks and wrote one staging folder, each deleting the other's: one exited 0 leaving a folder of
+    README.md and tokenizer.json only. Every lock derives from the resolved path: one writer at a time."""
+    from ode_transformer.train.files import claim_output
+
+    sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}
+    save_tiny_folder(sources["A"])
+    save_tiny_folder(sources["B"], weight_scale=3)
+    runs = tmp_path / "runs"
+    out, link = runs / "E9", runs / "E9link"
+    export_for_hub(sources["A"], out)
+    link.symlink_to("E9")  # `ln -s E9 runs/E9link`: a relative link
+    with claim_output(out, "OUT_DIR"):  # an export by one name holds the folder: another name waits its turn
+        process = start(command("ode-export", str(sources["B"]), str(link), "--overwrite"))
+        _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2 and last_line(stderr) == (
+        f"ode-export: error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or "
+        "stop it, or choose another OUT_DIR."
+    )
+    assert weights(out).keys() and snapshot(out) == snapshot(link)
+    expected = {name: weights(path) for name, path in sources.items()}
+    for _ in range(3):  # both at once, by the two names: each waits or is refused, never both writing
+        racers = [
+            start(command("ode-export", str(sources[name]), str(target), "--overwrite"))
+            for name, target in (("A", out), ("B", link))
+        ]
+        outcomes = [(racer.wait(timeout=300), racer.communicate()[1]) for racer in racers]
+        for code, stderr in outcomes:
+            assert code == 0 or (code == 2 and " is in use by another process (pid " in last_line(stderr))
+        assert any(code == 0 for code, _ in outcomes)
+        assert sorted(p.name for p in out.iterdir()) == EXPORTED
+        written = weights(out)
+        assert any(written.keys() == w.keys() and all(torch.equal(written[k], w[k]) for k in w) for w in
+                   expected.values())  # fmt: skip
+        assert sorted(p.name for p in runs.iterdir()) == ["E9", "E9link"]  # no staging folder, no lock left
+
+
+def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
+    """#65 row 1: two ode-translate writing one file by two names (a link, `dir/../file`) both exited 0, the last
+    writer winning."""
+    from ode_transformer.train.files import claim_output
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "the dog runs\n")
+    output = write(tmp_path / "out.txt", "old\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.txt").symlink_to(output)
+    for held, name in ((tmp_path / "link.txt", output), (output, tmp_path / "sub" / ".." / "out.txt")):
+        with claim_output(held, "--output"):
+            process = start(command("ode-translate", str(tmp_path / "model"), "--input", str(source), "--output",
+                                    str(name), "--no_progress"))  # fmt: skip
+            _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2 and last_line(stderr).startswith(
+            f"ode-translate: error: {name} is in use by another process (pid {os.getpid()});"
+        )
+        assert output.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "link.txt", "model", "out.txt", "sub"]
+
+
+def _finished_run(run: Path) -> None:
+    """A run's folder as ode-train leaves it: checkpoints, trainer state, results, its tokenizer, the final model."""
+    save_tiny_folder(run)
+    save_tiny_folder(run / "checkpoint-40")
+    save_tiny_folder(run / "tokenizer")
+    for folder in (run, run / "checkpoint-40"):
+        write(folder / "trainer_state.json", '{"global_step": 40}')
+    write(run / "hub_metrics.json", "{}")
+
+
+@pytest.mark.both_cpus
+def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, monkeypatch):
+    """#65 row 2: `ode-export RUN/checkpoint-40 RUN --overwrite` exited 0 and deleted the whole run. No writer
+    replaces a folder that holds its input, or a run's checkpoints, by any name and whatever --overwrite says."""
+    from ode_transformer.hub.convert_fairseq import convert_fairseq_checkpoint
+    from ode_transformer.hub.upcycle import upcycle_folder
+
+    run_dir = tmp_path / "RUN"
+    _finished_run(run_dir)
+    (tmp_path / "RUNlink").symlink_to(run_dir)
+    other = tmp_path / "other"
+    save_tiny_folder(other)
+    before = snapshot(run_dir)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(
+        sys, "argv", ["ode-export", str(run_dir / "checkpoint-40"), str(run_dir), "--overwrite"]
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.export()
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"ode-export: error: OUT_DIR {run_dir} holds {run_dir / 'checkpoint-40'}, an input of this command: "
+        f"writing the folder would delete it, whatever --overwrite says; give another OUT_DIR, a new folder "
+        f"outside it (e.g. {run_dir}-export)\n"
+    )
+    run_message = (
+        f"OUT_DIR {{}} holds a training run (checkpoint-40, trainer_state.json): writing the folder would delete "
+        f"its checkpoints and results; --overwrite does not change that; give another OUT_DIR, a new folder "
+        f"(e.g. {run_dir}-{{}})"
+    )
+    for name in (run_dir, tmp_path / "RUNlink"):
+        with pytest.raises(ValueError, match=f"^{re.escape(run_message.format(name, 'export'))}$"):
+            export_for_hub(other, name, overwrite=True)
+    with pytest.raises(ValueError, match=f"^{re.escape(run_message.format(run_dir, 'upcycled'))}$"):
+        upcycle_folder(other, run_dir, overwrite=True)
+    with pytest.raises(ValueError, match=f"^{re.escape(run_message.format(run_dir, 'converted'))}$"):
+        convert_fairseq_checkpoint(tmp_path / "missing.pt", run_dir, overwrite=True)
+    averaged = run_message.format(run_dir, "averaged").replace("OUT_DIR", "--out")
+    with pytest.raises(ValueError, match=f"^{re.escape(averaged)}$"):
+        averaging.write_average([other], run_dir, overwrite=True)
+    with pytest.raises(
+        ValueError, match=f"holds {re.escape(str(run_dir / 'checkpoint-40'))}, an input of this"
+    ):
+        averaging.write_average([run_dir / "checkpoint-40"], tmp_path / "RUNlink" / "..", overwrite=True)
+    assert snapshot(run_dir) == before
+    export_for_hub(run_dir / "checkpoint-40", tmp_path / "exported")  # elsewhere: written
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == EXPORTED
+

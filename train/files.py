@@ -36,7 +36,9 @@ __all__ = [
     "match_umask",
     "read_byte_lines",
     "read_lines",
+    "real_path",
     "refuse_occupied",
+    "refuse_replacing_inputs",
     "replace_folder",
     "replacing",
     "saving",
@@ -159,6 +161,28 @@ def refuse_occupied(
         )
 
 
+def refuse_replacing_inputs(
+    folder: str | Path, inputs: Iterable[str | Path | None], option: str, suffix: str = "new"
+) -> None:
+    """Refuse to write the folder ``folder`` (``option`` names its flag) where it is, or holds, one of the command's
+    own ``inputs`` (``None`` entries skipped), whatever ``--overwrite`` says: replacing the folder would delete
+    them (``ode-export RUN/checkpoint-40 RUN --overwrite`` deleted the run it exported from). Compared by
+    :func:`real_path`, so that no other name of the folder passes; ``suffix`` makes the example of another folder.
+
+    Raises:
+        ValueError: the input, the folder and how to write elsewhere.
+    """
+    out = real_path(folder)
+    for name in filter(None, inputs):
+        path = real_path(name)
+        if path.exists() and (path == out or out in path.parents):
+            where = "is" if path == out else "holds"
+            raise ValueError(
+                f"{option} {folder} {where} {name}, an input of this command: writing the folder would delete it, "
+                f"whatever --overwrite says; give another {option}, a new folder outside it (e.g. {out}-{suffix})"
+            )
+
+
 def clear_folder(folder: str | Path, keep: Iterable[str] = ()) -> None:
     """Delete what ``folder`` holds (an ``--overwrite``), except the names in ``keep`` (a held lock file)."""
     contents = _contents(Path(folder), keep)
@@ -197,11 +221,13 @@ def saving(path: str | Path) -> Iterator[None]:
         ) from None
 
 
-def _through_links(path: str | Path) -> Path:
-    """``path``, or the file a symbolic link ``path`` points to (followed to the end, also where that file does not
-    exist yet): an output that is a link is written through to its target, never replaced by a regular file."""
-    target = Path(path)
-    return Path(os.path.realpath(target)) if target.is_symlink() else target
+def real_path(path: str | Path) -> Path:
+    """``path`` with every symbolic link in it followed (to the end, also where the last one points to nothing yet)
+    and ``..`` resolved: the one name of a file or folder, whatever name a command was given. Every lock and
+    staging name derives from it, so that two writers of one output by two names (``runs/E9`` and a link to it)
+    take the same lock; and an output that is a link is written through to its target, never replaced by a
+    regular file."""
+    return Path(os.path.realpath(path))
 
 
 def _umask() -> int:
@@ -233,7 +259,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     that takes a path; renamed over ``path`` when the block ends without an error, deleted otherwise. A full
     disk is named (:func:`saving`). A ``path`` that is a symbolic link is written through to its target (the
     link stays); the file gets the umask's mode whatever mode its writer gave it (:func:`match_umask`)."""
-    target = _through_links(path)
+    target = real_path(path)
     temporary = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}")
     try:
         with saving(target):
@@ -305,7 +331,7 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
     without an error (:func:`replace_folder`: one rename that swaps an existing ``folder`` out). A kill leaves
     ``folder`` whole, old or new, and the staging folder (holding the new files, or the old ones swapped out),
     which the next write names and deletes (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
-    final = Path(folder).resolve()
+    final = real_path(folder)
     staged = final.with_name(final.name + INCOMPLETE)
     for left in (staged, staged.with_name(staged.name + ".old")):  # .old: an old folder set aside
         if left.exists():
@@ -372,9 +398,8 @@ def claim(
 
 def claim_output(path: str | Path, option: str) -> contextlib.AbstractContextManager[None]:
     """:func:`claim` for an output file or folder ``path``: ``.NAME.lock`` and ``.NAME.pid`` beside it (its
-    folder is created if needed)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return claim(
-        target, target.with_name(f".{target.name}.lock"), target.with_name(f".{target.name}.pid"), option
-    )
+    folder is created if needed), NAME being that of its :func:`real_path`, so that every name of one output
+    takes one lock."""
+    real = real_path(path)
+    real.parent.mkdir(parents=True, exist_ok=True)
+    return claim(path, real.with_name(f".{real.name}.lock"), real.with_name(f".{real.name}.pid"), option)
