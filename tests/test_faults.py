@@ -1891,3 +1891,24 @@ def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, 
     export_for_hub(run_dir / "checkpoint-40", tmp_path / "exported")  # elsewhere: written
     assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == EXPORTED
 
+
+@pytest.mark.both_cpus
+def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, caplog):
+    """#65 row 7: an empty input line to ode-translate got a generated sentence, with no warning."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    alone = tmp_path / "alone.txt"
+    line = "a cat sleeps on the warm mat\n"
+    translate.main([str(folder), "--input", str(write(tmp_path / "in.txt", line)), "--output", str(alone),
+                    "--no_progress"])  # fmt: skip
+    source = write(tmp_path / "mixed.txt", f"\n{line}   \n")
+    output = tmp_path / "out.txt"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+        translate.main([str(folder), "--input", str(source), "--output", str(output), "--no_progress"])
+    assert output.read_text().split("\n") == ["", alone.read_text().strip(), "", ""]
+    assert alone.read_text().strip()  # the model writes something for a real line
+    assert (
+        "2 of 3 input line(s) are empty (line numbers 1, 3): each gets an empty output line, not a translation"
+        in caplog.text
+    )
+

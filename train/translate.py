@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
+_SHOWN_LINES = 5  # line numbers quoted in a warning
 
 BACKENDS = ("auto", "pytorch", "onnx")
 # The fastest backend per measured (batch size, beams) and precision: the figures of `python -m
@@ -364,7 +365,7 @@ def generate_texts(
     the trained length to its continuation (the generation config's, else transformers' default of 20 new tokens).
     Then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config (beam size,
     length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``,
-    ...) override it. No texts, no outputs.
+    ...) override it. No texts, no outputs; an empty (or blank) text gets an empty output, with a warning.
 
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
@@ -384,8 +385,31 @@ def generate_texts(
         not model.config.is_encoder_decoder
     ):  # a prompt leaves room for its continuation, counted in new tokens
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
-    ids = encode_texts(model, tokenizer, texts, max_source_length, kwargs.get("max_new_tokens"))
-    return decode(tokenizer, generate_ids(model, ids, **kwargs))
+    kept = _with_text(texts)
+    ids = encode_texts(
+        model, tokenizer, [texts[i] for i in kept], max_source_length, kwargs.get("max_new_tokens")
+    )
+    outputs = [""] * len(texts)
+    for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs)) if ids else []):
+        outputs[index] = output
+    return outputs
+
+
+def _with_text(texts: Sequence[str]) -> list[int]:
+    """The indices of the texts to decode; an empty (or blank) one has nothing to translate, and the model would
+    write a sentence of its own for it: it gets an empty output, in its place, with a warning naming its line."""
+    blank = [i for i, text in enumerate(texts) if not text.strip()]
+    if blank:
+        shown = ", ".join(str(i + 1) for i in blank[:_SHOWN_LINES]) + (
+            ", ..." if len(blank) > _SHOWN_LINES else ""
+        )
+        logger.warning(
+            "%d of %d input line(s) are empty (line numbers %s): each gets an empty output line, not a translation",
+            len(blank),
+            len(texts),
+            shown,
+        )
+    return [i for i, text in enumerate(texts) if text.strip()]
 
 
 def encode_texts(
