@@ -1912,3 +1912,28 @@ def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, c
         in caplog.text
     )
 
+
+@pytest.mark.parametrize("beams", [-3, "4", [4]], ids=["negative", "string", "list"])
+def test_a_bad_num_beams_is_named_before_it_chooses_a_backend(tmp_path, capsys, monkeypatch, beams):
+    """#65 row 9: num_beams -3, "4" or [4] in generation_config.json gave "math domain error" or a 26-line TypeError
+    from plain ode-translate: the backend choice took log2 of it before the config was checked."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_beams": beams}), encoding="utf-8")
+    said = (
+        f"{path}: num_beams {beams!r} is not a whole number of at least 1; correct it, or remove the field to decode "
+        "with the default"
+    )
+    source = write(tmp_path / "in.txt", "the dog\n")
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    for name, main, argv in (
+        ("ode-translate", cli.translate, [str(folder), "--input", str(source), "--no_progress"]),
+        ("ode-export", cli.export, [str(folder), str(tmp_path / "exported")]),
+    ):
+        monkeypatch.setattr(sys, "argv", [name, *argv])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 2 and capsys.readouterr().err == f"{name}: error: {said}\n"
+    assert not (tmp_path / "exported").exists()

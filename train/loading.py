@@ -449,10 +449,14 @@ def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTra
     this project's are dropped (:func:`drop_foreign_config_entries`).
 
     Raises:
-        ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
-            of another shape (the first five of each named).
+        ValueError: the folder's ``model_type`` is not ``ode_transformer``, its ``generation_config.json`` is of the
+            wrong shape (:func:`check_generation_config`), or weights are missing, unexpected or of another shape
+            (the first five of each named).
     """
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
+    check_generation_config(
+        model_name_or_path
+    )  # from_pretrained reads it too, and fails deep inside on a bad one
     model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
     check_config_fits_weights(model_name_or_path, model_class, **config_changes)
     try:

@@ -44,7 +44,7 @@ from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .files import claim_output, read_lines, write_atomic
-from .loading import load_model_tokenizer, load_saved_model, read_config_json
+from .loading import check_generation_config, load_model_tokenizer, load_saved_model, read_config_json
 from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
@@ -573,7 +573,9 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
-    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway)
+    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway),
+    # checked before anything computes with them
+    check_generation_config(args.model)
     saved = read_config_json(args.model, "generation_config.json") or {}
     beams = overrides.get("num_beams", saved.get("num_beams") or 1)
     backend, reason = choose_backend(
