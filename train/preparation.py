@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+STREAM_READ_AHEAD = 10_000
+"""Rows of a streamed local training file read before training, to refuse a wrong format and count skipped rows."""
 
 
 def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
@@ -189,15 +191,18 @@ def streaming_train_split(
 
 def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> IterableDataset:
     """A local training file as a stream: read line by line while training, so memory does not grow with the
-    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks. The first row
-    is read now, so that a wrong column or format is refused before training starts."""
+    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks and its warning
+    about skipped rows. The first :data:`STREAM_READ_AHEAD` rows are read now, so that a wrong column or format is
+    refused, and rows skipped (JSONL records of other keys) are counted, before training starts."""
     rows = {
         "spec": spec,
         "task": kind,
         "source_column": data_args.source_column,
         "target_column": data_args.target_column,
     }
-    next(iter_local_rows(**rows), None)
+    read_ahead = iter_local_rows(**rows, lines=STREAM_READ_AHEAD)
+    if not sum(1 for _ in read_ahead):  # read whole, so that its warning counts the rows it skipped
+        next(iter_local_rows(**rows), None)  # no row among them: read on to the first one, or to the refusal
     return IterableDataset.from_generator(iter_local_rows, gen_kwargs=rows)
 
 
