@@ -2003,3 +2003,29 @@ def test_a_split_with_a_renamed_column_is_one_line_naming_split_file_and_columns
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         train_run(tmp_path / "out", *flags, "--streaming", str(streaming).lower(), "--do_predict", "true")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", ["validation_file", "hub_folder"])
+def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, caplog, source):
+    """#65 row 4: a Hub-style folder without a test split, or --validation_file without --test_file, scored the
+    validation split, and hub_metrics.json and the card called it "test", without a word."""
+    if source == "validation_file":
+        data = ",".join(corpus(tmp_path / "data"))
+        flags = ["--train_file", data, "--validation_file", data]
+    else:
+        folder = _hub_style_folder(tmp_path / "data", renamed="none")
+        (folder / "test.jsonl").unlink()
+        flags = ["--hub_dataset", str(folder), "--source_lang", "source", "--target_lang", "target"]
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.preparation"):
+        document = train_run(out, *flags, *EVALUATE[2:])
+    assert (
+        "the data has no test split: --do_predict scores the validation split instead, and reports it as such"
+        in caplog.text
+    )
+    saved = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert document["dataset"]["split"] == saved["dataset"]["split"] == "validation"
+    assert json.loads((out / "test_results.json").read_text(encoding="utf-8"))["split"] == "validation"
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "      split: validation\n" in card and "validation: 12 examples scored." in card  # metadata, text
+    assert "| validation | BLEU |" in card and "| test |" not in card and "split: test" not in card

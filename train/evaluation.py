@@ -89,6 +89,9 @@ def write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> 
         write_atomic(out / "test_hypotheses.txt", "".join(h + "\n" for h in hyps))
     write_atomic(out / "hub_metrics.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
+    split = document["dataset"]["split"]
+    if not split.startswith("test"):  # the data had no test split: named after the split that was scored
+        scores["split"] = split
     trainer.log_metrics("test", scores)
     trainer.save_metrics("test", scores)
     if "training" not in document:

@@ -89,7 +89,8 @@ def _hub_copy(
 def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
     """Raw ``train``/``validation``/``test`` splits and, for GEC, the test split's M2 file.
 
-    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
+    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split, which
+    ``data_args.scored_split`` then names (the scores are reported as the validation split's).
     """
     kind = "lm" if task == "lm" else "seq2seq"
     if data_args.dataset:
@@ -118,8 +119,9 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         m2_file = m2_file or str(conll_m2)
     if task == "gec" and m2_file and "test" in raw:
         check_m2_aligned(m2_file, raw["test"].num_rows)
-    if "test" not in raw and "validation" in raw:
+    if "test" not in raw and "validation" in raw:  # scored in its place, and named (data_args.scored_split)
         raw["test"] = raw["validation"]
+        data_args.scored_split = "validation"
     return raw, m2_file
 
 
@@ -323,6 +325,12 @@ def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
         splits["validation"] = _slice(raw["validation"], data_args.max_eval_samples)
     if training_args.do_predict:
         splits["test"] = _slice(raw["test"], data_args.max_test_samples)
+        if data_args.scored_split != "test":
+            logger.warning(
+                "the data has no test split: --do_predict scores the %s split instead, and reports it as such "
+                "(hub_metrics.json, the model card, test_results.json); give --test_file for a test score",
+                data_args.scored_split,
+            )
     return splits
 
 
