@@ -1238,10 +1238,8 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
 
     train_run(
         finished, *evaluate, "--overwrite_output_dir", "true"
-    )  # asked for: replaced, nothing else deleted
-    assert "training" not in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    )  # asked for: replaced, nothing else deleted (what training wrote stays: #65 row 8)
     assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
-    assert (finished / "README.md").read_bytes() == before["README.md"][0]
 
 
 def _raw_pickle(path: Path, payload: object) -> None:
@@ -2029,3 +2027,30 @@ def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, cap
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "      split: validation\n" in card and "validation: 12 examples scored." in card  # metadata, text
     assert "| validation | BLEU |" in card and "| test |" not in card and "split: test" not in card
+
+
+def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_path):
+    """#65 row 8: `--do_train false --overwrite_output_dir true` into a finished run's folder dropped the training
+    section from hub_metrics.json, while the run's README.md still showed the old results."""
+    data = ",".join(corpus(tmp_path / "data"))
+    finished = tmp_path / "run"
+    train_run(finished, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    trained = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    curves = (finished / "loss_curves.png").read_bytes()
+    assert "training" in trained and "12 examples scored." in (finished / "README.md").read_text(
+        encoding="utf-8"
+    )
+    fewer = ",".join(corpus(tmp_path / "fewer", lines=5))  # another test set: other scores, another row count
+    evaluate = ["--model_name_or_path", str(finished), "--test_file", fewer, *EVALUATE]
+    document = train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+    saved = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert saved == document and saved["training"] == trained["training"] and saved["dataset"]["rows"] == 5
+    card = (finished / "README.md").read_text(encoding="utf-8")
+    assert "5 examples scored." in card and "12 examples scored." not in card  # the card shows the new scores
+    assert trained["training"]["recipe"]["model"] in card  # ... and still how the model was trained
+    assert (finished / "loss_curves.png").read_bytes() == curves
+
+    other = tmp_path / "other"  # another model's scores into the folder carry nothing of its run
+    train_run(other, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    evaluate[1] = str(other)
+    assert "training" not in train_run(finished, *evaluate, "--overwrite_output_dir", "true")

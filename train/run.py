@@ -55,7 +55,7 @@ from .arguments import (
 from .card import metrics_document
 from .checkpoints import TRAINER_STATE, lock_output_dir, read_run_id
 from .data import MissingCorpusError
-from .evaluation import test_results, write_outputs
+from .evaluation import keep_training_record, test_results, write_outputs
 from .files import replacing
 from .loading import (
     build_model,
@@ -242,6 +242,10 @@ def _run(settings: Settings) -> dict:
             document = metrics_document(
                 settings, results, decoding, m2_file, train_metrics, model, raw_splits["test"]
             )
+            if not training_args.do_train:  # scores of a run's own model, into its folder: its record stays
+                document = keep_training_record(
+                    document, training_args.output_dir, model_args.model_name_or_path
+                )
             write_outputs(training_args.output_dir, trainer, document, hyps)
     if final_state is not None and trainer.is_world_process_zero():
         with replacing(Path(training_args.output_dir) / TRAINER_STATE) as path:
