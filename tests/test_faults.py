@@ -2054,3 +2054,56 @@ def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_pa
     train_run(other, "--train_file", data, "--test_file", data, *EVALUATE[2:])
     evaluate[1] = str(other)
     assert "training" not in train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+
+
+def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fix(tmp_path):
+    """#65 row 5: a tokenizer edited between a kill and the resume (another 300-token BPE, a changed normalizer)
+    resumed with exit 0 and trained another model; an edited eos_token was refused as "another model
+    configuration", naming neither the file nor the fix."""
+    data = ",".join(corpus(tmp_path / "data"))
+    shared = Path(tokenizer_folder(tmp_path / "shared"))
+    steps = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "2"]
+    named, own = tmp_path / "named", tmp_path / "own"
+    train_run(named, *steps, "--tokenizer_name", str(shared))  # killed after step 2: its checkpoint is there
+    train_run(own, *steps)
+    resume = [*steps, "--max_steps", "4", "--resume_from_checkpoint", "last"]
+
+    def refused(out: Path, folder: Path, files: str, *flags: str) -> None:
+        checkpoint = out / "checkpoint-2"
+        message = (
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {files} differ from the "
+            f"checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or start a new run with "
+            "this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+        before = snapshot(out)
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            train_run(out, *resume, *flags)
+        assert snapshot(out) == before
+
+    original = snapshot(shared)
+    other = [" ".join(reversed(text.split())) + " und so weiter" for text in TEXTS]
+    train_tokenizer(other, vocab_size=300, save_to=shared)  # another BPE, as large
+    refused(named, shared, "tokenizer.json", "--tokenizer_name", str(shared))
+    for name, (content, _) in original.items():
+        (shared / name).write_bytes(content)
+    tokenizer_json = own / "tokenizer" / "tokenizer.json"
+    kept = tokenizer_json.read_text(encoding="utf-8")
+    tokenizer_json.write_text(
+        json.dumps({**json.loads(kept), "normalizer": {"type": "Lowercase"}}), encoding="utf-8"
+    )
+    refused(own, own / "tokenizer", "tokenizer.json")
+    tokenizer_json.write_text(kept, encoding="utf-8")
+    config_json = own / "tokenizer" / "tokenizer_config.json"
+    config = config_json.read_bytes()
+    config_json.write_text(
+        json.dumps({**json.loads(config_json.read_text(encoding="utf-8")), "eos_token": "<s>"}),
+        encoding="utf-8",
+    )
+    refused(own, own / "tokenizer", "tokenizer_config.json")
+
+    (own / "tokenizer" / "tokenizer_config.json").write_bytes(config)
+    train_run(
+        named, *resume, "--tokenizer_name", str(shared)
+    )  # the tokenizers they were trained with: resumed
+    train_run(own, *resume)  # (a tokenizer the run trained, read back from disk, is the same one)
+    assert (named / "checkpoint-4").is_dir() and (own / "checkpoint-4").is_dir()

@@ -167,6 +167,48 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         )
 
 
+def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
+    """Refuse to resume ``checkpoint`` with a tokenizer other than the one it was trained with: every file the
+    tokenizer (as the run has fitted it) saves is compared, as JSON, with the checkpoint's own copy. A tokenizer of
+    ``folder`` edited between a kill and the resume (another BPE of the same size, a changed normalizer) had resumed
+    and trained another model; an edited ``eos_token`` was refused as "another model configuration", naming neither
+    the file nor the fix.
+
+    Raises:
+        ValueError: the files that differ, ``folder`` and the fix.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ode-tokenizer-") as scratch:
+        tokenizer.save_pretrained(scratch)
+        differing = [
+            path.name
+            for path in sorted(Path(scratch).iterdir())
+            if (Path(checkpoint) / path.name).is_file()
+            and _file_content(path) != _file_content(Path(checkpoint) / path.name)
+        ]
+    if differing:
+        raise ValueError(
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {', '.join(differing)} "
+            f"differ from the checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or "
+            "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+
+
+# What transformers records in tokenizer_config.json about how a tokenizer was loaded, not what it does: a tokenizer
+# trained by the run and saved in its first checkpoint has none of them, the same one read back from disk has some.
+_LOADING_RECORD = ("is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir", "revision")
+
+
+def _file_content(path: Path) -> object:
+    """A JSON file's value (its formatting and :data:`_LOADING_RECORD` aside), else its bytes."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return path.read_bytes()
+    return {k: v for k, v in value.items() if k not in _LOADING_RECORD} if isinstance(value, dict) else value
+
+
 def load_state(model, state: dict, source) -> None:
     """Load ``state`` (a safetensors file's tensors, tied weights stored once) into ``model``."""
     missing, unexpected = model.load_state_dict(state, strict=False)
