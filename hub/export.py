@@ -2,7 +2,9 @@
 
     out_dir/
       config.json              with auto_map -> the code below (AutoConfig, AutoModel and the model's auto class)
-      model.safetensors        the weights (tied weights stored once)
+      model.safetensors        the weights (tied weights stored once); the digest of them its metadata holds is
+                               recorded in config.json, generation_config.json and tokenizer_config.json too, and
+                               from_pretrained checks that they agree
       generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
       configuration_ode_transformer.py, modeling_ode_transformer.py, ode.py
                                the package's module files, flat, relative imports unchanged
@@ -22,6 +24,7 @@ folder (no checkpoints, logs or optimizer states).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -36,6 +39,7 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, record_weights_digest
 from ode_transformer.cli import program_name, report_user_error
 
 from ..train.checkpoints import refuse_replacing_a_run
@@ -237,7 +241,21 @@ def _export(
             _write_card(staged, out_dir.resolve().name, metrics, repo_id)
         if onnx:
             export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
+        _record_digest(staged)
     return out_dir
+
+
+def _record_digest(staged: Path) -> None:
+    """The digest of the folder's weights, in ``model.safetensors``' metadata and in ``config.json``,
+    ``generation_config.json`` and ``tokenizer_config.json``: the model's ``from_pretrained`` (and
+    ``ode-translate``, for the tokenizer) refuses files of two exports, which a reader can take while another
+    export replaces the folder."""
+    digest = record_weights_digest(staged / "model.safetensors")
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        path = staged / name
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            path.write_text(json.dumps({**data, WEIGHTS_DIGEST: digest}, indent=2) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2107,3 +2107,83 @@ def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fi
     )  # the tokenizers they were trained with: resumed
     train_run(own, *resume)  # (a tokenizer the run trained, read back from disk, is the same one)
     assert (named / "checkpoint-4").is_dir() and (own / "checkpoint-4").is_dir()
+
+
+def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refused(
+    tmp_path, caplog, monkeypatch
+):
+    """#65 row 3: a reader loading while `ode-export --overwrite` replaced the folder could take one export's
+    config with another's weights (135 of 765 in-process loads), silently. An export records the digest of its
+    weights in model.safetensors' metadata and in config.json, generation_config.json and tokenizer_config.json;
+    the model's own from_pretrained (remote code too) checks it, loads again once, then refuses in one line."""
+    import shutil
+
+    from transformers import PreTrainedModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    from modeling_ode.modeling_ode_transformer import weights_digest
+
+    save_tiny_folder(tmp_path / "A")
+    save_tiny_folder(tmp_path / "B", weight_scale=3)
+    a, b = export_for_hub(tmp_path / "A", tmp_path / "EA"), export_for_hub(tmp_path / "B", tmp_path / "EB")
+    digests = {folder: weights_digest(folder / "model.safetensors") for folder in (a, b)}
+    for folder, digest in digests.items():
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+            assert json.loads((folder / name).read_text(encoding="utf-8"))["weights_digest"] == digest
+    assert len(set(digests.values())) == 2 and all(len(digest) == 64 for digest in digests.values())
+    again = export_for_hub(
+        tmp_path / "A", tmp_path / "EA2"
+    )  # a digest of the weights: the same for the same ones
+    assert weights_digest(again / "model.safetensors") == digests[a]
+    assert_bit_identical(weights(a), weights(tmp_path / "A"))  # the weights themselves untouched
+    # the folder's own code, which a plain transformers user runs (trust_remote_code=True)
+    remote = get_class_from_dynamic_module(
+        "modeling_ode_transformer.ODETransformerForConditionalGeneration", a
+    )
+    assert remote.__module__.startswith("transformers_modules")
+
+    mixed = (
+        tmp_path / "mixed"
+    )  # what a reader took: config.json of one export, model.safetensors of the other
+    shutil.copytree(a, mixed)
+    shutil.copy2(b / "model.safetensors", mixed / "model.safetensors")
+    message = (
+        f"{mixed}: config.json and generation_config.json record the weights digest {digests[a][:12]}, but its "
+        f"model.safetensors holds {digests[b][:12]}, loaded twice: its files come from two exports; load it again "
+        "once the export writing it has finished, or export the model again"
+    )
+    for load in (ODETransformerForConditionalGeneration.from_pretrained, translate.load_for_generation):
+        with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+            load(str(mixed))
+    with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+        remote.from_pretrained(mixed)
+
+    original = PreTrainedModel.from_pretrained.__func__
+    loads = []
+
+    def export_finishes_after_the_first_load(cls, *args, **kwargs):
+        loads.append(original(cls, *args, **kwargs))
+        if len(loads) == 1:
+            shutil.copytree(b, mixed, dirs_exist_ok=True)  # the folder is now the new export, whole
+        return loads[-1]
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(export_finishes_after_the_first_load))
+    with caplog.at_level(logging.WARNING):
+        model = ODETransformerForConditionalGeneration.from_pretrained(mixed)
+    assert len(loads) == 2 and "it was replaced while it loaded; loading it again" in caplog.text
+    assert model.config.weights_digest == digests[b]
+    assert_bit_identical(dict(model.state_dict()), {k: v for k, v in loads[1].state_dict().items()})
+    monkeypatch.undo()
+
+    shutil.copy2(
+        a / "tokenizer_config.json", mixed / "tokenizer_config.json"
+    )  # the tokenizer of the other one
+    with pytest.raises(ValueError, match=f"^{re.escape(str(mixed))}: tokenizer_config.json records the weights "
+                       f"digest {digests[a][:12]}, but config.json {digests[b][:12]}, loaded twice"):  # fmt: skip
+        translate.load_for_generation(str(mixed))
+
+    saved = tmp_path / "saved"  # weights saved anew are not the export's: no digest carried over
+    model.save_pretrained(saved)
+    assert json.loads((saved / "config.json").read_text(encoding="utf-8"))["weights_digest"] is None
+    assert "weights_digest" not in (saved / "generation_config.json").read_text(encoding="utf-8")
+    ODETransformerForConditionalGeneration.from_pretrained(saved)

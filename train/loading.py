@@ -31,6 +31,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
     ODETransformerForConditionalGeneration,
     non_finite_tensors,
 )
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .tokenizer import check_tokenizer_files
@@ -157,6 +158,7 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         "_name_or_path",
         "dtype",
         "use_cache",
+        "weights_digest",  # an exported folder's, which a saved checkpoint does not carry
     }  # not the model
     fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
     if fields:
@@ -544,6 +546,22 @@ def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path
             "project): what is saved from this model carries the ODE Transformer's own fields and auto_map only",
             source, ", ".join(dropped),
         )  # fmt: skip
+
+
+def tokenizer_digest_problem(
+    tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, folder: str | Path
+) -> str | None:
+    """Why ``tokenizer`` may be another export's than ``config`` (both loaded from ``folder``): the weights digests
+    that ``ode-export`` records in ``tokenizer_config.json`` and ``config.json`` differ; None where they agree or
+    either records none."""
+    held = tokenizer.init_kwargs.get(WEIGHTS_DIGEST)
+    expected = getattr(config, WEIGHTS_DIGEST, None)
+    if held and expected and held != expected:
+        return (
+            f"{folder}: tokenizer_config.json records the weights digest {held[:12]}, but config.json "
+            f"{expected[:12]}"
+        )
+    return None
 
 
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:

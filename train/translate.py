@@ -44,7 +44,13 @@ from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .files import claim_output, read_lines, write_atomic
-from .loading import check_generation_config, load_model_tokenizer, load_saved_model, read_config_json
+from .loading import (
+    check_generation_config,
+    load_model_tokenizer,
+    load_saved_model,
+    read_config_json,
+    tokenizer_digest_problem,
+)
 from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
@@ -104,11 +110,33 @@ def load_for_generation(
         raise ValueError(f"device {device}: {problem}")
     if quantize is not None and (problem := quantize_problem(quantize, str(device))) is not None:
         raise ValueError(f"quantize {quantize!r}: {problem}")
-    tokenizer = load_model_tokenizer(model_name_or_path)
-    model = load_saved_model(model_name_or_path).to(device).eval()
+    tokenizer, model = _load_one_export(model_name_or_path, load_saved_model)
+    model = model.to(device).eval()
     if quantize:
         quantize_int8(model)
     return (compile_decoding(model) if compile else model), tokenizer
+
+
+def _load_one_export(model_name_or_path: str, load) -> tuple[PreTrainedTokenizerBase, object]:
+    """The folder's tokenizer and what ``load`` loads from it (the model, or its config), both of one export: an
+    export records its weights digest in both, and a reader that loads while another export replaces the folder
+    can take one from each. Loaded again once; then refused.
+
+    Raises:
+        ValueError: the two digests, loaded twice.
+    """
+    for attempt in range(2):
+        tokenizer, loaded = load_model_tokenizer(model_name_or_path), load(model_name_or_path)
+        config = loaded.config if isinstance(loaded, PreTrainedModel) else loaded
+        problem = tokenizer_digest_problem(tokenizer, config, model_name_or_path)
+        if problem is None:
+            return tokenizer, loaded
+        if attempt == 0:
+            logger.warning("%s: it was replaced while it loaded; loading it again", problem)
+    raise ValueError(
+        f"{problem}, loaded twice: its files come from two exports; load it again once the export writing it has "
+        "finished, or export the model again"
+    )
 
 
 def load_onnx_for_generation(
@@ -135,7 +163,7 @@ def load_onnx_for_generation(
     from modeling_ode import ODETransformerConfig
     from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
 
-    tokenizer = load_model_tokenizer(model_name_or_path)
+    tokenizer, config = _load_one_export(model_name_or_path, ODETransformerConfig.from_pretrained)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
     generator = ONNXSeq2SeqGenerator(
@@ -146,8 +174,7 @@ def load_onnx_for_generation(
     model = generator.model
     # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
     # limit as the PyTorch path's, so that both decode the same ids
-    positions = ODETransformerConfig.from_pretrained(model_name_or_path).max_position_embeddings
-    model.config.max_position_embeddings = positions
+    model.config.max_position_embeddings = config.max_position_embeddings
     return model, tokenizer
 
 
