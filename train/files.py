@@ -53,8 +53,10 @@ logger = logging.getLogger(__name__)
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 # torch.save's zip writer: "unexpected pos" when a record's write fails, "basic_ios::clear: iostream error" when its
 # final flush (the archive's directory) does.
+# onnxruntime's quantize_dynamic writes a shape-inferred copy of a graph and reads it back: cut off by a full disk
+# (its writer does not say so), protobuf finds the "Wire format was corrupt".
 _NO_SPACE_MESSAGES = ("os error 28", "os error 27", "os error 122", "No space left", "File too large",
-                      "file write failed", "unexpected pos", "basic_ios::clear")  # fmt: skip
+                      "file write failed", "unexpected pos", "basic_ios::clear", "Wire format was corrupt")  # fmt: skip
 INCOMPLETE = ".incomplete"
 """Suffix of a folder being written (:func:`staged_folder`): renamed to its name once complete."""
 _PID_WAIT_SECONDS = 5.0  # a lock's holder writes its pid right after taking the lock
@@ -339,7 +341,7 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
             shutil.rmtree(left)
     staged.mkdir(parents=True)
     try:
-        with saving(staged):
+        with saving(folder):  # a full disk names the folder asked for, not its staging name
             yield staged
         if final.is_dir() and any(final.iterdir()):
             logger.warning("overwriting %s", final)
