@@ -312,8 +312,8 @@ def replace_folder(staged: Path, final: Path) -> None:
     (:func:`match_umask`).
 
     A reader that loads files of ``final`` one by one (``from_pretrained``) while it is replaced can still take
-    one from each; one that may load during a replacement loads from a path that changes by one rename
-    (README, "Safety and recovery")."""
+    one from each: an export records a digest of its weights in its config files, which the model's
+    ``from_pretrained`` checks (README, "Safety and recovery")."""
     match_umask(staged)
     if not final.exists():
         staged.rename(final)
