@@ -1909,6 +1909,9 @@ def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, c
         "2 of 3 input line(s) are empty (line numbers 1, 3): each gets an empty output line, not a translation"
         in caplog.text
     )
+    blank = write(tmp_path / "blank.txt", "\n \n")  # nothing to translate at all
+    translate.main([str(folder), "--input", str(blank), "--output", str(output), "--no_progress"])
+    assert output.read_text() == "\n\n"
 
 
 @pytest.mark.parametrize("beams", [-3, "4", [4]], ids=["negative", "string", "list"])

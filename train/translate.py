@@ -412,12 +412,13 @@ def generate_texts(
         not model.config.is_encoder_decoder
     ):  # a prompt leaves room for its continuation, counted in new tokens
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
-    kept = _with_text(texts)
+    outputs = [""] * len(texts)
+    if not (kept := _with_text(texts)):
+        return outputs
     ids = encode_texts(
         model, tokenizer, [texts[i] for i in kept], max_source_length, kwargs.get("max_new_tokens")
     )
-    outputs = [""] * len(texts)
-    for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs)) if ids else []):
+    for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs))):
         outputs[index] = output
     return outputs
 
