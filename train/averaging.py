@@ -85,8 +85,8 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
     """Average ``paths`` into ``out``; the other files of the newest checkpoint are copied along.
 
     Raises:
-        FileExistsError: ``out`` holds files and ``overwrite`` is false.
-        ValueError: ``out`` is or holds one of the checkpoints, or holds a training run.
+        FileExistsError: ``out`` holds files and ``overwrite`` is false; or, whatever ``overwrite`` says, it is or
+            holds one of the checkpoints, or holds a training run.
     """
     out = Path(out)
     refuse_replacing_a_run(out, paths, "--out", overwrite, suffix="averaged")

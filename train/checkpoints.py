@@ -160,13 +160,13 @@ def refuse_replacing_a_run(
     folder.
 
     Raises:
-        ValueError: the folder, what it holds and how to write elsewhere.
+        FileExistsError: the folder, what it holds and how to write elsewhere.
     """
     refuse_replacing_inputs(folder, inputs, option, suffix)
     if found := run_contents(folder):
         listing = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         change = "--overwrite does not change that; " if overwrite else ""
-        raise ValueError(
+        raise FileExistsError(
             f"{option} {folder} holds a training run ({listing}): writing the folder would delete its "
             f"checkpoints and results; {change}give another {option}, a new folder (e.g. "
             f"{real_path(folder)}-{suffix})"

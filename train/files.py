@@ -172,14 +172,14 @@ def refuse_replacing_inputs(
     :func:`real_path`, so that no other name of the folder passes; ``suffix`` makes the example of another folder.
 
     Raises:
-        ValueError: the input, the folder and how to write elsewhere.
+        FileExistsError: the input, the folder and how to write elsewhere.
     """
     out = real_path(folder)
     for name in filter(None, inputs):
         path = real_path(name)
         if path.exists() and (path == out or out in path.parents):
             where = "is" if path == out else "holds"
-            raise ValueError(
+            raise FileExistsError(
                 f"{option} {folder} {where} {name}, an input of this command: writing the folder would delete it, "
                 f"whatever --overwrite says; give another {option}, a new folder outside it (e.g. {out}-{suffix})"
             )
