@@ -1761,9 +1761,19 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
 # Issue 65: one lock per real folder, exports that cannot eat their source, a test split that is one
 
 EXPORTED = sorted(
-    ["README.md", "compat.py", "config.json", "configuration_ode_transformer.py", "generation_config.json",
-     "model.safetensors", "modeling_ode_transformer.py", "ode.py", "tokenizer.json", "tokenizer_config.json"]
-)  # fmt: skip
+    [
+        "README.md",
+        "compat.py",
+        "config.json",
+        "configuration_ode_transformer.py",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_ode_transformer.py",
+        "ode.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+)
 
 
 def last_line(stderr: bytes) -> str:
@@ -1776,6 +1786,7 @@ def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
     """#65 row 1: `ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to
     E9) took two locks and wrote one staging folder, each deleting the other's: one exited 0 leaving a folder of
     README.md and tokenizer.json only. Every lock derives from the resolved path: one writer at a time."""
+    from modeling_ode.modeling_ode_transformer import weights_digest
     from ode_transformer.train.files import claim_output
 
     sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}
@@ -1805,8 +1816,16 @@ def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
         assert any(code == 0 for code, _ in outcomes)
         assert sorted(p.name for p in out.iterdir()) == EXPORTED
         written = weights(out)
-        assert any(written.keys() == w.keys() and all(torch.equal(written[k], w[k]) for k in w) for w in
-                   expected.values())  # fmt: skip
+        same = [
+            written.keys() == w.keys() and all(map(torch.equal, written.values(), w.values()))
+            for w in expected.values()
+        ]
+        assert any(same)
+        recorded = {
+            json.loads((out / name).read_text())["weights_digest"]
+            for name in ("config.json", "tokenizer_config.json")
+        }
+        assert recorded == {weights_digest(out / "model.safetensors")}  # every file of one export
         assert sorted(p.name for p in runs.iterdir()) == ["E9", "E9link"]  # no staging folder, no lock left
 
 
@@ -1822,8 +1841,8 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
     (tmp_path / "link.txt").symlink_to(output)
     for held, name in ((tmp_path / "link.txt", output), (output, tmp_path / "sub" / ".." / "out.txt")):
         with claim_output(held, "--output"):
-            process = start(command("ode-translate", str(tmp_path / "model"), "--input", str(source), "--output",
-                                    str(name), "--no_progress"))  # fmt: skip
+            argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(name), "--no_progress"]
+            process = start(command("ode-translate", *argv))
             _, stderr = process.communicate(timeout=300)
         assert process.returncode == 2 and last_line(stderr).startswith(
             f"ode-translate: error: {name} is in use by another process (pid {os.getpid()});"
@@ -1898,8 +1917,8 @@ def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, c
     save_tiny_folder(folder, weight_scale=3)
     alone = tmp_path / "alone.txt"
     line = "a cat sleeps on the warm mat\n"
-    translate.main([str(folder), "--input", str(write(tmp_path / "in.txt", line)), "--output", str(alone),
-                    "--no_progress"])  # fmt: skip
+    source = write(tmp_path / "in.txt", line)
+    translate.main([str(folder), "--input", str(source), "--output", str(alone), "--no_progress"])
     source = write(tmp_path / "mixed.txt", f"\n{line}   \n")
     output = tmp_path / "out.txt"
     with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
@@ -2176,14 +2195,13 @@ def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refus
         model = ODETransformerForConditionalGeneration.from_pretrained(mixed)
     assert len(loads) == 2 and "it was replaced while it loaded; loading it again" in caplog.text
     assert model.config.weights_digest == digests[b]
-    assert_bit_identical(dict(model.state_dict()), {k: v for k, v in loads[1].state_dict().items()})
+    assert_bit_identical(dict(model.state_dict()), dict(loads[1].state_dict()))
     monkeypatch.undo()
 
-    shutil.copy2(
-        a / "tokenizer_config.json", mixed / "tokenizer_config.json"
-    )  # the tokenizer of the other one
-    with pytest.raises(ValueError, match=f"^{re.escape(str(mixed))}: tokenizer_config.json records the weights "
-                       f"digest {digests[a][:12]}, but config.json {digests[b][:12]}, loaded twice"):  # fmt: skip
+    # the tokenizer of the other one
+    shutil.copy2(a / "tokenizer_config.json", mixed / "tokenizer_config.json")
+    said = f"{mixed}: tokenizer_config.json records the weights digest {digests[a][:12]}, but config.json "
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}{digests[b][:12]}, loaded twice"):
         translate.load_for_generation(str(mixed))
 
     saved = tmp_path / "saved"  # weights saved anew are not the export's: no digest carried over
