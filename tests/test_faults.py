@@ -165,8 +165,11 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
         "model.safetensors"
     ]  # the old model's files are gone
     assert torch.equal(weights(model_dir)["w"], torch.full((2,), 1.5))
-    with pytest.raises(ValueError, match="is or holds the checkpoints it averages"):
+    with pytest.raises(SystemExit):
         averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"])
+    assert re.search(
+        r"holds .*checkpoint-1, an input of this command: writing the folder", capsys.readouterr().err
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1236,10 +1239,8 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
 
     train_run(
         finished, *evaluate, "--overwrite_output_dir", "true"
-    )  # asked for: replaced, nothing else deleted
-    assert "training" not in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    )  # asked for: replaced, nothing else deleted (what training wrote stays: #65 row 8)
     assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
-    assert (finished / "README.md").read_bytes() == before["README.md"][0]
 
 
 def _raw_pickle(path: Path, payload: object) -> None:
@@ -1754,3 +1755,498 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
     src = write(tmp_path / "in.txt", "the dog\n")
     assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 65: one lock per real folder, exports that cannot eat their source, a test split that is one
+
+EXPORTED = sorted(
+    [
+        "README.md",
+        "compat.py",
+        "config.json",
+        "configuration_ode_transformer.py",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_ode_transformer.py",
+        "ode.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+)
+
+
+def last_line(stderr: bytes) -> str:
+    text = stderr.decode(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    return text.strip().splitlines()[-1]
+
+
+def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
+    """#65 row 1: `ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to
+    E9) took two locks and wrote one staging folder, each deleting the other's: one exited 0 leaving a folder of
+    README.md and tokenizer.json only. Every lock derives from the resolved path: one writer at a time."""
+    from modeling_ode.modeling_ode_transformer import weights_digest
+    from ode_transformer.train.files import claim_output
+
+    sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}
+    save_tiny_folder(sources["A"])
+    save_tiny_folder(sources["B"], weight_scale=3)
+    runs = tmp_path / "runs"
+    out, link = runs / "E9", runs / "E9link"
+    export_for_hub(sources["A"], out)
+    link.symlink_to("E9")  # `ln -s E9 runs/E9link`: a relative link
+    with claim_output(out, "OUT_DIR"):  # an export by one name holds the folder: another name waits its turn
+        process = start(command("ode-export", str(sources["B"]), str(link), "--overwrite"))
+        _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2 and last_line(stderr) == (
+        f"ode-export: error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or "
+        "stop it, or choose another OUT_DIR."
+    )
+    assert weights(out).keys() and snapshot(out) == snapshot(link)
+    expected = {name: weights(path) for name, path in sources.items()}
+    for _ in range(3):  # both at once, by the two names: each waits or is refused, never both writing
+        racers = [
+            start(command("ode-export", str(sources[name]), str(target), "--overwrite"))
+            for name, target in (("A", out), ("B", link))
+        ]
+        outcomes = [(racer.wait(timeout=300), racer.communicate()[1]) for racer in racers]
+        for code, stderr in outcomes:
+            assert code == 0 or (code == 2 and " is in use by another process (pid " in last_line(stderr))
+        assert any(code == 0 for code, _ in outcomes)
+        assert sorted(p.name for p in out.iterdir()) == EXPORTED
+        written = weights(out)
+        same = [
+            written.keys() == w.keys() and all(map(torch.equal, written.values(), w.values()))
+            for w in expected.values()
+        ]
+        assert any(same)
+        recorded = {
+            json.loads((out / name).read_text())["weights_digest"]
+            for name in ("config.json", "tokenizer_config.json")
+        }
+        assert recorded == {weights_digest(out / "model.safetensors")}  # every file of one export
+        assert sorted(p.name for p in runs.iterdir()) == ["E9", "E9link"]  # no staging folder, no lock left
+
+
+def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
+    """#65 row 1: two ode-translate writing one file by two names (a link, `dir/../file`) both exited 0, the last
+    writer winning."""
+    from ode_transformer.train.files import claim_output
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "the dog runs\n")
+    output = write(tmp_path / "out.txt", "old\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.txt").symlink_to(output)
+    for held, name in ((tmp_path / "link.txt", output), (output, tmp_path / "sub" / ".." / "out.txt")):
+        with claim_output(held, "--output"):
+            argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(name), "--no_progress"]
+            process = start(command("ode-translate", *argv))
+            _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2 and last_line(stderr).startswith(
+            f"ode-translate: error: {name} is in use by another process (pid {os.getpid()});"
+        )
+        assert output.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "link.txt", "model", "out.txt", "sub"]
+
+
+def _finished_run(run: Path) -> None:
+    """A run's folder as ode-train leaves it: checkpoints, trainer state, results, its tokenizer, the final model."""
+    save_tiny_folder(run)
+    save_tiny_folder(run / "checkpoint-40")
+    save_tiny_folder(run / "tokenizer")
+    for folder in (run, run / "checkpoint-40"):
+        write(folder / "trainer_state.json", '{"global_step": 40}')
+    write(run / "hub_metrics.json", "{}")
+
+
+@pytest.mark.both_cpus
+def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, monkeypatch):
+    """#65 row 2: `ode-export RUN/checkpoint-40 RUN --overwrite` exited 0 and deleted the whole run. No writer
+    replaces a folder that holds its input, or a run's checkpoints, by any name and whatever --overwrite says."""
+    from ode_transformer.hub.convert_fairseq import convert_fairseq_checkpoint
+    from ode_transformer.hub.upcycle import upcycle_folder
+
+    run_dir = tmp_path / "RUN"
+    _finished_run(run_dir)
+    (tmp_path / "RUNlink").symlink_to(run_dir)
+    other = tmp_path / "other"
+    save_tiny_folder(other)
+    before = snapshot(run_dir)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(
+        sys, "argv", ["ode-export", str(run_dir / "checkpoint-40"), str(run_dir), "--overwrite"]
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.export()
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"ode-export: error: OUT_DIR {run_dir} holds {run_dir / 'checkpoint-40'}, an input of this command: "
+        f"writing the folder would delete it, whatever --overwrite says; give another OUT_DIR, a new folder "
+        f"outside it (e.g. {run_dir}-export)\n"
+    )
+    run_message = (
+        f"OUT_DIR {{}} holds a training run (checkpoint-40, trainer_state.json): writing the folder would delete "
+        f"its checkpoints and results; --overwrite does not change that; give another OUT_DIR, a new folder "
+        f"(e.g. {run_dir}-{{}})"
+    )
+    for name in (run_dir, tmp_path / "RUNlink"):
+        with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(name, 'export'))}$"):
+            export_for_hub(other, name, overwrite=True)
+    with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(run_dir, 'upcycled'))}$"):
+        upcycle_folder(other, run_dir, overwrite=True)
+    with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(run_dir, 'converted'))}$"):
+        convert_fairseq_checkpoint(tmp_path / "missing.pt", run_dir, overwrite=True)
+    averaged = run_message.format(run_dir, "averaged").replace("OUT_DIR", "--out")
+    with pytest.raises(FileExistsError, match=f"^{re.escape(averaged)}$"):
+        averaging.write_average([other], run_dir, overwrite=True)
+    with pytest.raises(
+        FileExistsError, match=f"holds {re.escape(str(run_dir / 'checkpoint-40'))}, an input of this"
+    ):
+        averaging.write_average([run_dir / "checkpoint-40"], tmp_path / "RUNlink" / "..", overwrite=True)
+    assert snapshot(run_dir) == before
+    export_for_hub(run_dir / "checkpoint-40", tmp_path / "exported")  # elsewhere: written
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == EXPORTED
+
+
+@pytest.mark.both_cpus
+def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, caplog):
+    """#65 row 7: an empty input line to ode-translate got a generated sentence, with no warning."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    alone = tmp_path / "alone.txt"
+    line = "a cat sleeps on the warm mat\n"
+    source = write(tmp_path / "in.txt", line)
+    translate.main([str(folder), "--input", str(source), "--output", str(alone), "--no_progress"])
+    source = write(tmp_path / "mixed.txt", f"\n{line}   \n")
+    output = tmp_path / "out.txt"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.translate"):
+        translate.main([str(folder), "--input", str(source), "--output", str(output), "--no_progress"])
+    assert output.read_text().split("\n") == ["", alone.read_text().strip(), "", ""]
+    assert alone.read_text().strip()  # the model writes something for a real line
+    assert (
+        "2 of 3 input line(s) are empty (line numbers 1, 3): each gets an empty output line, not a translation"
+        in caplog.text
+    )
+    blank = write(tmp_path / "blank.txt", "\n \n")  # nothing to translate at all
+    translate.main([str(folder), "--input", str(blank), "--output", str(output), "--no_progress"])
+    assert output.read_text() == "\n\n"
+
+
+@pytest.mark.parametrize("beams", [-3, "4", [4]], ids=["negative", "string", "list"])
+def test_a_bad_num_beams_is_named_before_it_chooses_a_backend(tmp_path, capsys, monkeypatch, beams):
+    """#65 row 9: num_beams -3, "4" or [4] in generation_config.json gave "math domain error" or a 26-line TypeError
+    from plain ode-translate: the backend choice took log2 of it before the config was checked."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_beams": beams}), encoding="utf-8")
+    said = (
+        f"{path}: num_beams {beams!r} is not a whole number of at least 1; correct it, or remove the field to decode "
+        "with the default"
+    )
+    source = write(tmp_path / "in.txt", "the dog\n")
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    for name, main, argv in (
+        ("ode-translate", cli.translate, [str(folder), "--input", str(source), "--no_progress"]),
+        ("ode-export", cli.export, [str(folder), str(tmp_path / "exported")]),
+    ):
+        monkeypatch.setattr(sys, "argv", [name, *argv])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 2 and capsys.readouterr().err == f"{name}: error: {said}\n"
+    assert not (tmp_path / "exported").exists()
+
+
+def test_streaming_warns_about_records_it_skips_as_the_whole_file_reader_does(tmp_path, caplog, monkeypatch):
+    """#65 row 6: a streamed JSONL file whose records mostly use other keys (2,970 of 3,000 `src`/`tgt`) trained on
+    30 rows without a warning; read whole, the same file is warned about."""
+    from ode_transformer.train import preparation
+
+    path = tmp_path / "mixed.jsonl"
+    records = [
+        {"source": f"a {i}", "target": f"b {i}"} if i % 100 == 0 else {"src": "a", "tgt": "b"}
+        for i in range(3000)
+    ]
+    write(path, "".join(json.dumps(record) + "\n" for record in records))
+    expected = f"{path}: 2970 empty line(s) skipped (line numbers 2, 3, 4, 5, 6, ...); 30 of 3000 rows loaded"
+    columns = SimpleNamespace(source_column="source", target_column="target")
+
+    def warnings(action) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+            action()
+        return [record.getMessage() for record in caplog.records]
+
+    assert warnings(lambda: load_local_file(str(path), "seq2seq")) == [expected]
+    stream = None
+
+    def start_stream():
+        nonlocal stream
+        stream = preparation.stream_local_file(str(path), "seq2seq", columns)
+
+    assert warnings(start_stream) == [expected]  # read ahead, before training starts
+    assert warnings(lambda: list(stream)) == [expected]  # and at the end of every pass
+    assert [row["source"] for row in stream] == [f"a {i}" for i in range(0, 3000, 100)]
+    monkeypatch.setattr(preparation, "STREAM_READ_AHEAD", 1000)  # a file longer than what is read ahead
+    assert warnings(start_stream) == [
+        f"{path} (its first 1000 rows, read ahead): 990 empty line(s) skipped (line numbers 2, 3, 4, 5, 6, ...); "
+        "10 of 1000 rows loaded"
+    ]
+
+
+def _hub_style_folder(folder: Path, renamed: str) -> Path:
+    """A dataset folder as the Hub lays one out (a JSONL file per split), the ``renamed`` split's source column
+    called `src`."""
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        key = "src" if split == renamed else "source"
+        rows = [{key: f"the dog number {i} runs", "target": f"der Hund Nummer {i} läuft"} for i in range(12)]
+        write(folder / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("renamed", ["test", "train"])
+def test_a_split_with_a_renamed_column_is_one_line_naming_split_file_and_columns(
+    tmp_path, streaming, renamed
+):
+    """#65 row 10: a split with a renamed column gave a 65-82-line DatasetGenerationError; streamed, a 9-line
+    "Couldn't cast" naming no file, split or fix."""
+    folder = _hub_style_folder(tmp_path / "data", renamed)
+    message = (
+        f"dataset '{folder}': the {renamed} split ({folder / f'{renamed}.jsonl'}) has the columns ['src', 'target'], "
+        "where the other splits have ['source', 'target']; rename its columns to those"
+    )
+    flags = ["--hub_dataset", str(folder), "--source_lang", "source", "--target_lang", "target"]
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        train_run(tmp_path / "out", *flags, "--streaming", str(streaming).lower(), "--do_predict", "true")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", ["validation_file", "hub_folder"])
+def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, caplog, source):
+    """#65 row 4: a Hub-style folder without a test split, or --validation_file without --test_file, scored the
+    validation split, and hub_metrics.json and the card called it "test", without a word."""
+    if source == "validation_file":
+        data = ",".join(corpus(tmp_path / "data"))
+        flags = ["--train_file", data, "--validation_file", data]
+    else:
+        folder = _hub_style_folder(tmp_path / "data", renamed="none")
+        (folder / "test.jsonl").unlink()
+        flags = ["--hub_dataset", str(folder), "--source_lang", "source", "--target_lang", "target"]
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.preparation"):
+        document = train_run(out, *flags, *EVALUATE[2:])
+    assert (
+        "the data has no test split: --do_predict scores the validation split instead, and reports it as such"
+        in caplog.text
+    )
+    saved = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert document["dataset"]["split"] == saved["dataset"]["split"] == "validation"
+    assert json.loads((out / "test_results.json").read_text(encoding="utf-8"))["split"] == "validation"
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "      split: validation\n" in card and "validation: 12 examples scored." in card  # metadata, text
+    assert "| validation | BLEU |" in card and "| test |" not in card and "split: test" not in card
+
+
+def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_path):
+    """#65 row 8: `--do_train false --overwrite_output_dir true` into a finished run's folder dropped the training
+    section from hub_metrics.json, while the run's README.md still showed the old results."""
+    data = ",".join(corpus(tmp_path / "data"))
+    finished = tmp_path / "run"
+    train_run(finished, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    trained = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    curves = (finished / "loss_curves.png").read_bytes()
+    assert "training" in trained and "12 examples scored." in (finished / "README.md").read_text(
+        encoding="utf-8"
+    )
+    fewer = ",".join(corpus(tmp_path / "fewer", lines=5))  # another test set: other scores, another row count
+    evaluate = ["--model_name_or_path", str(finished), "--test_file", fewer, *EVALUATE]
+    document = train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+    saved = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert saved == document and saved["training"] == trained["training"] and saved["dataset"]["rows"] == 5
+    card = (finished / "README.md").read_text(encoding="utf-8")
+    assert "5 examples scored." in card and "12 examples scored." not in card  # the card shows the new scores
+    assert trained["training"]["recipe"]["model"] in card  # ... and still how the model was trained
+    assert (finished / "loss_curves.png").read_bytes() == curves
+
+    other = tmp_path / "other"  # another model's scores into the folder carry nothing of its run
+    train_run(other, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    evaluate[1] = str(other)
+    assert "training" not in train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+
+
+def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fix(tmp_path):
+    """#65 row 5: a tokenizer edited between a kill and the resume (another 300-token BPE, a changed normalizer)
+    resumed with exit 0 and trained another model; an edited eos_token was refused as "another model
+    configuration", naming neither the file nor the fix."""
+    data = ",".join(corpus(tmp_path / "data"))
+    shared = Path(tokenizer_folder(tmp_path / "shared"))
+    steps = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "2"]
+    named, own = tmp_path / "named", tmp_path / "own"
+    train_run(named, *steps, "--tokenizer_name", str(shared))  # killed after step 2: its checkpoint is there
+    train_run(own, *steps)
+    resume = [*steps, "--max_steps", "4", "--resume_from_checkpoint", "last"]
+
+    def refused(out: Path, folder: Path, files: str, *flags: str) -> None:
+        checkpoint = out / "checkpoint-2"
+        message = (
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {files} differ from the "
+            f"checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or start a new run with "
+            "this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+        before = snapshot(out)
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            train_run(out, *resume, *flags)
+        assert snapshot(out) == before
+
+    original = snapshot(shared)
+    other = [" ".join(reversed(text.split())) + " und so weiter" for text in TEXTS]
+    train_tokenizer(other, vocab_size=300, save_to=shared)  # another BPE, as large
+    refused(named, shared, "tokenizer.json", "--tokenizer_name", str(shared))
+    for name, (content, _) in original.items():
+        (shared / name).write_bytes(content)
+    tokenizer_json = own / "tokenizer" / "tokenizer.json"
+    kept = tokenizer_json.read_text(encoding="utf-8")
+    tokenizer_json.write_text(
+        json.dumps({**json.loads(kept), "normalizer": {"type": "Lowercase"}}), encoding="utf-8"
+    )
+    refused(own, own / "tokenizer", "tokenizer.json")
+    tokenizer_json.write_text(kept, encoding="utf-8")
+    config_json = own / "tokenizer" / "tokenizer_config.json"
+    config = config_json.read_bytes()
+    config_json.write_text(
+        json.dumps({**json.loads(config_json.read_text(encoding="utf-8")), "eos_token": "<s>"}),
+        encoding="utf-8",
+    )
+    refused(own, own / "tokenizer", "tokenizer_config.json")
+
+    (own / "tokenizer" / "tokenizer_config.json").write_bytes(config)
+    train_run(
+        named, *resume, "--tokenizer_name", str(shared)
+    )  # the tokenizers they were trained with: resumed
+    train_run(own, *resume)  # (a tokenizer the run trained, read back from disk, is the same one)
+    assert (named / "checkpoint-4").is_dir() and (own / "checkpoint-4").is_dir()
+
+
+def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refused(
+    tmp_path, caplog, monkeypatch
+):
+    """#65 row 3: a reader loading while `ode-export --overwrite` replaced the folder could take one export's
+    config with another's weights (135 of 765 in-process loads), silently. An export records the digest of its
+    weights in model.safetensors' metadata and in config.json, generation_config.json and tokenizer_config.json;
+    the model's own from_pretrained (remote code too) checks it, loads again once, then refuses in one line."""
+    import shutil
+
+    from transformers import PreTrainedModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    from modeling_ode.modeling_ode_transformer import weights_digest
+
+    save_tiny_folder(tmp_path / "A")
+    save_tiny_folder(tmp_path / "B", weight_scale=3)
+    a, b = export_for_hub(tmp_path / "A", tmp_path / "EA"), export_for_hub(tmp_path / "B", tmp_path / "EB")
+    digests = {folder: weights_digest(folder / "model.safetensors") for folder in (a, b)}
+    for folder, digest in digests.items():
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+            assert json.loads((folder / name).read_text(encoding="utf-8"))["weights_digest"] == digest
+    assert len(set(digests.values())) == 2 and all(len(digest) == 64 for digest in digests.values())
+    again = export_for_hub(
+        tmp_path / "A", tmp_path / "EA2"
+    )  # a digest of the weights: the same for the same ones
+    assert weights_digest(again / "model.safetensors") == digests[a]
+    assert_bit_identical(weights(a), weights(tmp_path / "A"))  # the weights themselves untouched
+    # the folder's own code, which a plain transformers user runs (trust_remote_code=True)
+    remote = get_class_from_dynamic_module(
+        "modeling_ode_transformer.ODETransformerForConditionalGeneration", a
+    )
+    assert remote.__module__.startswith("transformers_modules")
+
+    mixed = (
+        tmp_path / "mixed"
+    )  # what a reader took: config.json of one export, model.safetensors of the other
+    shutil.copytree(a, mixed)
+    shutil.copy2(b / "model.safetensors", mixed / "model.safetensors")
+    message = (
+        f"{mixed}: config.json and generation_config.json record the weights digest {digests[a][:12]}, but its "
+        f"model.safetensors holds {digests[b][:12]}, loaded twice: its files come from two exports; load it again "
+        "once the export writing it has finished, or export the model again"
+    )
+    for load in (ODETransformerForConditionalGeneration.from_pretrained, translate.load_for_generation):
+        with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+            load(str(mixed))
+    with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+        remote.from_pretrained(mixed)
+
+    original = PreTrainedModel.from_pretrained.__func__
+    loads = []
+
+    def export_finishes_after_the_first_load(cls, *args, **kwargs):
+        loads.append(original(cls, *args, **kwargs))
+        if len(loads) == 1:
+            shutil.copytree(b, mixed, dirs_exist_ok=True)  # the folder is now the new export, whole
+        return loads[-1]
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(export_finishes_after_the_first_load))
+    with caplog.at_level(logging.WARNING):
+        model = ODETransformerForConditionalGeneration.from_pretrained(mixed)
+    assert len(loads) == 2 and "it was replaced while it loaded; loading it again" in caplog.text
+    assert model.config.weights_digest == digests[b]
+    assert_bit_identical(dict(model.state_dict()), dict(loads[1].state_dict()))
+    monkeypatch.undo()
+
+    # the tokenizer of the other one
+    shutil.copy2(a / "tokenizer_config.json", mixed / "tokenizer_config.json")
+    said = f"{mixed}: tokenizer_config.json records the weights digest {digests[a][:12]}, but config.json "
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}{digests[b][:12]}, loaded twice"):
+        translate.load_for_generation(str(mixed))
+
+    saved = tmp_path / "saved"  # weights saved anew are not the export's: no digest carried over
+    model.save_pretrained(saved)
+    assert json.loads((saved / "config.json").read_text(encoding="utf-8"))["weights_digest"] is None
+    assert "weights_digest" not in (saved / "generation_config.json").read_text(encoding="utf-8")
+    ODETransformerForConditionalGeneration.from_pretrained(saved)
+
+
+def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
+    """#65 row 11: a full disk during `ode-export --onnx --quantize int8` gave a 56-76-line protobuf "Wire format
+    was corrupt" traceback: onnxruntime writes a shape-inferred copy of each graph, cut off by the full disk, and
+    reads it back. Under a file-size limit that every exported file fits but no such copy does: one line."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnx
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    floats = export_for_hub(tmp_path / "model", tmp_path / "float", onnx=True, onnx_dynamo=False)
+    largest = max(path.stat().st_size for path in floats.rglob("*") if path.is_file())
+    inferred = []
+    for graph in sorted((floats / "onnx").iterdir()):
+        onnx.shape_inference.infer_shapes_path(str(graph), str(tmp_path / "inferred.onnx"))
+        inferred.append((tmp_path / "inferred.onnx").stat().st_size)
+    assert largest < min(inferred)  # shape information makes each copy larger than any file of the export
+    out = tmp_path / "int8"
+    argv = [
+        str(tmp_path / "model"),
+        str(out),
+        "--onnx",
+        "--onnx-exporter",
+        "torchscript",
+        "--quantize",
+        "int8",
+    ]
+    process = start(command("ode-export", *argv, limit=largest + 1))
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2
+    assert last_line(stderr) == (
+        f"ode-export: error: [Errno 28] no space left on device while saving {out} (Error parsing message with "
+        "type 'onnx.ModelProto': Wire format was corrupt); free some space (or raise the file-size limit, "
+        "`ulimit -f`) and run the command again"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "float",
+        "inferred.onnx",
+        "model",
+    ]  # nothing half-written

@@ -221,6 +221,9 @@ class DataArguments:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
+    scored_split: str = field(default="test", init=False)
+    """Not a flag: the split the test scores come from, "validation" where the data has no test split
+    (:func:`ode_transformer.train.preparation.load_raw_data`), named wherever they are reported."""
 
 
 @dataclass

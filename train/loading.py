@@ -31,6 +31,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
     ODETransformerForConditionalGeneration,
     non_finite_tensors,
 )
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .tokenizer import check_tokenizer_files
@@ -157,6 +158,7 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         "_name_or_path",
         "dtype",
         "use_cache",
+        "weights_digest",  # an exported folder's, which a saved checkpoint does not carry
     }  # not the model
     fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
     if fields:
@@ -165,6 +167,48 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
             f"{checkpoint} was trained with another model configuration ({detail}); resume with the checkpoint's "
             "settings, or start a new run in an empty --output_dir."
         )
+
+
+def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
+    """Refuse to resume ``checkpoint`` with a tokenizer other than the one it was trained with: every file the
+    tokenizer (as the run has fitted it) saves is compared, as JSON, with the checkpoint's own copy. A tokenizer of
+    ``folder`` edited between a kill and the resume (another BPE of the same size, a changed normalizer) had resumed
+    and trained another model; an edited ``eos_token`` was refused as "another model configuration", naming neither
+    the file nor the fix.
+
+    Raises:
+        ValueError: the files that differ, ``folder`` and the fix.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ode-tokenizer-") as scratch:
+        tokenizer.save_pretrained(scratch)
+        differing = [
+            path.name
+            for path in sorted(Path(scratch).iterdir())
+            if (Path(checkpoint) / path.name).is_file()
+            and _file_content(path) != _file_content(Path(checkpoint) / path.name)
+        ]
+    if differing:
+        raise ValueError(
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {', '.join(differing)} "
+            f"differ from the checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or "
+            "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+
+
+# What transformers records in tokenizer_config.json about how a tokenizer was loaded, not what it does: a tokenizer
+# trained by the run and saved in its first checkpoint has none of them, the same one read back from disk has some.
+_LOADING_RECORD = ("is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir", "revision")
+
+
+def _file_content(path: Path) -> object:
+    """A JSON file's value (its formatting and :data:`_LOADING_RECORD` aside), else its bytes."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return path.read_bytes()
+    return {k: v for k, v in value.items() if k not in _LOADING_RECORD} if isinstance(value, dict) else value
 
 
 def load_state(model, state: dict, source) -> None:
@@ -449,10 +493,14 @@ def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTra
     this project's are dropped (:func:`drop_foreign_config_entries`).
 
     Raises:
-        ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
-            of another shape (the first five of each named).
+        ValueError: the folder's ``model_type`` is not ``ode_transformer``, its ``generation_config.json`` is of the
+            wrong shape (:func:`check_generation_config`), or weights are missing, unexpected or of another shape
+            (the first five of each named).
     """
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
+    check_generation_config(
+        model_name_or_path
+    )  # from_pretrained reads it too, and fails deep inside on a bad one
     model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
     check_config_fits_weights(model_name_or_path, model_class, **config_changes)
     try:
@@ -498,6 +546,22 @@ def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path
             "project): what is saved from this model carries the ODE Transformer's own fields and auto_map only",
             source, ", ".join(dropped),
         )  # fmt: skip
+
+
+def tokenizer_digest_problem(
+    tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, folder: str | Path
+) -> str | None:
+    """Why ``tokenizer`` may be another export's than ``config`` (both loaded from ``folder``): the weights digests
+    that ``ode-export`` records in ``tokenizer_config.json`` and ``config.json`` differ; None where they agree or
+    either records none."""
+    held = tokenizer.init_kwargs.get(WEIGHTS_DIGEST)
+    expected = getattr(config, WEIGHTS_DIGEST, None)
+    if held and expected and held != expected:
+        return (
+            f"{folder}: tokenizer_config.json records the weights digest {held[:12]}, but config.json "
+            f"{expected[:12]}"
+        )
+    return None
 
 
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:

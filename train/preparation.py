@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+STREAM_READ_AHEAD = 10_000
+"""Rows of a streamed local training file read before training, to refuse a wrong format and count skipped rows."""
 
 
 def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
@@ -87,7 +89,8 @@ def _hub_copy(
 def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str | None]:
     """Raw ``train``/``validation``/``test`` splits and, for GEC, the test split's M2 file.
 
-    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split.
+    Without a test split: GEC tests on CoNLL-2013 (M2-scored), the others on the validation split, which
+    ``data_args.scored_split`` then names (the scores are reported as the validation split's).
     """
     kind = "lm" if task == "lm" else "seq2seq"
     if data_args.dataset:
@@ -116,8 +119,9 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         m2_file = m2_file or str(conll_m2)
     if task == "gec" and m2_file and "test" in raw:
         check_m2_aligned(m2_file, raw["test"].num_rows)
-    if "test" not in raw and "validation" in raw:
+    if "test" not in raw and "validation" in raw:  # scored in its place, and named (data_args.scored_split)
         raw["test"] = raw["validation"]
+        data_args.scored_split = "validation"
     return raw, m2_file
 
 
@@ -189,15 +193,18 @@ def streaming_train_split(
 
 def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> IterableDataset:
     """A local training file as a stream: read line by line while training, so memory does not grow with the
-    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks. The first row
-    is read now, so that a wrong column or format is refused before training starts."""
+    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks and its warning
+    about skipped rows. The first :data:`STREAM_READ_AHEAD` rows are read now, so that a wrong column or format is
+    refused, and rows skipped (JSONL records of other keys) are counted, before training starts."""
     rows = {
         "spec": spec,
         "task": kind,
         "source_column": data_args.source_column,
         "target_column": data_args.target_column,
     }
-    next(iter_local_rows(**rows), None)
+    read_ahead = iter_local_rows(**rows, lines=STREAM_READ_AHEAD)
+    if not sum(1 for _ in read_ahead):  # read whole, so that its warning counts the rows it skipped
+        next(iter_local_rows(**rows), None)  # no row among them: read on to the first one, or to the refusal
     return IterableDataset.from_generator(iter_local_rows, gen_kwargs=rows)
 
 
@@ -318,6 +325,12 @@ def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
         splits["validation"] = _slice(raw["validation"], data_args.max_eval_samples)
     if training_args.do_predict:
         splits["test"] = _slice(raw["test"], data_args.max_test_samples)
+        if data_args.scored_split != "test":
+            logger.warning(
+                "the data has no test split: --do_predict scores the %s split instead, and reports it as such "
+                "(hub_metrics.json, the model card, test_results.json); give --test_file for a test score",
+                data_args.scored_split,
+            )
     return splits
 
 

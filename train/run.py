@@ -55,11 +55,12 @@ from .arguments import (
 from .card import metrics_document
 from .checkpoints import TRAINER_STATE, lock_output_dir, read_run_id
 from .data import MissingCorpusError
-from .evaluation import test_results, write_outputs
+from .evaluation import keep_training_record, test_results, write_outputs
 from .files import replacing
 from .loading import (
     build_model,
     check_resume_config,
+    check_resume_tokenizer,
     check_saved_model_task,
     load_trainable_model,
     saved_model_tokenizer,
@@ -221,7 +222,13 @@ def _run(settings: Settings) -> dict:
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
     fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
-    if resume:
+    if resume:  # the tokenizer first: an edited one changes the config too, and that message names neither
+        folder = model_args.tokenizer_name or (
+            model_args.model_name_or_path
+            if own_tokenizer is not None
+            else f"{training_args.output_dir}/tokenizer"
+        )
+        check_resume_tokenizer(resume, tokenizer, folder)
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
     # with the model, the collator adds decoder_input_ids: the Trainer's label smoother takes the labels away
@@ -242,6 +249,10 @@ def _run(settings: Settings) -> dict:
             document = metrics_document(
                 settings, results, decoding, m2_file, train_metrics, model, raw_splits["test"]
             )
+            if not training_args.do_train:  # scores of a run's own model, into its folder: its record stays
+                document = keep_training_record(
+                    document, training_args.output_dir, model_args.model_name_or_path
+                )
             write_outputs(training_args.output_dir, trainer, document, hyps)
     if final_state is not None and trainer.is_world_process_zero():
         with replacing(Path(training_args.output_dir) / TRAINER_STATE) as path:

@@ -44,7 +44,13 @@ from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .files import claim_output, read_lines, write_atomic
-from .loading import load_model_tokenizer, load_saved_model, read_config_json
+from .loading import (
+    check_generation_config,
+    load_model_tokenizer,
+    load_saved_model,
+    read_config_json,
+    tokenizer_digest_problem,
+)
 from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
@@ -71,6 +77,7 @@ logger = logging.getLogger(__name__)
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
+_SHOWN_LINES = 5  # line numbers quoted in a warning
 
 BACKENDS = ("auto", "pytorch", "onnx")
 # The fastest backend per measured (batch size, beams) and precision: the figures of `python -m
@@ -103,11 +110,33 @@ def load_for_generation(
         raise ValueError(f"device {device}: {problem}")
     if quantize is not None and (problem := quantize_problem(quantize, str(device))) is not None:
         raise ValueError(f"quantize {quantize!r}: {problem}")
-    tokenizer = load_model_tokenizer(model_name_or_path)
-    model = load_saved_model(model_name_or_path).to(device).eval()
+    tokenizer, model = _load_one_export(model_name_or_path, load_saved_model)
+    model = model.to(device).eval()
     if quantize:
         quantize_int8(model)
     return (compile_decoding(model) if compile else model), tokenizer
+
+
+def _load_one_export(model_name_or_path: str, load) -> tuple[PreTrainedTokenizerBase, object]:
+    """The folder's tokenizer and what ``load`` loads from it (the model, or its config), both of one export: an
+    export records its weights digest in both, and a reader that loads while another export replaces the folder
+    can take one from each. Loaded again once; then refused.
+
+    Raises:
+        ValueError: the two digests, loaded twice.
+    """
+    for attempt in range(2):
+        tokenizer, loaded = load_model_tokenizer(model_name_or_path), load(model_name_or_path)
+        config = loaded.config if isinstance(loaded, PreTrainedModel) else loaded
+        problem = tokenizer_digest_problem(tokenizer, config, model_name_or_path)
+        if problem is None:
+            return tokenizer, loaded
+        if attempt == 0:
+            logger.warning("%s: it was replaced while it loaded; loading it again", problem)
+    raise ValueError(
+        f"{problem}, loaded twice: its files come from two exports; load it again once the export writing it has "
+        "finished, or export the model again"
+    )
 
 
 def load_onnx_for_generation(
@@ -134,7 +163,7 @@ def load_onnx_for_generation(
     from modeling_ode import ODETransformerConfig
     from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
 
-    tokenizer = load_model_tokenizer(model_name_or_path)
+    tokenizer, config = _load_one_export(model_name_or_path, ODETransformerConfig.from_pretrained)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
     generator = ONNXSeq2SeqGenerator(
@@ -145,8 +174,7 @@ def load_onnx_for_generation(
     model = generator.model
     # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
     # limit as the PyTorch path's, so that both decode the same ids
-    positions = ODETransformerConfig.from_pretrained(model_name_or_path).max_position_embeddings
-    model.config.max_position_embeddings = positions
+    model.config.max_position_embeddings = config.max_position_embeddings
     return model, tokenizer
 
 
@@ -364,7 +392,7 @@ def generate_texts(
     the trained length to its continuation (the generation config's, else transformers' default of 20 new tokens).
     Then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config (beam size,
     length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``,
-    ...) override it. No texts, no outputs.
+    ...) override it. No texts, no outputs; an empty (or blank) text gets an empty output, with a warning.
 
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
@@ -384,8 +412,32 @@ def generate_texts(
         not model.config.is_encoder_decoder
     ):  # a prompt leaves room for its continuation, counted in new tokens
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
-    ids = encode_texts(model, tokenizer, texts, max_source_length, kwargs.get("max_new_tokens"))
-    return decode(tokenizer, generate_ids(model, ids, **kwargs))
+    outputs = [""] * len(texts)
+    if not (kept := _with_text(texts)):
+        return outputs
+    ids = encode_texts(
+        model, tokenizer, [texts[i] for i in kept], max_source_length, kwargs.get("max_new_tokens")
+    )
+    for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs))):
+        outputs[index] = output
+    return outputs
+
+
+def _with_text(texts: Sequence[str]) -> list[int]:
+    """The indices of the texts to decode; an empty (or blank) one has nothing to translate, and the model would
+    write a sentence of its own for it: it gets an empty output, in its place, with a warning naming its line."""
+    blank = [i for i, text in enumerate(texts) if not text.strip()]
+    if blank:
+        shown = ", ".join(str(i + 1) for i in blank[:_SHOWN_LINES]) + (
+            ", ..." if len(blank) > _SHOWN_LINES else ""
+        )
+        logger.warning(
+            "%d of %d input line(s) are empty (line numbers %s): each gets an empty output line, not a translation",
+            len(blank),
+            len(texts),
+            shown,
+        )
+    return [i for i, text in enumerate(texts) if text.strip()]
 
 
 def encode_texts(
@@ -549,7 +601,9 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
-    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway)
+    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway),
+    # checked before anything computes with them
+    check_generation_config(args.model)
     saved = read_config_json(args.model, "generation_config.json") or {}
     beams = overrides.get("num_beams", saved.get("num_beams") or 1)
     backend, reason = choose_backend(
