@@ -260,11 +260,16 @@ def _fraction(x: float) -> str:
     return str(f) if abs(float(f) - x) < 1e-9 else f"{x:g}"
 
 
-def _method_in_words(method: str | dict, tableau) -> str:
+def _method_in_words(method: str | dict, tableau, mode: str, step_size: float) -> str:
+    """The method and the block it builds with `mode`'s coefficients: the formula is generated from the config
+    (`block_equation`), never the method's own equation, which holds for its tableau weights only."""
+    from modeling_ode.ode import block_equation
+
+    equation = f"y_{{t+1}} = {block_equation(tableau, mode, step_size)}"
     if not isinstance(method, str):
-        return f"a user Butcher tableau {tableau.to_dict()}"
+        return f"a user Butcher tableau {tableau.to_dict()}, {equation}"
     stages = f"{tableau.num_stages} stage{'s' if tableau.num_stages > 1 else ''}"
-    return f"{tableau.description} with {stages}, y_{{t+1}} = {tableau.equation}"
+    return f"{tableau.description} with {stages}, {equation}"
 
 
 def _coefficients_in_words(
@@ -298,13 +303,14 @@ def describe_ode(config) -> list[str]:
     for side in sides:
         method = getattr(config, f"{side}_ode_method")
         tableau = config.tableau(side)
-        name = _method_in_words(method, tableau)
+        mode = getattr(config, f"{side}_ode_coefficients") if tableau.num_stages > 1 else "tableau"
+        name = _method_in_words(method, tableau, mode, float(config.ode_step_size))
         layers = getattr(config, f"{side}_layers")
         label = side.capitalize() if config.is_encoder_decoder else "Decoder (causal LM)"
         text = f"**{label}**: {counted(layers, 'layer')}; each layer is {name}"
         if tableau.num_stages > 1:
             coefficients = _coefficients_in_words(
-                getattr(config, f"{side}_ode_coefficients"),
+                mode,
                 tableau,
                 config.ode_coefficient_scope,
                 config.ode_ema_alpha,
