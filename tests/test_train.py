@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -637,6 +638,24 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
         "python -m ode_transformer.train.run: error: shared corpus 'multi30k' not found"
     )
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
+
+
+def test_a_run_without_recipe_trains_with_the_papers_optimiser():
+    """Own files without a recipe train as the translation recipes do (issue 64: transformers' lr 5e-5 without
+    warm-up left a short run with empty hypotheses), with the warm-up a ratio of the run's steps; `--help` shows
+    the defaults a run uses, label smoothing's included."""
+    recipe = yaml.safe_load((RECIPES / "wmt14_en_de_base.yaml").read_text())
+    training_args = parse_arguments(["--train_file", "a.en,a.de", "--use_cpu", "true"])[3]
+    for key in ("adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "learning_rate"):
+        assert getattr(training_args, key) == recipe[key], key
+    assert training_args.lr_scheduler_type.value == recipe["lr_scheduler_type"]
+    assert training_args.get_warmup_steps(1500) == 300  # the CPU recipe's 300 of 1500 steps
+    assert parse_arguments([str(RECIPES / "ptb_lm.yaml"), "--use_cpu", "true"])[3].learning_rate == 0.0007
+    help_text = " ".join(build_parser().format_help().split())
+    for flag, default in [("label_smoothing_factor", 0.1), ("learning_rate", 0.002), ("adam_beta2", 0.997)]:
+        assert re.search(
+            rf"--{flag} [A-Z0-9_]+, --{flag.replace('_', '-')} .*?\(default: {default}\)", help_text
+        )
 
 
 @pytest.mark.both_cpus
