@@ -236,7 +236,7 @@ def _export(
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
@@ -268,6 +268,11 @@ def main(argv: list[str] | None = None) -> None:
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
         "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         parser.error("--quantize quantises the ONNX graphs: add --onnx")

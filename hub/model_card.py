@@ -709,7 +709,7 @@ def validate_card_locally(path: str | Path) -> ModelCard:
     return card
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Write README.md (model card) into a trained model folder.",
@@ -717,6 +717,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")
     parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")
     parser.add_argument("--repo-id", default=None, help="USER/NAME the card's usage example loads from")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     print(write_model_card(args.model_dir, args.metrics_json, args.repo_id))
 

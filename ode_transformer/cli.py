@@ -24,6 +24,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from ode_transformer.parsers import check_arguments
+
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 KEPT_TRACEBACKS = 10
 """How many ``ode-*.traceback`` files the temporary folder keeps: the newest; older ones are deleted."""
@@ -165,6 +167,8 @@ def _launch(command: str, module: str, extra: str | None) -> None:
     global _running_command
     _running_command = command
     try:
+        # --help and a refused flag are answered from the kept flags, before torch and transformers load
+        check_arguments(command, sys.argv[1:])
         status = importlib.import_module(f"ode_transformer.{module}").main()
     except ModuleNotFoundError as error:  # at import, or a lazy import inside main
         missing = (error.name or "").split(".")[0]

@@ -45,8 +45,6 @@ from ode_transformer.cli import report_interrupt, report_user_error
 
 from . import metrics
 from .arguments import (
-    RecipeError,
-    RecipeNotFoundError,
     RunArguments,
     Settings,
     parse_arguments,
@@ -84,6 +82,7 @@ from .preparation import (
     splits_to_use,
     tokenize_splits,
 )
+from .recipe_files import RecipeError, RecipeNotFoundError
 from .tokenizer import drop_foreign_tokenizer_code
 from .trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
 

@@ -439,7 +439,7 @@ def device_problem(device: str) -> str | None:
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
@@ -497,7 +497,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     # found before decoding, not after it
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
