@@ -8,6 +8,7 @@ to `ode_step`. Optional outputs (hidden states, attentions, ODE stages) are reco
 `capture_outputs` hooks, as in BART.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -50,6 +51,7 @@ from .compat import (
     attention_implementation,
     cache_argument,
     is_loaded_weight,
+    without_length_clash_warning,
 )
 from .configuration_ode_transformer import ODETransformerConfig
 from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step, start_weights
@@ -1618,6 +1620,17 @@ class ODEGenerationMixin(GenerationCacheHook):
         ):
             return layout.beam_search(generation_config.num_beams, isinstance(cache, EncoderDecoderCache))
         return layout.like(cache)
+
+    def generate(self, inputs=None, generation_config=None, *args, **kwargs):
+        """transformers' `generate`. A saved folder's `max_length` is its default output length, and a caller's
+        `max_new_tokens` replaces it as transformers does, without transformers' warning that both were set: the
+        caller set one. Where the caller sets both, the warning stays."""
+        asked = [kwargs, vars(generation_config) if generation_config is not None else {}]
+        new_tokens_only = any(a.get("max_new_tokens") is not None for a in asked) and all(
+            a.get("max_length") is None for a in asked
+        )
+        with without_length_clash_warning() if new_tokens_only else contextlib.nullcontext():
+            return super().generate(inputs, generation_config, *args, **kwargs)
 
     @staticmethod
     def create_masks_for_generate(

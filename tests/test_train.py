@@ -640,6 +640,23 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
+def test_only_the_main_process_counts_truncated_lines(tmp_path, caplog):
+    """Every process of a distributed run tokenises the same splits; one warning of the cut lines, not one per
+    process (issue 64)."""
+    from ode_transformer.train.arguments import DataArguments
+    from ode_transformer.train.preparation import tokenize_splits
+
+    _, tokenizer = save_tiny_folder(tmp_path)
+    splits = {"train": Dataset.from_dict({"source": ["the dog runs in the park " * 4], "target": ["a cat"]})}
+    data_args = DataArguments(max_source_length=4, max_target_length=16)
+    for main_process, warnings in ((False, 0), (True, 1)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.preparation"):
+            out = tokenize_splits(splits, tokenizer, "translation", data_args, main_process=main_process)
+        assert caplog.text.count("train split: 1 of 1 source line(s) longer than") == warnings
+        assert len(out["train"][0]["input_ids"]) == 4 and "source_truncated" not in out["train"].column_names
+
+
 def test_a_run_without_recipe_trains_with_the_papers_optimiser():
     """Own files without a recipe train as the translation recipes do (issue 64: transformers' lr 5e-5 without
     warm-up left a short run with empty hypotheses), with the warm-up a ratio of the run's steps; `--help` shows

@@ -320,11 +320,20 @@ def build_parser() -> HfArgumentParser:
         titles={"options": "transformers Seq2SeqTrainingArguments"},
     )
     # the defaults a run uses, shown by --help: the paper's optimiser and label smoothing (set_label_smoothing)
+    # and DDP without its search for unused parameters: every parameter of the model takes part in each step
+    # (tests/test_modeling.py), so transformers' default True costs an extra pass and warns that it found none
     parser.set_defaults(
-        do_train=True, do_predict=True, label_smoothing_factor=PAPER_LABEL_SMOOTHING, **PAPER_OPTIMISER
+        do_train=True,
+        do_predict=True,
+        label_smoothing_factor=PAPER_LABEL_SMOOTHING,
+        ddp_find_unused_parameters=False,
+        **PAPER_OPTIMISER,
     )
-    smoothing = next(a for a in parser_actions(parser) if a.dest == "label_smoothing_factor")
+    actions = {action.dest: action for action in parser_actions(parser)}
+    smoothing = actions["label_smoothing_factor"]
     smoothing.help = f"{smoothing.help} ode-train: the paper's {PAPER_LABEL_SMOOTHING}, and 0 with --task lm."
+    unused = actions["ddp_find_unused_parameters"]
+    unused.help = f"{unused.help} ode-train: false, every parameter takes part in each step."
     return parser
 
 

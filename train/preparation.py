@@ -249,10 +249,15 @@ TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncate
 
 
 def tokenize_splits(
-    splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
+    splits: dict,
+    tokenizer: PreTrainedTokenizerFast,
+    task: str,
+    data_args: DataArguments,
+    main_process: bool = True,
 ) -> dict:
     """Tokenise every split, keeping only the model's columns and ``length``; a warning counts the lines cut to
-    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily)."""
+    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily). Every
+    process of a distributed run tokenises the same splits; only the ``main_process`` warns."""
     out = {}
     for name, dataset in splits.items():
         report = isinstance(dataset, Dataset)
@@ -260,15 +265,16 @@ def tokenize_splits(
         columns = dataset.column_names or list(next(iter(dataset)).keys())
         out[name] = dataset.map(function, batched=True, remove_columns=columns)
         if report:
-            out[name] = _report_truncation(name, out[name], data_args)
+            out[name] = _report_truncation(name, out[name], data_args, main_process)
     return out
 
 
-def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -> Dataset:
-    """Warn how many lines of ``split`` were cut (never a silent loss), then drop the marker columns."""
+def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments, warn: bool) -> Dataset:
+    """Warn (where `warn`) how many lines of ``split`` were cut (never a silent loss), then drop the marker
+    columns."""
     present = [column for column in TRUNCATED_COLUMNS if column in dataset.column_names]
     for column in present:
-        count = sum(dataset[column])
+        count = sum(dataset[column]) if warn else 0
         if count:
             flag = TRUNCATED_COLUMNS[column]
             limit = getattr(data_args, flag.removeprefix("--"))

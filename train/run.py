@@ -216,7 +216,9 @@ def _run(settings: Settings) -> dict:
     if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
         resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):
-        splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
+        splits = tokenize_splits(
+            raw_splits, tokenizer, run_args.task, data_args, main_process=training_args.process_index == 0
+        )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
     fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
