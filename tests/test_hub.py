@@ -471,6 +471,25 @@ def test_describe_ode_speaks_the_catalogue():
     assert GATE_INPUTS["layer_norm"] in model_card.describe_ode(normalised)[0]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
+    """The export's tokenizer_config.json is the model folder's, key for key: transformers' load put `is_local`,
+    `local_files_only` and tokenizer.json's truncation (`max_length`, `stride`, ...) into it (issue 64). The class
+    it names is the one hub/README.md names, and the reloaded tokenizer truncates on the task's side."""
+    save_tiny_folder(tmp_path / "model", causal=causal)
+    export_for_hub(tmp_path / "model", tmp_path / "export")
+    saved, exported = (
+        json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
+        for folder in ("model", "export")
+    )
+    assert exported == saved
+    assert f"name transformers' `{exported['tokenizer_class']}`" in (REPO / "hub" / "README.md").read_text()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert tokenizer.truncation_side == ("left" if causal else "right")
+
+
 # The card's formula of each kind of block, as a reader would write it by hand (issue 64: the default block's card
 # gave the fixed-weight Eq. (rk2) beside its learned gate).
 CARD_FORMULAS = {

@@ -841,8 +841,10 @@ def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_
     train_and_test(out, "--task", task, "--train_file", *data, *lengths, "--max_steps", "2", "--max_tokens", "256",
                    "--do_predict", "false")  # fmt: skip
     trained = 20 if task == "lm" else 12
-    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == trained
-    assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
+    # the folder the run trained its tokenizer in says so too (issue 64: it kept transformers' 1e30)
+    for folder in (out, out / "tokenizer"):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == trained
+        assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
     positions = json.loads((out / "config.json").read_text())["max_position_embeddings"]
     assert positions != trained
     card = write_model_card(out, None).read_text()

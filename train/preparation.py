@@ -29,7 +29,7 @@ from .data import (
     load_task_data,
 )
 from .files import read_lines
-from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
+from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, resave_trained_tokenizer, truncated_rows
 
 logger = logging.getLogger(__name__)
 
@@ -332,10 +332,25 @@ def trained_length(task: str, data_args: DataArguments) -> int:
     return data_args.max_target_length if task == "lm" else data_args.max_source_length
 
 
-def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
+def fit_tokenizer_to_run(
+    tokenizer: PreTrainedTokenizerFast,
+    config,
+    task: str,
+    data_args: DataArguments,
+    trained_in: str | Path | None = None,
+):
     """The tokenizer saved with the model carries one length, the one the run trained on, as ``model_max_length``
-    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`)."""
-    return fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`). So does the folder it was
+    trained in (``trained_in``, the run's ``OUTPUT_DIR/tokenizer``), which kept transformers' no-limit 1e30."""
+    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    if trained_in is not None:
+        resave_trained_tokenizer(tokenizer, trained_in)
+    return tokenizer
+
+
+def own_tokenizer_folder(training_args) -> Path:
+    """Where a run trains its tokenizer, and reuses it when run again: ``OUTPUT_DIR/tokenizer``."""
+    return Path(training_args.output_dir) / "tokenizer"
 
 
 def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
@@ -344,7 +359,7 @@ def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrained
     named = model_args.tokenizer_name
     if named and Path(named).is_file():
         raise ValueError(f"--tokenizer_name {named} is a file: give the folder that holds tokenizer.json")
-    folder = named or str(Path(training_args.output_dir) / "tokenizer")
+    folder = named or own_tokenizer_folder(training_args)
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None
         tokenizer = load_or_train_tokenizer(

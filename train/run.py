@@ -78,6 +78,7 @@ from .preparation import (
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
+    own_tokenizer_folder,
     prepare_tokenizer,
     splits_to_use,
     tokenize_splits,
@@ -221,7 +222,14 @@ def _run(settings: Settings) -> dict:
         )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
-    fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
+    trained_here = own_tokenizer is None and not model_args.tokenizer_name and training_args.should_save
+    fit_tokenizer_to_run(  # saved with the model, and where it was trained
+        tokenizer,
+        model.config,
+        run_args.task,
+        data_args,
+        own_tokenizer_folder(training_args) if trained_here else None,
+    )
     if resume:
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
