@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator",
     )
     return parser
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -127,3 +128,52 @@ def test_help_starts_within_three_seconds():
     elapsed = time.perf_counter() - start
     assert run.returncode == 0 and "--label_smoothing_factor" in run.stdout
     assert elapsed < 3, f"ode-train --help took {elapsed:.1f} s"
+
+
+def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
+    """One TCP connection to the Hub's host decides: refused, the process goes offline (HF_HUB_OFFLINE=1); a
+    listening host, or HF_HUB_OFFLINE already set, leaves it as it is."""
+    import socket
+
+    from ode_transformer import cli
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert cli.go_offline_if_hub_unreachable() is False and "HF_HUB_OFFLINE" not in os.environ
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now: refused
+    assert cli.go_offline_if_hub_unreachable() is True and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert cli.go_offline_if_hub_unreachable() is False  # already offline: no second check
+
+
+def test_offline_commands_end_in_a_few_lines(tmp_path):
+    """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, and a
+    Hub model id, each end with one error line naming the way forward: under 5 lines in all (issue 64: about 20
+    retry warnings over 24 s, and 25 lines over 57 s)."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env |= {"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HOME": str(tmp_path / "hf"),
+            "ODE_DATA_DIR": str(tmp_path / "no_data")}  # fmt: skip
+    (tmp_path / "in.txt").write_text("a dog\n")
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "ode-train").is_file():
+        pytest.skip("no console commands beside this interpreter (pip install -e .)")
+    runs = {
+        "--data_dir": [bin_dir / "ode-train", "multi30k_en_de_cpu", "--output_dir", tmp_path / "out"],
+        "go online": [bin_dir / "ode-translate", "someuser/model", "--input", tmp_path / "in.txt"],
+    }
+    for way_forward, command in runs.items():
+        run = subprocess.run(
+            list(map(str, command)), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        lines = (run.stdout + run.stderr).splitlines()
+        assert run.returncode == 2 and len(lines) < 5, lines
+        assert lines[-1].startswith(f"{command[0].name}: error: ") and way_forward in lines[-1], lines[-1]

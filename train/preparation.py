@@ -14,6 +14,7 @@ from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import PreTrainedTokenizerFast
 
 from modeling_ode import fit_tokenizer_to_model
+from ode_transformer.cli import guide
 
 from . import metrics
 from .arguments import DataArguments, Settings
@@ -79,8 +80,8 @@ def _hub_copy(
         where = SHARED_FOLDERS.get(name, name)
         raise MissingCorpusError(
             f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded ({reason}); "
-            f"pass --data_dir DIR, DIR being the folder that holds {where}/ (docs/data-and-tests.md lists its "
-            f"files), or go online so that datasets can download {hub}"
+            f"pass --data_dir DIR, DIR being the folder that holds {where}/ ({guide('data-and-tests.md')} lists "
+            f"its files), or go online so that datasets can download {hub}"
         ) from None
 
 
@@ -96,7 +97,14 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         spec = DataSpec(
             "hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang
         )
-        raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        try:
+            raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        except ConnectionError as error:  # offline or unreachable (datasets' OfflineModeIsEnabled is one)
+            raise MissingCorpusError(
+                f"the Hub dataset {data_args.hub_dataset} could not be loaded ({' '.join(str(error).split())}): go "
+                "online so that datasets can download it, or train on local files with --train_file, "
+                f"--validation_file and --test_file ({guide('data-and-tests.md')})"
+            ) from None
     else:
         raw = DatasetDict()
     for split, spec in (

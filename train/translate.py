@@ -81,7 +81,7 @@ FASTEST: dict[tuple[int, int], dict[str, str]] = {
     (16, 4): {"float32": "onnx", "int8": "onnx"},
     (1, 1): {"float32": "onnx", "int8": "onnx"},
 }
-FASTEST_SOURCE = "benchmarks/results/translate-real.md"
+FASTEST_SOURCE = "measured by benchmarks.bench_translate --real-text"  # its results: benchmarks/results/
 
 
 def load_for_generation(
@@ -477,13 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; faster: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only, where it is faster than float32)",
     )
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="static cache and compiled decoding steps (pays for many sentences in small batches: "
-        "docs/performance.md)",
+        help="static cache and compiled decoding steps (pays for many sentences in small batches)",
     )
     parser.add_argument(
         "--backend",
