@@ -224,7 +224,8 @@ def _launch(command: str, module: str, extra: str | None) -> None:
             raise
         if raised_by_own_check(error):  # a refusal that names its problem and fix: nothing more to keep
             _fail(f"{command}: error: {error}")
-        one_line = " ".join(str(error).split())  # a library's message may span lines (transformers' offline one)
+        # a library's message may span lines (transformers' offline one)
+        one_line = " ".join(str(error).split())
         _fail(f"{command}: error: {one_line} ({_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)")
     finally:
         _running_command = None
