@@ -54,6 +54,7 @@ from .compat import (
     without_length_clash_warning,
 )
 from .configuration_ode_transformer import ODETransformerConfig
+from .lora import LoraTargetCheck, register_peft_target_modules
 from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step, start_weights
 
 __all__ = [
@@ -1110,7 +1111,7 @@ _UNSUPPORTED_ATTENTION = (
 )
 
 
-class ODETransformerPreTrainedModel(PreTrainedModel):
+class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
     config: ODETransformerConfig
     config_class = ODETransformerConfig
     base_model_prefix = "model"
@@ -1132,6 +1133,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     def __init__(self, config: ODETransformerConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed after the config was built
         super().__init__(config, *inputs, **kwargs)
+        register_peft_target_modules(config.model_type)  # LoraConfig() without target_modules: lora.py
 
     def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
         """Record a new trained length (what HF's example scripts call when `--max_source_length` exceeds
@@ -1690,6 +1692,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODESeq2SeqLMOutput:
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
+        self.check_lora_targets()
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1771,6 +1774,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
+        self.check_lora_targets()
         if labels is not None or shift_labels is not None:
             use_cache = False  # training and scoring see whole sequences (as in the seq2seq model)
         outputs = self.model(
