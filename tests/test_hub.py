@@ -284,7 +284,13 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     ).eval()
     out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
 
-    code = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py", "compat.py", "lora.py")
+    code = (
+        "configuration_ode_transformer.py",
+        "modeling_ode_transformer.py",
+        "ode.py",
+        "compat.py",
+        "lora.py",
+    )
     files = sorted(p.name for p in out.iterdir())
     assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(
         files
