@@ -26,8 +26,6 @@ import traceback
 import urllib.parse
 from pathlib import Path
 
-from ode_transformer.parsers import check_arguments
-
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 KEPT_TRACEBACKS = 10
 """How many ``ode-*.traceback`` files the temporary folder keeps: the newest; older ones are deleted."""
@@ -203,6 +201,8 @@ def _launch(command: str, module: str, extra: str | None) -> None:
     _running_command = command
     try:
         # --help and a refused flag are answered from the kept flags, before torch and transformers load
+        from ode_transformer.parsers import check_arguments
+
         check_arguments(command, sys.argv[1:])
         if command in HUB_COMMANDS:
             go_offline_if_hub_unreachable()
