@@ -11,6 +11,10 @@ the command, which parses them again with its own parser and makes its checks.
 The file holds the flags of one transformers version; with another installed it is not used (the command's own
 parser answers, slowly). tests/test_cli.py checks it is the live parsers': a parser changed without
 ``python -m ode_transformer.parsers`` fails it.
+
+argparse has no public description of its actions and groups: this module reads and rebuilds its private ones
+(the action classes, ``_actions``, ``_action_groups``, ``_group_actions``), as ``modeling_ode.compat`` does for the
+parsers themselves; it cannot import compat, which imports torch. Checked: Python 3.11.7.
 """
 
 from __future__ import annotations
