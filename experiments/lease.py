@@ -342,7 +342,8 @@ def install(tree: Path, venv: Path, wheels: Path) -> Path:
     tools' import name exists only through an install); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-    if carried := sorted(wheels.glob("*.whl")):  # the packages the machine's Python lacks (benchmarks/README.md)
+    # the packages the machine's Python lacks (benchmarks/README.md)
+    if carried := sorted(wheels.glob("*.whl")):
         subprocess.run([*pip, "--no-compile", *map(str, carried)], check=True)
     subprocess.run([*pip, "--no-build-isolation", "-e", str(tree)], check=True)
     return venv / "bin" / "python"

@@ -258,7 +258,7 @@ def _record_digest(staged: Path) -> None:
             path.write_text(json.dumps({**data, WEIGHTS_DIGEST: digest}, indent=2) + "\n", encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
@@ -288,8 +288,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with ode_transformer.hub.onnx_generation.ONNXSeq2SeqGenerator",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         parser.error("--quantize quantises the ONNX graphs: add --onnx")

@@ -38,8 +38,10 @@ transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -434,15 +436,36 @@ def _fix_cache_dims(path: Path, config) -> None:
     onnx.save(graph, str(path))
 
 
+@contextlib.contextmanager
+def _quiet_dynamo_exporter():
+    """Without the dynamo exporter's notes that say nothing about the graph: that torchvision's operators are not
+    registered (no torchvision op is exported), that an axis name is merged with an equal one (`batch` with
+    `batch`), and torch.export's deprecation notes to itself; about 20 lines per graph otherwise."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="# The axis name: ", category=UserWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning
+            )
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> None:
     import torch
 
     names = {"input_names": spec.input_names, "output_names": spec.output_names, "opset_version": opset}
+    spec.module.eval()  # a wrapper starts in train mode (nn.Module's), and torch.onnx warns of exporting in it
     if dynamo:
         dynamic_shapes = _dynamic_shapes(spec)
-        program = torch.onnx.export(
-            spec.module, spec.inputs, dynamo=True, dynamic_shapes=dynamic_shapes, **names
-        )
+        with _quiet_dynamo_exporter():
+            program = torch.onnx.export(
+                spec.module, spec.inputs, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False, **names
+            )
         program.save(str(path), external_data=False)
     else:
         with warnings.catch_warnings():

@@ -117,7 +117,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_attention_heads": 2,
         "encoder_layers": 2,
         "decoder_layers": 2,
-        "max_position_embeddings": 128,
         "max_relative_position": 4,
     },
 }

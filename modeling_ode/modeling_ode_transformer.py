@@ -8,6 +8,7 @@ to `ode_step`. Optional outputs (hidden states, attentions, ODE stages) are reco
 `capture_outputs` hooks, as in BART.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -50,8 +51,10 @@ from .compat import (
     attention_implementation,
     cache_argument,
     is_loaded_weight,
+    without_length_clash_warning,
 )
 from .configuration_ode_transformer import ODETransformerConfig
+from .lora import LoraTargetCheck, register_peft_target_modules
 from .ode import ODEStageRecorder, StageCoefficients, StageGate, ode_step, start_weights
 
 __all__ = [
@@ -1181,7 +1184,7 @@ _UNSUPPORTED_ATTENTION = (
 )
 
 
-class ODETransformerPreTrainedModel(PreTrainedModel):
+class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
     config: ODETransformerConfig
     config_class = ODETransformerConfig
     base_model_prefix = "model"
@@ -1203,6 +1206,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     def __init__(self, config: ODETransformerConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed after the config was built
         super().__init__(config, *inputs, **kwargs)
+        register_peft_target_modules(config.model_type)  # LoraConfig() without target_modules: lora.py
 
     def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
         """Record a new trained length (what HF's example scripts call when `--max_source_length` exceeds
@@ -1716,6 +1720,17 @@ class ODEGenerationMixin(GenerationCacheHook):
             return layout.beam_search(generation_config.num_beams, isinstance(cache, EncoderDecoderCache))
         return layout.like(cache)
 
+    def generate(self, inputs=None, generation_config=None, *args, **kwargs):
+        """transformers' `generate`. A saved folder's `max_length` is its default output length, and a caller's
+        `max_new_tokens` replaces it as transformers does, without transformers' warning that both were set: the
+        caller set one. Where the caller sets both, the warning stays."""
+        asked = [kwargs, vars(generation_config) if generation_config is not None else {}]
+        new_tokens_only = any(a.get("max_new_tokens") is not None for a in asked) and all(
+            a.get("max_length") is None for a in asked
+        )
+        with without_length_clash_warning() if new_tokens_only else contextlib.nullcontext():
+            return super().generate(inputs, generation_config, *args, **kwargs)
+
     @staticmethod
     def create_masks_for_generate(
         attention_mask: torch.Tensor | None = None, **kwargs
@@ -1774,6 +1789,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODESeq2SeqLMOutput:
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
+        self.check_lora_targets()
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1855,6 +1871,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
+        self.check_lora_targets()
         if labels is not None or shift_labels is not None:
             use_cache = False  # training and scoring see whole sequences (as in the seq2seq model)
         outputs = self.model(

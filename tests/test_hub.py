@@ -284,7 +284,13 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
     ).eval()
     out_causal = export_for_hub(causal, tmp_path / "ode-lm-hub")
 
-    code = ("configuration_ode_transformer.py", "modeling_ode_transformer.py", "ode.py", "compat.py")
+    code = (
+        "configuration_ode_transformer.py",
+        "modeling_ode_transformer.py",
+        "ode.py",
+        "compat.py",
+        "lora.py",
+    )
     files = sorted(p.name for p in out.iterdir())
     assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(
         files
@@ -469,6 +475,128 @@ def test_describe_ode_speaks_the_catalogue():
         assert ODE_FUNCTIONS[function] in encoder and LAYER_CONNECTIONS[connections] in encoder
     normalised = ODETransformerConfig.from_preset("tiny", ode_gate_inputs="layer_norm")
     assert GATE_INPUTS["layer_norm"] in model_card.describe_ode(normalised)[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
+    """The export's tokenizer_config.json is the model folder's, key for key: transformers' load put `is_local`,
+    `local_files_only` and tokenizer.json's truncation (`max_length`, `stride`, ...) into it (issue 64). The class
+    it names is the one hub/README.md names, and the reloaded tokenizer truncates on the task's side."""
+    save_tiny_folder(tmp_path / "model", causal=causal)
+    export_for_hub(tmp_path / "model", tmp_path / "export")
+    saved, exported = (
+        json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
+        for folder in ("model", "export")
+    )
+    assert exported == saved
+    assert f"name transformers' `{exported['tokenizer_class']}`" in (REPO / "hub" / "README.md").read_text()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert tokenizer.truncation_side == ("left" if causal else "right")
+
+
+# The card's formula of each kind of block, as a reader would write it by hand (issue 64: the default block's card
+# gave the fixed-weight Eq. (rk2) beside its learned gate).
+CARD_FORMULAS = {
+    "gated RK2 (the default)": ({}, "y + g F1 + (1 - g) F2; F1 = F(y), F2 = F(y + F1)"),
+    "RK2": ({"encoder_ode_coefficients": "tableau"}, "y + (F1 + F2) / 2; F1 = F(y), F2 = F(y + F1)"),
+    "RK4": (
+        {"encoder_ode_method": "rk4"},
+        "y + (F1 + 2 F2 + 2 F3 + F4) / 6; F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+    "gated RK4": (
+        {"encoder_ode_method": "rk4", "encoder_ode_coefficients": "gated"},
+        "y + gamma_1 F1 + gamma_2 F2 + gamma_3 F3 + gamma_4 F4; "
+        "F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+    "midpoint": ({"encoder_ode_method": "midpoint"}, "y + F2; F1 = F(y), F2 = F(y + F1 / 2)"),
+    "Ralston": ({"encoder_ode_method": "ralston"}, "y + (F1 + 3 F2) / 4; F1 = F(y), F2 = F(y + 2 F1 / 3)"),
+    "RK3": (
+        {"encoder_ode_method": "rk3"},
+        "y + (F1 + 4 F2 + F3) / 6; F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y - F1 + 2 F2)",
+    ),
+    "RK4 3/8": (
+        {"encoder_ode_method": "rk4_38"},
+        "y + (F1 + 3 F2 + 3 F3 + F4) / 8; F1 = F(y), F2 = F(y + F1 / 3), F3 = F(y - F1 / 3 + F2), "
+        "F4 = F(y + F1 - F2 + F3)",
+    ),
+    "PolyNet": ({"encoder_ode_method": "polynet"}, "y + F1 + F2; F1 = F(y), F2 = F(F1)"),
+    "weight sharing": ({"encoder_ode_method": "weight_sharing"}, "y + F1 + F2; F1 = F(y), F2 = F(y + F1)"),
+    "ones": ({"encoder_ode_coefficients": "ones"}, "y + F1 + F2; F1 = F(y), F2 = F(y + F1)"),
+    "learnable": (
+        {"encoder_ode_coefficients": "learnable"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "sigmoid gates": (
+        {"encoder_ode_coefficients": "gated_independent"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "tanh gates": (
+        {"encoder_ode_coefficients": "gated_tanh"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "user tableau": (
+        {"encoder_ode_method": {"a": [[], [0.5]], "b": [0.3, 0.7]}},
+        "y + (3 F1 + 7 F2) / 10; F1 = F(y), F2 = F(y + F1 / 2)",
+    ),
+    "step size 1/2": (
+        {"ode_step_size": 0.5},
+        "y + g F1 + (1 - g) F2; F1 = 0.5 F(y), F2 = 0.5 F(y + F1)",
+    ),
+    "PCformer RK2": ({"preset": "pcformer_rk2"}, "y + a (1 - a) F1 + a F2; F1 = F(y), F2 = F(y + F1)"),
+    "PCformer RK4": (
+        {"preset": "pcformer_rk4", "ode_ema_alpha": "dimension"},
+        "y + a (1 - a)^3 F1 + a (1 - a)^2 F2 + a (1 - a) F3 + a F4; "
+        "F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+}
+
+
+def _evaluate_card_formula(formula: str, values: dict[str, object]) -> object:
+    """The card's "UPDATE; F1 = ..., F2 = ..." evaluated in Python: juxtaposition is a product, ^ a power."""
+
+    def python(text: str) -> str:
+        return re.sub(r"(?<=[\w)])\s+(?=[\w(])", "*", text.replace("^", "**"))
+
+    update, _, stages = formula.partition("; ")
+    for stage in re.split(r", (?=F\d+ = )", stages):
+        name, _, value = stage.partition(" = ")
+        values[name] = eval(python(value), {}, values)
+    return eval(python(update), {}, values)
+
+
+@pytest.mark.parametrize("kind", CARD_FORMULAS)
+def test_card_formula_is_the_block_the_config_builds(kind):
+    """The card states each kind of block's formula (gated RK2, RK2, RK4, other tableaus, PCformer's predictor):
+    the hand-written one, and evaluated with the config's built coefficients and a nonlinear F it gives what the
+    model's `ode_step` computes."""
+    from modeling_ode import ODETransformerEncoder, ode_step
+    from modeling_ode.configuration_ode_transformer import PRESETS
+
+    fields, expected = CARD_FORMULAS[kind]
+    fields = dict(fields)
+    config = ODETransformerConfig.from_preset(fields.pop("preset", "tiny"), **{**PRESETS["tiny"], **fields})
+    encoder_line = model_card.describe_ode(config)[0]
+    formula = re.search(r"y_\{t\+1\} = (.*?)(?:, combining|; blocks)", encoder_line).group(1)
+    assert formula == expected, encoder_line
+
+    torch.manual_seed(0)
+    coefficients = ODETransformerEncoder(config).ode_coefficients[0]
+    for parameter in coefficients.parameters():  # away from every start, so that no weight is trivially 1/2
+        torch.nn.init.uniform_(parameter, 0.1, 0.9)
+    recorded = []
+    coefficients.recorder.register_forward_hook(lambda module, args, out: recorded.append(out[1]))
+
+    def function(x):
+        return torch.tanh(x) + 0.3 * x**2
+
+    y = torch.randn(1, 3, config.d_model)
+    out = ode_step(y, lambda x, _: function(x), config.tableau("encoder"), coefficients, config.ode_step_size)
+    gamma = recorded[0]
+    values = {"F": function, "y": y, "g": gamma[0], "a": getattr(coefficients, "alpha", None)}
+    values.update({f"gamma_{i + 1}": weight for i, weight in enumerate(gamma)})
+    torch.testing.assert_close(_evaluate_card_formula(formula, values), out)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -488,3 +488,19 @@ def test_a_causal_lm_and_a_folder_without_graphs_are_refused_by_name(tmp_path):
         export_onnx(ODETransformerForCausalLM(tiny(is_encoder_decoder=False)), tmp_path)
     with pytest.raises(FileNotFoundError, match="ode-export MODEL OUT --onnx"):
         ONNXSeq2SeqGenerator(tmp_path)
+
+
+def test_export_is_of_eval_mode_graphs_and_says_nothing(tmp_path, capfd):
+    """The graph wrappers are exported in eval mode: torch.onnx warned "exporting a model while it is in training
+    mode" for each, and the dynamo exporter's progress and notes came to about 20 lines per graph (issue 64)."""
+    from ode_transformer.hub.onnx_export import ENCODER, export_onnx
+
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny()).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(model, tmp_path, graphs=[ENCODER])
+    assert [str(w.message) for w in caught if "training mode" in str(w.message)] == []
+    out, err = capfd.readouterr()
+    assert "[torch.onnx]" not in out + err and "torchvision" not in err and "The axis name" not in err
+    assert (tmp_path / ENCODER).is_file() and not model.training

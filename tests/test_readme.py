@@ -433,3 +433,18 @@ def test_readme_formulas_are_what_each_config_line_builds():
     quickstart = re.search(r"## Quickstart\n\n```python\n(.*?)```", text, re.DOTALL).group(1)
     for method in re.findall(r'encoder_ode_method="(\w+)"', quickstart):
         assert (("encoder_ode_method", method),) in built, method
+
+
+def test_the_suites_counts_are_quoted_in_one_place():
+    """The suite's pass counts live in docs/data-and-tests.md (the last full run, with its commit); another page
+    quoting its own went stale (issue 64: docs/install.md quoted a count from many commits ago)."""
+    home = REPO / "docs" / "data-and-tests.md"
+    pages = [README, REPO / "hub" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    quoting = [
+        f"{page.relative_to(REPO)}: {match.group(0)}"
+        for page in pages
+        if page != home
+        for match in re.finditer(r"\d[\d,]* passed", page.read_text())
+    ]
+    assert quoting == [], "link docs/data-and-tests.md#tests instead"
+    assert re.search(r"\d[\d,]* passed", home.read_text())

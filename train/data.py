@@ -66,7 +66,17 @@ logger = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "ODE_DATA_DIR"
 """Environment variable overriding the shared data root."""
-_DEFAULT_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def clone_data_root(package_folder: Path) -> Path | None:
+    """The shared corpora beside a clone (``../shared/data``) whose ``train/`` is `package_folder`; None for an
+    installed package, whose folder is no clone (its neighbour would be ``site-packages/shared/data``): there only
+    ``--data_dir`` or ``$ODE_DATA_DIR`` name the folder."""
+    clone = package_folder.resolve().parent
+    return clone.parent / "shared" / "data" if (clone / "pyproject.toml").is_file() else None
+
+
+_DEFAULT_ROOT = clone_data_root(Path(__file__).parent)
 _SHOWN_LINES = 5  # line numbers quoted in warnings
 
 AnyDataset = Dataset | DatasetDict | IterableDataset | IterableDatasetDict
@@ -457,11 +467,13 @@ def load_hub_dataset(
 # Shared corpora
 
 
-def data_root(root: PathLike | None = None) -> Path:
-    """Shared data folder: ``root`` if given, else ``$ODE_DATA_DIR``, else ``../shared/data``."""
+def data_root(root: PathLike | None = None) -> Path | None:
+    """Shared data folder: ``root`` if given, else ``$ODE_DATA_DIR``, else a clone's ``../shared/data``; None in an
+    installed package without either."""
     if root is not None:
         return Path(root)
-    return Path(os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT)
+    folder = os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT
+    return Path(folder) if folder else None
 
 
 class MissingCorpusError(FileNotFoundError):
@@ -484,7 +496,13 @@ SHARED_FOLDERS = {
 
 def shared_folder(name: str, root: PathLike | None = None) -> Path:
     """The folder of shared corpus ``name``; a :class:`MissingCorpusError` naming the fix when it is absent."""
-    folder = data_root(root) / SHARED_FOLDERS[name]
+    base = data_root(root)
+    if base is None:
+        raise MissingCorpusError(
+            f"shared corpus {name!r}: no data folder given; pass --data_dir DIR (root=DIR in Python) or set "
+            f"{DATA_DIR_ENV}=DIR, DIR being the folder that holds {SHARED_FOLDERS[name]}/"
+        )
+    folder = base / SHARED_FOLDERS[name]
     if not folder.is_dir():
         raise MissingCorpusError(
             f"shared corpus {name!r} not found: no folder {folder}; pass --data_dir DIR (root=DIR in Python) "

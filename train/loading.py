@@ -305,6 +305,19 @@ def _holds_models(folder: Path) -> bool:
     )
 
 
+def _check_hub_id_reachable(repo_id: str) -> None:
+    """Offline (``HF_HUB_OFFLINE``, which ``ode-train`` and ``ode-translate`` set where the Hub is unreachable), a
+    Hub id loads only from the local cache: without a cached copy, one line naming both ways forward (transformers'
+    own message spans lines and names neither)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        raise FileNotFoundError(
+            f"{repo_id} is no local folder, and the Hub is offline with no cached copy of it: give the folder "
+            "ode_transformer.train.run wrote (its --output_dir), or go online to download it"
+        )
+
+
 def check_model_folder(model_name_or_path: str) -> None:
     """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
@@ -321,6 +334,7 @@ def check_model_folder(model_name_or_path: str) -> None:
                 f"no model folder {model_name_or_path}: give the folder ode_transformer.train.run wrote (its --output_dir) or "
                 "a Hub id (USER/NAME)"
             )
+        _check_hub_id_reachable(model_name_or_path)
         return  # a Hub id
     if not folder.is_dir():
         raise NotADirectoryError(

@@ -14,6 +14,7 @@ from datasets import Dataset, DatasetDict, IterableDataset, concatenate_datasets
 from transformers import PreTrainedTokenizerFast
 
 from modeling_ode import fit_tokenizer_to_model
+from ode_transformer.cli import guide
 
 from . import metrics
 from .arguments import DataArguments, Settings
@@ -29,7 +30,7 @@ from .data import (
     load_task_data,
 )
 from .files import read_lines
-from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
+from .tokenizer import check_task_tokenizer, load_or_train_tokenizer, resave_trained_tokenizer, truncated_rows
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,8 @@ def _hub_copy(
         where = SHARED_FOLDERS.get(name, name)
         raise MissingCorpusError(
             f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded ({reason}); "
-            f"pass --data_dir DIR, DIR being the folder that holds {where}/ (docs/data-and-tests.md lists its "
-            f"files), or go online so that datasets can download {hub}"
+            f"pass --data_dir DIR, DIR being the folder that holds {where}/ ({guide('data-and-tests.md')} lists "
+            f"its files), or go online so that datasets can download {hub}"
         ) from None
 
 
@@ -99,7 +100,14 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         spec = DataSpec(
             "hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang
         )
-        raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        try:
+            raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        except ConnectionError as error:  # offline or unreachable (datasets' OfflineModeIsEnabled is one)
+            raise MissingCorpusError(
+                f"the Hub dataset {data_args.hub_dataset} could not be loaded ({' '.join(str(error).split())}): go "
+                "online so that datasets can download it, or train on local files with --train_file, "
+                f"--validation_file and --test_file ({guide('data-and-tests.md')})"
+            ) from None
     else:
         raw = DatasetDict()
     for split, spec in (
@@ -256,10 +264,15 @@ TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncate
 
 
 def tokenize_splits(
-    splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
+    splits: dict,
+    tokenizer: PreTrainedTokenizerFast,
+    task: str,
+    data_args: DataArguments,
+    main_process: bool = True,
 ) -> dict:
     """Tokenise every split, keeping only the model's columns and ``length``; a warning counts the lines cut to
-    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily)."""
+    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily). Every
+    process of a distributed run tokenises the same splits; only the ``main_process`` warns."""
     out = {}
     for name, dataset in splits.items():
         report = isinstance(dataset, Dataset)
@@ -267,15 +280,16 @@ def tokenize_splits(
         columns = dataset.column_names or list(next(iter(dataset)).keys())
         out[name] = dataset.map(function, batched=True, remove_columns=columns)
         if report:
-            out[name] = _report_truncation(name, out[name], data_args)
+            out[name] = _report_truncation(name, out[name], data_args, main_process)
     return out
 
 
-def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -> Dataset:
-    """Warn how many lines of ``split`` were cut (never a silent loss), then drop the marker columns."""
+def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments, warn: bool) -> Dataset:
+    """Warn (where `warn`) how many lines of ``split`` were cut (never a silent loss), then drop the marker
+    columns."""
     present = [column for column in TRUNCATED_COLUMNS if column in dataset.column_names]
     for column in present:
-        count = sum(dataset[column])
+        count = sum(dataset[column]) if warn else 0
         if count:
             flag = TRUNCATED_COLUMNS[column]
             limit = getattr(data_args, flag.removeprefix("--"))
@@ -339,10 +353,25 @@ def trained_length(task: str, data_args: DataArguments) -> int:
     return data_args.max_target_length if task == "lm" else data_args.max_source_length
 
 
-def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
+def fit_tokenizer_to_run(
+    tokenizer: PreTrainedTokenizerFast,
+    config,
+    task: str,
+    data_args: DataArguments,
+    trained_in: str | Path | None = None,
+):
     """The tokenizer saved with the model carries one length, the one the run trained on, as ``model_max_length``
-    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`)."""
-    return fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`). So does the folder it was
+    trained in (``trained_in``, the run's ``OUTPUT_DIR/tokenizer``), which kept transformers' no-limit 1e30."""
+    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    if trained_in is not None:
+        resave_trained_tokenizer(tokenizer, trained_in)
+    return tokenizer
+
+
+def own_tokenizer_folder(training_args) -> Path:
+    """Where a run trains its tokenizer, and reuses it when run again: ``OUTPUT_DIR/tokenizer``."""
+    return Path(training_args.output_dir) / "tokenizer"
 
 
 def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
@@ -351,7 +380,7 @@ def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrained
     named = model_args.tokenizer_name
     if named and Path(named).is_file():
         raise ValueError(f"--tokenizer_name {named} is a file: give the folder that holds tokenizer.json")
-    folder = named or str(Path(training_args.output_dir) / "tokenizer")
+    folder = named or own_tokenizer_folder(training_args)
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None
         tokenizer = load_or_train_tokenizer(

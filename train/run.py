@@ -45,8 +45,6 @@ from ode_transformer.cli import report_interrupt, report_user_error
 
 from . import metrics
 from .arguments import (
-    RecipeError,
-    RecipeNotFoundError,
     RunArguments,
     Settings,
     parse_arguments,
@@ -81,10 +79,12 @@ from .preparation import (
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
+    own_tokenizer_folder,
     prepare_tokenizer,
     splits_to_use,
     tokenize_splits,
 )
+from .recipe_files import RecipeError, RecipeNotFoundError
 from .tokenizer import drop_foreign_tokenizer_code
 from .trainer import PadCollator, TokenBudgetSeq2SeqTrainer, TokenBudgetTrainer
 
@@ -218,10 +218,19 @@ def _run(settings: Settings) -> dict:
     if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
         resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):
-        splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
+        splits = tokenize_splits(
+            raw_splits, tokenizer, run_args.task, data_args, main_process=training_args.process_index == 0
+        )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
-    fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
+    trained_here = own_tokenizer is None and not model_args.tokenizer_name and training_args.should_save
+    fit_tokenizer_to_run(  # saved with the model, and where it was trained
+        tokenizer,
+        model.config,
+        run_args.task,
+        data_args,
+        own_tokenizer_folder(training_args) if trained_here else None,
+    )
     if resume:  # the tokenizer first: an edited one changes the config too, and that message names neither
         folder = model_args.tokenizer_name or (
             model_args.model_name_or_path

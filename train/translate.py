@@ -88,7 +88,7 @@ FASTEST: dict[tuple[int, int], dict[str, str]] = {
     (16, 4): {"float32": "onnx", "int8": "onnx"},
     (1, 1): {"float32": "onnx", "int8": "onnx"},
 }
-FASTEST_SOURCE = "benchmarks/results/translate-real.md"
+FASTEST_SOURCE = "measured by benchmarks.bench_translate --real-text"  # its results: benchmarks/results/
 
 
 def load_for_generation(
@@ -491,7 +491,7 @@ def device_problem(device: str) -> str | None:
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
@@ -529,13 +529,12 @@ def _parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; faster: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only, where it is faster than float32)",
     )
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="static cache and compiled decoding steps (pays for many sentences in small batches: "
-        "docs/performance.md)",
+        help="static cache and compiled decoding steps (pays for many sentences in small batches)",
     )
     parser.add_argument(
         "--backend",
@@ -549,7 +548,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     # found before decoding, not after it
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
