@@ -27,8 +27,9 @@ the cross-attention one per layer (the encoder's keys and values, the same for e
 
 and `present.*` the same names after the step: a loop that feeds each `present.X` back as `past_key_values.X`, and
 takes the self-attention cache as the names with `.decoder` in them, decodes an RK decoder as it does Optimum's.
-In each graph the self-attention tensors come first (layer by layer, stage by stage, key then value), then the
-cross-attention ones (`cache_names`).
+In each graph the cache is in Optimum's order (`cache_pairs`), which Optimum's seq2seq model relies on, feeding the
+cache by position: per layer, the self-attention pair (stage 0) then the cross-attention pair, key then value; the
+later stages of an RK decoder after every layer's pairs (layer by layer, stage by stage).
 
 With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
 `decoder_model_quantized.onnx`, `decoder_with_past_model_quantized.onnx` (`QUANTIZED_GRAPHS`). No merged decoder
@@ -62,8 +63,11 @@ __all__ = [
     "ONNX_QUANTIZE_CHOICES",
     "RUNTIME_PACKAGES",
     "cache_names",
+    "cache_pairs",
     "check_exportable",
     "export_onnx",
+    "pair_name",
+    "parse_cache_name",
     "quantize_graph_int8",
     "quantized_name",
     "require",
@@ -109,18 +113,46 @@ def self_attention_name(layer: int, stage: int) -> str:
     return f"{layer}.decoder" if stage == 0 else f"{layer}.decoder_stage{stage}"
 
 
+CachePair = tuple[int, "int | None"]
+"""One (key, value) pair of the cache: (layer, stage) of a self-attention slot, or (layer, None) for the layer's
+cross-attention."""
+
+
+def cache_pairs(num_layers: int, stages: int, cross_attention: bool = True) -> list[CachePair]:
+    """The cache's (key, value) pairs in graph order, as Optimum's seq2seq model orders them: layer by layer, the
+    self-attention pair (stage 0) then (with `cross_attention`) the cross-attention pair; then the later stages of an
+    RK decoder, layer by layer and stage by stage. Optimum feeds the cache by position, pairing the n-th
+    self-attention output with the n-th cross-attention one (`layer_past[:2] + cross[2n:2n+2]`), and reorders the
+    first two tensors of each such tuple for beam search: with the extra stages after every layer's pairs, its
+    tuples are (self, cross) per layer and then one (stage) pair each, which it feeds back in this order and
+    reorders whole."""
+    pairs: list[CachePair] = []
+    for layer in range(num_layers):
+        pairs += [(layer, 0), (layer, None)] if cross_attention else [(layer, 0)]
+    return pairs + [(layer, stage) for layer in range(num_layers) for stage in range(1, stages)]
+
+
+def pair_name(pair: CachePair) -> str:
+    """The middle of a cache tensor's name: `{layer}.encoder` (cross-attention) or :func:`self_attention_name`."""
+    layer, stage = pair
+    return f"{layer}.encoder" if stage is None else self_attention_name(layer, stage)
+
+
 def cache_names(num_layers: int, stages: int, prefix: str, cross_attention: bool = True) -> list[str]:
-    """The flat cache's tensor names in graph order: the self-attention slots (layer, stage) in the order of
-    `StageCacheLayout.slot`, key then value, then (with `cross_attention`) each layer's cross-attention pair."""
-    names = [
-        f"{prefix}.{self_attention_name(layer, stage)}.{kv}"
-        for layer in range(num_layers)
-        for stage in range(stages)
+    """The flat cache's tensor names in graph order (:func:`cache_pairs`), key then value."""
+    return [
+        f"{prefix}.{pair_name(pair)}.{kv}"
+        for pair in cache_pairs(num_layers, stages, cross_attention)
         for kv in ("key", "value")
     ]
-    if cross_attention:
-        names += [f"{prefix}.{layer}.encoder.{kv}" for layer in range(num_layers) for kv in ("key", "value")]
-    return names
+
+
+def parse_cache_name(name: str) -> tuple[CachePair, str]:
+    """(pair, "key" or "value") of a cache tensor's name: `present.1.decoder_stage2.value` -> ((1, 2), "value")."""
+    _, layer, attention, kind = name.split(".")
+    if attention == "encoder":
+        return (int(layer), None), kind
+    return (int(layer), int(attention.removeprefix("decoder").removeprefix("_stage") or 0)), kind
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -169,20 +201,28 @@ def _graph_modules():
                 use_cache=True,
             )
             cache = getattr(out, CACHE_FIELD)
-            present = [
-                tensor for layer in cache.self_attention_cache.layers for tensor in (layer.keys, layer.values)
-            ]
-            if not self.with_past:
-                layers = cache.cross_attention_cache.layers[: self.layout.num_layers]
-                present += [tensor for layer in layers for tensor in (layer.keys, layer.values)]
+            layers = self.layout.num_layers, self.layout.stages
+            pairs = cache_pairs(*layers, cross_attention=not self.with_past)
+            present = [tensor for pair in pairs for tensor in self._tensors(cache, pair)]
             return (self.lm_head(out.last_hidden_state), *present)
 
+        def _tensors(self, cache: EncoderDecoderCache, pair: CachePair) -> tuple[torch.Tensor, torch.Tensor]:
+            """The keys and values of a `CachePair`: a self-attention slot, or a layer's cross-attention."""
+            layer, stage = pair
+            if stage is None:
+                found = cache.cross_attention_cache.layers[layer]
+            else:
+                found = cache.self_attention_cache.layers[self.layout.slot(layer, stage)]
+            return found.keys, found.values
+
         def _cache(self, tensors: Sequence[torch.Tensor]) -> EncoderDecoderCache:
-            """The flat cache (`cache_names` order) as the decoder's cache: a slot per (layer, stage), then a
-            cross-attention layer per layer."""
-            pairs = [tuple(tensors[i : i + 2]) for i in range(0, len(tensors), 2)]
-            slots = self.layout.num_slots
-            return EncoderDecoderCache(DynamicCache(pairs[:slots]), DynamicCache(pairs[slots:]))
+            """The flat cache (`cache_pairs` order) as the decoder's cache: a slot per (layer, stage), in
+            `StageCacheLayout.slot` order, then a cross-attention layer per layer."""
+            layout = self.layout
+            pairs = dict(zip(cache_pairs(layout.num_layers, layout.stages), zip(tensors[::2], tensors[1::2])))
+            slots = sorted((p for p in pairs if p[1] is not None), key=lambda p: layout.slot(*p))
+            cross = [pairs[(layer, None)] for layer in range(layout.num_layers)]
+            return EncoderDecoderCache(DynamicCache([pairs[p] for p in slots]), DynamicCache(cross))
 
     return EncoderGraph, DecoderGraph
 

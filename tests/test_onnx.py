@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from optimum_seq2seq import OptimumStyleSeq2SeqLM
 from tiny_folder import save_tiny_folder
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
@@ -223,9 +224,10 @@ def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
-    """Two decoder layers of two stages, under Optimum's names: past_key_values.{layer}.decoder.{key,value} (stage
-    0) and past_key_values.{layer}.decoder_stage1.{key,value}, then the cross-attention's
-    past_key_values.{layer}.encoder.{key,value}; every batch and length axis named, not fixed."""
+    """Two decoder layers of two stages, under Optimum's names and in its order (issue 64): per layer, stage 0's
+    past_key_values.{layer}.decoder.{key,value} then the cross-attention's past_key_values.{layer}.encoder.{key,value};
+    then the later stages' past_key_values.{layer}.decoder_stage1.{key,value}; every batch and length axis named, not
+    fixed."""
     folder = exported(exporter)
     sessions = {
         graph: ort.InferenceSession(
@@ -235,18 +237,19 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     }
     inputs = {graph: [i.name for i in session.get_inputs()] for graph, session in sessions.items()}
     outputs = {graph: [o.name for o in session.get_outputs()] for graph, session in sessions.items()}
-    self_names = [
+    per_layer = [
         f"{layer}.{attention}.{kv}"
         for layer in (0, 1)
-        for attention in ("decoder", "decoder_stage1")
+        for attention in ("decoder", "encoder")
         for kv in ("key", "value")
     ]
-    cross_names = [f"{layer}.encoder.{kv}" for layer in (0, 1) for kv in ("key", "value")]
+    stages = [f"{layer}.decoder_stage1.{kv}" for layer in (0, 1) for kv in ("key", "value")]
+    self_names = [name for name in per_layer if ".decoder." in name] + stages
     assert inputs[ENCODER] == ["input_ids", "attention_mask"] and outputs[ENCODER] == ["last_hidden_state"]
     assert inputs[DECODER] == ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
-    assert outputs[DECODER] == ["logits"] + [f"present.{n}" for n in self_names + cross_names]
+    assert outputs[DECODER] == ["logits"] + [f"present.{n}" for n in per_layer + stages]
     assert inputs[DECODER_WITH_PAST] == ["input_ids", "encoder_attention_mask"] + [
-        f"past_key_values.{n}" for n in self_names + cross_names
+        f"past_key_values.{n}" for n in per_layer + stages
     ]
     assert outputs[DECODER_WITH_PAST] == ["logits"] + [f"present.{n}" for n in self_names]
     for tensor in sessions[ENCODER].get_inputs():
@@ -265,7 +268,9 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     ):  # the presents too (TorchScript left symbols)
         for tensor in session.get_outputs()[1:]:
             assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
-    assert past[2].shape[2] != past[-1].shape[2]  # the target's past and the source: distinct axes
+    lengths = {tensor.name: tensor.shape[2] for tensor in past[2:]}
+    # the target's past and the source: distinct axes
+    assert lengths["past_key_values.0.decoder.key"] != lengths["past_key_values.0.encoder.key"]
     # an Optimum-style loop: each present.X fed back as past_key_values.X, the rest by name
     present_names = {
         o.name.replace("present.", "past_key_values.", 1) for o in sessions[DECODER].get_outputs()[1:]
@@ -302,6 +307,38 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
     # not degenerate: the trained model writes varied tokens, and sequences that end at different lengths
     assert len({tuple(row) for row in expected.tolist()}) == len(expected)
     assert len({int((row != PAD).sum()) for row in expected}) > 1
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"num_beams": 1, "max_new_tokens": 10},
+        {"num_beams": 4, "max_new_tokens": 10},
+        {"num_beams": 4, "num_return_sequences": 2, "length_penalty": 1.3, "max_new_tokens": 10},
+    ],
+    ids=["greedy", "beam4", "beam4-two-returned"],
+)
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_optimums_own_feeding_decodes_the_graphs_as_generate_does(exported, trained, exporter, settings):
+    """Issue 64: the graphs driven by Optimum's `ORTModelForSeq2SeqLM` input feeding (tests/optimum_seq2seq.py,
+    vendored: the cache fed by position, regrouped per layer as `self[i:i+2] + cross[i:i+2]`, and reordered for beam
+    search as `layer_past[:2]`) give the tokens of `generate`, for an RK2 decoder whose stage-1 cache rides after
+    every layer's pairs."""
+    folder = exported(exporter)
+    sessions = {
+        graph.removesuffix("_model.onnx"): ort.InferenceSession(
+            str(folder / graph), session_options(), providers=["CPUExecutionProvider"]
+        )
+        for graph in GRAPHS
+    }
+    heads = trained.config.decoder_attention_heads
+    model = OptimumStyleSeq2SeqLM(sessions, trained.generation_config, heads, trained.config.d_model // heads)
+    assert trained.get_decoder().cache_layout.stages == 2
+    ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings)
+        np.testing.assert_array_equal(model.generate(ids, attention_mask=mask, **settings), expected)
 
 
 @pytest.mark.xdist_group("onnx_trained")
