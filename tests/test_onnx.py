@@ -10,6 +10,7 @@ implementations (`@pytest.mark.slow`) export a random tiny model each."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -29,8 +30,10 @@ from ode_transformer.hub.onnx_export import (
     QUANTIZED_GRAPHS,
     cache_names,
     export_onnx,
+    quantized_name,
 )
 from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+from ode_transformer.hub.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
 from tests.decoding import tiny
 from tests.test_compile import BLOCKS
 
@@ -279,6 +282,28 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
 
 
 @pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_the_graphs_are_fused_and_share_each_weight_once(exported, trained, exporter, tmp_path):
+    """Issue 66: every graph is rewritten by onnxruntime's transformer optimizer (each residual add with the
+    LayerNorm after it, `SkipLayerNormalization`), without copying a weight (the RK2 blocks' stages read one F's);
+    the tests above check these fused graphs against PyTorch (logits, cache, greedy and beam tokens)."""
+    import onnx
+
+    folder = exported(exporter)
+    plain = tmp_path / "plain"
+    if exporter == "torchscript":  # an unfused export to compare with (the dynamo one takes minutes)
+        export_onnx(trained, plain, dynamo=False, fuse=False, search=False)
+    for graph in GRAPHS:
+        fused = onnx.load(str(folder / graph)).graph
+        assert "SkipLayerNormalization" in {node.op_type for node in fused.node}, graph
+        if exporter == "torchscript":
+            before = onnx.load(str(plain / graph)).graph
+            weight_bytes = [sum(len(t.raw_data) for t in g.initializer) for g in (fused, before)]
+            assert weight_bytes[0] <= weight_bytes[1], (graph, weight_bytes)
+            assert len(fused.node) < len(before.node)
+
+
+@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize(
     "settings",
     [
@@ -381,6 +406,109 @@ def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exp
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The search in the graph (hub/onnx_search.py: onnxruntime's BeamSearch op)
+# ----------------------------------------------------------------------------------------------------------
+
+SEARCH_CASES = {
+    "greedy": {"num_beams": 1, "max_new_tokens": 10},
+    "greedy-max_length5": {"num_beams": 1, "max_length": 5},
+    # eos held back: the model writes its pad token inside sentences, which the op's padding must not cut
+    "greedy-min8-ngram2": {
+        "num_beams": 1,
+        "max_new_tokens": 10,
+        "min_new_tokens": 8,
+        "no_repeat_ngram_size": 2,
+    },
+    "beam4-lp0.6": {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True, "max_new_tokens": 10},
+    "beam4-lp2-max12": {"num_beams": 4, "length_penalty": 2.0, "early_stopping": True, "max_new_tokens": 12},
+    "greedy-eos5": {"num_beams": 1, "eos_token_id": 5, "max_new_tokens": 10},
+    "beam4-two-returned-ngram-repetition": {
+        "num_beams": 4,
+        "early_stopping": True,
+        "num_return_sequences": 2,
+        "no_repeat_ngram_size": 2,
+        "repetition_penalty": 1.3,
+        "max_new_tokens": 10,
+    },
+    "beam3-min_length8": {"num_beams": 3, "early_stopping": True, "min_length": 8, "max_new_tokens": 12},
+}
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("case", sorted(SEARCH_CASES))
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_the_search_graph_gives_the_tokens_of_generate(exported, trained, exporter, case):
+    """Issue 66: one `session.run` of the BeamSearch graph per batch gives `generate`'s tokens (an RK2 decoder: its
+    stage-1 cache through the op as slots of their own), with no help from transformers' search."""
+    settings = SEARCH_CASES[case]
+    ids, mask, _ = reverse_task(32, torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
+    generator = ONNXSearchGenerator(
+        exported(exporter), trained.generation_config, session_options=session_options()
+    )
+    np.testing.assert_array_equal(generator.generate(ids.numpy(), mask.numpy(), **settings), expected)
+    assert generator.redone <= len(ids) // 8  # the op's tokens, but for sentences cut at max_length
+    assert len({tuple(row) for row in expected.tolist()}) > len(expected) // 2
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("length_penalty", [1.3, -0.5])
+def test_a_hypothesis_cut_at_max_length_is_ranked_as_generate_ranks_it(exported, trained, length_penalty):
+    """The op counts the start token in the length of a hypothesis cut at max_length (transformers does not): those
+    sentences (with a negative length penalty, every one) are decoded by transformers' search over the graphs, and
+    the tokens are `generate`'s."""
+    settings = {"num_beams": 4, "length_penalty": length_penalty, "early_stopping": True, "max_new_tokens": 6}
+    ids, mask, _ = reverse_task(32, torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
+    generator = ONNXSearchGenerator(
+        exported("torchscript"), trained.generation_config, session_options=session_options()
+    )
+    np.testing.assert_array_equal(generator.generate(ids.numpy(), mask.numpy(), **settings), expected)
+    assert 0 < generator.redone <= len(ids)
+    assert (generator.redone == len(ids)) == (length_penalty < 0)
+
+
+@pytest.mark.xdist_group("onnx_trained")
+def test_the_search_graph_refuses_by_name_what_it_cannot_follow(exported, trained):
+    generator = ONNXSearchGenerator(
+        exported("torchscript"), trained.generation_config, session_options=session_options()
+    )
+    ids = np.array([[5, 6, 7, EOS]])
+    refused = {
+        "early_stopping=False with beam search": {"num_beams": 4, "early_stopping": False},
+        "repetition_penalty with greedy search": {"num_beams": 1, "repetition_penalty": 1.2},
+        "do_sample": {"do_sample": True},
+        "early_stopping='never'": {"num_beams": 2, "early_stopping": "never"},
+        "bad_words_ids": {"bad_words_ids": [[5]]},
+    }
+    for name, settings in refused.items():
+        with pytest.raises(ValueError, match=f"cannot follow {re.escape(name)} as generate"):
+            generator.generate(ids, **settings)
+
+
+def test_the_int8_search_graph_decodes_as_the_int8_graphs_do(tmp_path):
+    """`--quantize int8` writes the search graph over the int8 graphs: its tokens are those of the int8 graphs under
+    transformers' search (an RK4 decoder: three stage slots per layer through the op)."""
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny(decoder_ode_method="rk4")).eval()
+    export_onnx(model, tmp_path, dynamo=False, quantize="int8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*QUANTIZED_GRAPHS, quantized_name(SEARCH_GRAPH)]
+    )
+    ids, mask, _ = check_inputs(model.config.vocab_size)
+    exact = ONNXSeq2SeqGenerator(tmp_path, model.generation_config, session_options=session_options())
+    search = ONNXSearchGenerator(tmp_path, model.generation_config, session_options=session_options())
+    for settings in (
+        {"num_beams": 1, "max_new_tokens": 8},
+        {"num_beams": 4, "early_stopping": True, "max_new_tokens": 8},
+    ):
+        expected = exact.generate(ids.numpy(), mask.numpy(), **settings)
+        np.testing.assert_array_equal(search.generate(ids.numpy(), mask.numpy(), **settings), expected)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Every block type and attention implementation (slow: a dozen exports per exporter)
 # ----------------------------------------------------------------------------------------------------------
 
@@ -422,13 +550,15 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     model, tokenizer = save_tiny_folder(tmp_path / "model", weight_scale=3)
     out = tmp_path / "export"
     assert main([str(tmp_path / "model"), str(out), "--onnx", "--onnx-exporter", "torchscript"]) == 0
-    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(GRAPHS)
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted([*GRAPHS, SEARCH_GRAPH])
     assert json.loads((out / "generation_config.json").read_text())["num_beams"] == 2
     batch = tokenizer(["the dog runs", "a cat sleeps on the warm mat"], return_tensors="pt", padding=True)
     with torch.no_grad():
         expected = model.generate(**batch).numpy()
     generator = ONNXSeq2SeqGenerator(out, session_options=session_options())
     np.testing.assert_array_equal(generator.generate(batch["input_ids"], batch["attention_mask"]), expected)
+    search = ONNXSearchGenerator(out, session_options=session_options())  # the search graph beside them
+    np.testing.assert_array_equal(search.generate(batch["input_ids"], batch["attention_mask"]), expected)
 
 
 def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, capsys):
@@ -461,7 +591,9 @@ def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, ca
             node.op_type for node in onnx.load(str(out / "onnx" / graph)).graph.node
         }, graph
     # Optimum's quantizer's names (model_quantized.onnx), and no float32 or temporary file left
-    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(QUANTIZED_GRAPHS)
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(
+        [*QUANTIZED_GRAPHS, quantized_name(SEARCH_GRAPH)]
+    )
     assert QUANTIZED_GRAPHS == (
         "encoder_model_quantized.onnx",
         "decoder_model_quantized.onnx",
