@@ -48,6 +48,7 @@ __all__ = [
     "SEARCH_GRAPH",
     "SEARCH_OPTIONS",
     "ONNXSearchGenerator",
+    "ORTSearchModel",
     "build_search_graph",
     "search_graph_file",
     "search_graph_path",
@@ -430,8 +431,8 @@ class ONNXSearchGenerator:
       `unsupported_settings` names.
 
     Args:
-        folder: the folder of the search graph, or the folder of `ode-export --onnx` (the graph in its `onnx/`):
-            the float32 graph where there is one, else the int8 one.
+        folder: the search graph's file, its folder, or the folder of `ode-export --onnx` (the graph in its
+            `onnx/`): the float32 graph where there is one, else the int8 one.
         generation_config: the decoding defaults and token ids, as `ONNXSeq2SeqGenerator` takes them.
         session_options: an `onnxruntime.SessionOptions` (e.g. `intra_op_num_threads`).
     """
@@ -576,8 +577,11 @@ def copy_config(config, updates: dict):
 
 
 def search_graph_path(folder: str | Path) -> Path:
-    """The search graph in `folder` or its `onnx/`: float32 where there is one, else int8."""
+    """The search graph `folder` names, or the one in `folder` or its `onnx/`: float32 where there is one, else
+    int8."""
     folder = Path(folder)
+    if folder.is_file():
+        return folder
     for place in (folder / "onnx", folder):
         for name in (SEARCH_GRAPH, quantized_name(SEARCH_GRAPH)):
             if (place / name).is_file():
@@ -605,3 +609,34 @@ def write_search_graph(model, folder: Path, quantize: str | None = None) -> Path
         early_stopping=True,
         files=dict(zip(GRAPHS, names)),
     )
+
+
+class ORTSearchModel:
+    """The search graph as the model `ode_transformer.train.translate.generate_ids` drives: `generate` takes and
+    returns torch tensors, and `generate`'s keywords. A call whose settings the graph cannot follow
+    (`unsupported_settings`) goes to the same folder's graphs under transformers' `generate`
+    (`ORTModelForODESeq2SeqLM`), so every option of `ode-translate --backend onnx` keeps working."""
+
+    def __init__(self, search: ONNXSearchGenerator):
+        import torch
+
+        self.search = search
+        self.loop = search.exact().model
+        self.loop.generation_config = search.generation_config  # one set of decoding defaults for both
+        self.config = self.loop.config
+        self.device = torch.device("cpu")
+
+    @property
+    def generation_config(self):
+        return self.search.generation_config
+
+    def eval(self) -> ORTSearchModel:
+        return self
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        import torch
+
+        if unsupported_settings(copy_config(self.generation_config, kwargs)):
+            return self.loop.generate(input_ids, attention_mask=attention_mask, **kwargs)
+        mask = None if attention_mask is None else attention_mask.numpy()
+        return torch.from_numpy(self.search.generate(input_ids.numpy(), mask, **kwargs))
