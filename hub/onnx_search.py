@@ -130,42 +130,73 @@ def _name(prefix: str, pair: CachePair, kind: str, tense: str) -> str:
     return f"{prefix}{tense}.{pair_name(pair)}.{kind}"
 
 
+def _renaming(nodes, mapping: dict[str, str]) -> list:
+    """Copies of `nodes` with every input and output named in `mapping` renamed: the op's names given to the
+    exported graphs' tensors themselves, where an `Identity` between them would copy the cache at every step."""
+    renamed = []
+    for node in nodes:
+        copy = type(node)()
+        copy.CopyFrom(node)
+        for field in (copy.input, copy.output):
+            names = [mapping.get(name, name) for name in field]
+            del field[:]
+            field.extend(names)
+        renamed.append(copy)
+    return renamed
+
+
+def _first_slots(slots: list[CachePair]) -> dict[int, int]:
+    """The index of each layer's stage-0 slot: the op's layer that carries the layer's cross-attention pair."""
+    return {pair[0]: index for index, pair in enumerate(slots) if pair[1] == 0}
+
+
 def _encoder_subgraph(encoder, decoder, slots: list[CachePair]):
     """encoder_model then decoder_model on the start token, under the op's names (int32 ids, cast to int64)."""
     from onnx import TensorProto, helper
 
     int64, int32 = TensorProto.INT64, TensorProto.INT32
-    nodes = [
-        helper.make_node("Cast", ["encoder_input_ids"], ["e/input_ids"], to=int64),
-        helper.make_node("Cast", ["encoder_attention_mask"], ["e/attention_mask"], to=int64),
-        helper.make_node("Identity", ["e/attention_mask"], ["d/encoder_attention_mask"]),
-        helper.make_node("Cast", ["decoder_input_ids"], ["d/input_ids"], to=int64),
-        *encoder.node,
-        helper.make_node("Identity", ["e/last_hidden_state"], ["d/encoder_hidden_states"]),
-        *decoder.node,
-        helper.make_node("Identity", ["d/logits"], ["logits"]),
-        helper.make_node("Identity", ["e/last_hidden_state"], ["encoder_hidden_states"]),
-    ]
+    first = _first_slots(slots)
+    mapping = {
+        "d/encoder_attention_mask": "e/attention_mask",
+        "e/last_hidden_state": "encoder_hidden_states",
+        "d/encoder_hidden_states": "encoder_hidden_states",
+        "d/logits": "logits",
+    }
     outputs = [
         _renamed(_value(decoder, "d/logits"), "logits"),
         _renamed(_value(encoder, "e/last_hidden_state"), "encoder_hidden_states"),
     ]
-    for attention, source in (("self", lambda pair: pair), ("cross", lambda pair: (pair[0], None))):
-        for index, pair in enumerate(slots):
-            for kind in ("key", "value"):
-                name, inner = (
-                    f"present_{kind}_{attention}_{index}",
-                    _name("d/", source(pair), kind, "present"),
+    copies, cross_outputs = [], []
+    for index, pair in enumerate(slots):
+        for kind in ("key", "value"):
+            inner = _name("d/", pair, kind, "present")
+            mapping[inner] = f"present_{kind}_self_{index}"
+            outputs.append(_renamed(_value(decoder, inner), mapping[inner]))
+            inner, name = _name("d/", (pair[0], None), kind, "present"), f"present_{kind}_cross_{index}"
+            if index == first[pair[0]]:
+                mapping[inner] = name
+            else:  # a later stage's slot: its layer's pair once more (once per sentence, not per step)
+                copies.append(
+                    helper.make_node("Identity", [f"present_{kind}_cross_{first[pair[0]]}"], [name])
                 )
-                nodes.append(helper.make_node("Identity", [inner], [name]))
-                outputs.append(_renamed(_value(decoder, inner), name))
+            cross_outputs.append(_renamed(_value(decoder, inner), name))
+    nodes = [
+        helper.make_node("Cast", ["encoder_input_ids"], ["e/input_ids"], to=int64),
+        helper.make_node("Cast", ["encoder_attention_mask"], ["e/attention_mask"], to=int64),
+        helper.make_node("Cast", ["decoder_input_ids"], ["d/input_ids"], to=int64),
+        *_renaming(encoder.node, mapping),
+        *_renaming(decoder.node, mapping),
+        *copies,
+    ]
     inputs = [
         _renamed(_value(encoder, "e/input_ids"), "encoder_input_ids", int32),
         _renamed(_value(encoder, "e/attention_mask"), "encoder_attention_mask", int32),
         _renamed(_value(decoder, "d/input_ids"), "decoder_input_ids", int32, ["batch", 1]),
     ]
     initializers = [*encoder.initializer, *decoder.initializer]
-    return helper.make_graph(nodes, "encoder and first decoder step", inputs, outputs, initializers)
+    return helper.make_graph(
+        nodes, "encoder and first decoder step", inputs, outputs + cross_outputs, initializers
+    )
 
 
 def _decoder_subgraph(decoder, slots: list[CachePair]):
@@ -174,33 +205,34 @@ def _decoder_subgraph(decoder, slots: list[CachePair]):
     from onnx import TensorProto, helper
 
     int64, int32 = TensorProto.INT64, TensorProto.INT32
+    first = _first_slots(slots)
+    mapping = {"p/logits": "logits"}
+    self_inputs, cross_inputs, outputs = [], [], [_renamed(_value(decoder, "p/logits"), "logits")]
+    cross_template = next(i for i in decoder.input if ".encoder." in i.name)
+    for index, pair in enumerate(slots):
+        for kind in ("key", "value"):
+            for tense, name in (("past_key_values", f"past_{kind}_self_{index}"), ("present", None)):
+                inner = _name("p/", pair, kind, tense)
+                mapping[inner] = name or f"present_{kind}_self_{index}"
+                (self_inputs if name else outputs).append(_renamed(_value(decoder, inner), mapping[inner]))
+            name = f"past_{kind}_cross_{index}"
+            if index == first[pair[0]]:
+                inner = _name("p/", (pair[0], None), kind, "past_key_values")
+                mapping[inner] = name
+                cross_inputs.append(_renamed(_value(decoder, inner), name))
+            else:  # unread: the layer's pair is stage 0's input
+                cross_inputs.append(_renamed(cross_template, name))
     nodes = [
         helper.make_node("Cast", ["input_ids"], ["p/input_ids"], to=int64),
         helper.make_node("Cast", ["encoder_attention_mask"], ["p/encoder_attention_mask"], to=int64),
+        *_renaming(decoder.node, mapping),
     ]
     inputs = [
         _renamed(_value(decoder, "p/input_ids"), "input_ids", int32, ["batch", 1]),
         _renamed(_value(decoder, "p/encoder_attention_mask"), "encoder_attention_mask", int32),
+        *self_inputs,
+        *cross_inputs,
     ]
-    outputs = [_renamed(_value(decoder, "p/logits"), "logits")]
-    cross_template = next(i for i in decoder.input if ".encoder." in i.name)
-    for attention in ("self", "cross"):
-        for index, pair in enumerate(slots):
-            for kind in ("key", "value"):
-                name = f"past_{kind}_{attention}_{index}"
-                source = pair if attention == "self" else (pair[0], None)
-                if attention == "cross" and pair[1] != 0:  # the layer's pair is stage 0's input
-                    inputs.append(_renamed(cross_template, name))
-                    continue
-                inner = _name("p/", source, kind, "past_key_values")
-                nodes.append(helper.make_node("Identity", [name], [inner]))
-                inputs.append(_renamed(_value(decoder, inner), name))
-    nodes += [*decoder.node, helper.make_node("Identity", ["p/logits"], ["logits"])]
-    for index, pair in enumerate(slots):
-        for kind in ("key", "value"):
-            name, inner = f"present_{kind}_self_{index}", _name("p/", pair, kind, "present")
-            nodes.append(helper.make_node("Identity", [inner], [name]))
-            outputs.append(_renamed(_value(decoder, inner), name))
     return helper.make_graph(nodes, "decoder step", inputs, outputs, list(decoder.initializer))
 
 
