@@ -261,12 +261,15 @@ def onnx_int8_system(
     return translate
 
 
-def onnx_kernel_times(threads: int, folder: Path, setup: dict, setting: str, model_name: str) -> list[tuple]:
+def onnx_kernel_times(
+    threads: int, folder: Path, setup: dict, setting: str, model_name: str, search: bool = False
+) -> list[tuple]:
     """onnxruntime's profile of `model_name`'s int8 graphs (build_systems' weights) over one call set: (graph file,
-    operator type, microseconds) per node run."""
+    operator type, microseconds) per node run; with `search`, of the search graph (its subgraphs' nodes, and the
+    BeamSearch node, whose time includes theirs)."""
     torch.manual_seed(0)  # the weights of build_systems' models
     model = common.build_model(model_name, setup["dims"]).eval()
-    translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True)
+    translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True, search=search)
     beams = SETTINGS[setting][1]
     for ids, mask in inputs_for(setting, setup):
         translate(ids, mask, beams)
@@ -278,12 +281,22 @@ def onnx_kernel_times(threads: int, folder: Path, setup: dict, setting: str, mod
     ]
 
 
-def onnx_profile_top_ops(threads: int, folder: Path, setup: dict, setting: str, rows: int = 12) -> list[dict]:
+SEARCH_OP = "BeamSearch (its own work)"
+
+
+def onnx_profile_top_ops(
+    threads: int, folder: Path, setup: dict, setting: str, rows: int = 12, search: bool = False
+) -> list[dict]:
     """The residual model's int8 graphs over one call set: kernel time per operator type, summed over the graphs'
-    nodes (where the ONNX path's time goes)."""
+    nodes (where the ONNX path's time goes). With `search`, the search graph's: the BeamSearch node's own work
+    (the search, and the beams' cache it gathers each step) is its time less its subgraphs' nodes'."""
     per_op: dict[str, list[float]] = {}
-    for _, op, microseconds in onnx_kernel_times(threads, folder, setup, setting, "residual"):
+    for _, op, microseconds in onnx_kernel_times(threads, folder, setup, setting, "residual", search):
         per_op.setdefault(op, []).append(microseconds)
+    if search and "BeamSearch" in per_op:
+        inside = sum(sum(times) for op, times in per_op.items() if op != "BeamSearch")
+        runs = per_op.pop("BeamSearch")
+        per_op[SEARCH_OP] = [(sum(runs) - inside) / len(runs)] * len(runs)
     total = sum(sum(times) for times in per_op.values())
     ranked = sorted(per_op.items(), key=lambda item: sum(item[1]), reverse=True)[:rows]
     return [
@@ -601,9 +614,10 @@ def markdown(results: dict) -> str:
     profiles = (  # (results key, system, profiler, the columns for time and count)
         ("profiles", "residual-int8", "torch.profiler, self CPU time", "self ms", "calls"),
         ("onnx_profiles", "residual-onnx-int8", "onnxruntime's profiler, kernel time by operator type", "ms", "nodes run"),
+        ("onnx_search_profiles", "residual-onnx-search-int8", "onnxruntime's profiler, kernel time by operator type", "ms", "nodes run"),
     )  # fmt: skip
     for key, system, profiler, time_column, count_column in profiles:
-        for setting, ops in results[key].items():
+        for setting, ops in results.get(key, {}).items():
             lines += ["", f"## Profile: {system}, {setting.replace('_', ', ')} ({profiler})", ""]
             lines += [f"| operator | {time_column} | share | {count_column} |", "|---|---:|---:|---:|"]
             lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
@@ -978,6 +992,16 @@ def main(argv: list[str] | None = None) -> dict:
             if "residual-onnx-int8" in systems
             else {}
         )
+        search_profiles = (
+            {
+                setting: onnx_profile_top_ops(
+                    args.threads, Path(folder) / f"search-{setting}", setup, setting, search=True
+                )
+                for setting in ("batch16_beam4", "batch1_greedy")
+            }
+            if "residual-onnx-search-int8" in systems
+            else {}
+        )
         # where RK4's ONNX time goes where it fell short of its FLOP prediction (issue #57)
         onnx_graphs = (
             {"batch16_greedy": onnx_graph_ms(args.threads, Path(folder) / "graphs", setup, "batch16_greedy")}
@@ -1011,6 +1035,7 @@ def main(argv: list[str] | None = None) -> dict:
         "spread": spreads(measured["seconds_all"], sentences),
         "profiles": profiles,
         "onnx_profiles": onnx_profiles,
+        "onnx_search_profiles": search_profiles,
         "onnx_graph_ms": onnx_graphs,
         "flop_formula": common.GENERATE_FLOP_FORMULA,
         "flop_prediction": flop_prediction(setup),

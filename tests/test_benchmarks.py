@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_ode, common
-from benchmarks.bench_translate import GOALS, RK_GOAL_OF_PREDICTED, RK_GOALS
+from benchmarks.bench_translate import GOALS, RK_GOAL_OF_PREDICTED, RK_GOALS, SEARCH_OP
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +381,8 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
         ops = results["onnx_profiles"]["batch16_beam4"]
         assert ops[0]["self_ms"] > 0 and 0 < sum(o["share"] for o in ops) <= 1 + 1e-9
         assert "MatMulInteger" in {o["op"] for o in ops} or "DynamicQuantizeMatMul" in {o["op"] for o in ops}
+        for ops in results["onnx_search_profiles"].values():  # the search graph's, the op's own work apart
+            assert SEARCH_OP in {o["op"] for o in ops} and "BeamSearch" not in {o["op"] for o in ops}
     report = (tmp_path / "translate.md").read_text()
     assert report.startswith("# Translation speed on CPU") and "| residual-int8 |" in report
     assert f"PyTorch kernels {results['machine']['cpu_capability']}; has " in report
