@@ -31,6 +31,10 @@ In each graph the cache is in Optimum's order (`cache_pairs`), which Optimum's s
 cache by position: per layer, the self-attention pair (stage 0) then the cross-attention pair, key then value; the
 later stages of an RK decoder after every layer's pairs (layer by layer, stage by stage).
 
+Each graph is fused by onnxruntime's transformer optimizer (`fuse_graph`) before any quantization, and beside the
+three `export_onnx` writes the search graph of `ode_transformer.hub.onnx_search` (`beam_search_model.onnx`:
+onnxruntime's BeamSearch op over them).
+
 With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
 `decoder_model_quantized.onnx`, `decoder_with_past_model_quantized.onnx` (`QUANTIZED_GRAPHS`). No merged decoder
 (`decoder_model_merged.onnx`) is written: hub/README.md says why. `ode_transformer.hub.onnx_generation` decodes the graphs with onnxruntime through

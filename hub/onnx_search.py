@@ -34,11 +34,10 @@ from typing import Any
 import numpy as np
 
 from .onnx_export import (
-    DECODER,
-    DECODER_WITH_PAST,
-    ENCODER,
+    GRAPHS,
     RUNTIME_PACKAGES,
     CachePair,
+    pair_name,
     parse_cache_name,
     quantized_name,
     require,
@@ -87,10 +86,22 @@ def search_graph_file(quantize: str | None) -> str:
 
 
 def _prefixed(path: Path, prefix: str):
+    """The model at `path` with `prefix` before every name in its graph (the two subgraphs hold three graphs)."""
     import onnx
     from onnx import compose
 
-    return compose.add_prefix(onnx.load(str(path)), prefix).graph
+    return compose.add_prefix(onnx.load(str(path)), prefix)
+
+
+def _opsets(models) -> list:
+    """The operator sets `models` import (each domain at its highest version), and the op's own domain."""
+    from onnx import helper
+
+    versions = {MS_DOMAIN: 1}
+    for model in models:
+        for opset in model.opset_import:
+            versions[opset.domain] = max(versions.get(opset.domain, 0), opset.version)
+    return [helper.make_opsetid(domain, version) for domain, version in versions.items()]
 
 
 def _value(graph, name: str):
@@ -125,8 +136,7 @@ def _slots(decoder_with_past) -> list[CachePair]:
 
 
 def _name(prefix: str, pair: CachePair, kind: str, tense: str) -> str:
-    from .onnx_export import pair_name
-
+    """A cache tensor's name in a prefixed graph: `p/past_key_values.0.decoder_stage1.key`."""
     return f"{prefix}{tense}.{pair_name(pair)}.{kind}"
 
 
@@ -239,15 +249,13 @@ def _decoder_subgraph(decoder, slots: list[CachePair]):
 def _share_initializers(first, second) -> list:
     """Move the initializers `first` and `second` both hold (equal type, shape and bytes) into a list for the main
     graph, under one name each, and point both graphs' nodes at it; returns that list."""
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     def key(tensor) -> tuple:
         return (
             tensor.data_type,
             tuple(tensor.dims),
-            hashlib.sha1(
-                tensor.SerializeToString(deterministic=True).replace(tensor.name.encode(), b"")
-            ).hexdigest(),
+            hashlib.sha1(numpy_helper.to_array(tensor).tobytes()).digest(),
         )
 
     in_first = {key(t): t for t in first.initializer}
@@ -300,11 +308,10 @@ def build_search_graph(
     import onnx
     from onnx import TensorProto, helper
 
-    files = files or {name: name for name in (ENCODER, DECODER, DECODER_WITH_PAST)}
+    files = files or {name: name for name in GRAPHS}
     graphs = Path(graphs)
-    encoder = _prefixed(graphs / files[ENCODER], "e/")
-    decoder = _prefixed(graphs / files[DECODER], "d/")
-    with_past = _prefixed(graphs / files[DECODER_WITH_PAST], "p/")
+    models = [_prefixed(graphs / files[name], prefix) for name, prefix in zip(GRAPHS, ("e/", "d/", "p/"))]
+    encoder, decoder, with_past = (model.graph for model in models)
     slots = _slots(with_past)
     encoder_graph = _encoder_subgraph(encoder, decoder, slots)
     decoder_graph = _decoder_subgraph(with_past, slots)
@@ -338,13 +345,7 @@ def build_search_graph(
         helper.make_tensor_value_info("sequences_scores", float32, ["batch_size", "num_return_sequences"]),
     ]
     graph = helper.make_graph([node], "beam search", inputs, outputs, shared)
-    opsets = [
-        helper.make_opsetid(
-            "", onnx.load(str(graphs / files[DECODER]), load_external_data=False).opset_import[0].version
-        ),
-        helper.make_opsetid(MS_DOMAIN, 1),
-    ]
-    model = helper.make_model(graph, producer_name="ode-transformer", opset_imports=opsets)
+    model = helper.make_model(graph, producer_name="ode-transformer", opset_imports=_opsets(models))
     out = Path(out)
     onnx.save(model, str(out))
     return out
@@ -422,8 +423,8 @@ def unsupported_settings(config) -> list[str]:
         if not name.startswith("_")
         and name not in (*_FOLLOWED, *_INERT)
         and value is not None
-        and value != _NEUTRAL.get(name, None if isinstance(value, bool) else False)
         and value is not False
+        and (name not in _NEUTRAL or value != _NEUTRAL[name])
     ]
     if option(config, "early_stopping") not in (True, False):
         found.append(f"early_stopping={config.early_stopping!r}")
@@ -456,7 +457,8 @@ class ONNXSearchGenerator:
     - the op scores a hypothesis cut at max_length by its length with the start token, transformers without (a
       finished one alike in both): with beams and a positive length penalty, a sentence whose returned hypotheses
       include a cut one is decoded again by `ONNXSeq2SeqGenerator` (the same folder's graphs under transformers'
-      `generate`), and with a negative one the whole call is; with early stopping (the exported generation
+      `generate`), and with a negative one the whole call is (a minimum length of max_length leaves no finished
+      hypothesis to rank against, and nothing to decode again); with early stopping (the exported generation
       config's) nothing else differs;
     - early_stopping=False with beams is refused: the op's test of whether a running beam can still win counts
       the start token too, and stops elsewhere; so are sampling, several eos ids, and every other setting
@@ -627,8 +629,6 @@ def search_graph_path(folder: str | Path) -> Path:
 def write_search_graph(model, folder: Path, quantize: str | None = None) -> Path:
     """Build the search graph of the three graphs `export_onnx` wrote into `folder` (float32, or int8 with
     `quantize`), with `model`'s token ids and early stopping (the exported generation config's)."""
-    from .onnx_export import GRAPHS
-
     names = [quantized_name(name) for name in GRAPHS] if quantize else list(GRAPHS)
     generation, config = model.generation_config, model.config
     start = generation.decoder_start_token_id
