@@ -469,17 +469,19 @@ def fuse_graph(path: Path, config) -> dict[str, int]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     heads = config.encoder_attention_heads
-    logger = logging.getLogger("onnxruntime.transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)  # its per-fusion info lines
+    root = logging.getLogger()
+    level = root.level
+    # its modules log a line per node they remove, under top-level names (fusion_utils, onnx_model, ...)
+    root.setLevel(logging.ERROR)
     try:
         optimized = optimize_model(
             str(path), "bart", num_heads=heads, hidden_size=config.d_model, opt_level=0
         )
+        optimized.save_model_to_file(str(path))
+        fused = optimized.get_fused_operator_statistics()
     finally:
-        logger.setLevel(level)
-    optimized.save_model_to_file(str(path))
-    return {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
+        root.setLevel(level)
+    return {name: count for name, count in fused.items() if count}
 
 
 def fold_weight_identities(graph) -> int:
