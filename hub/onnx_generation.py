@@ -3,7 +3,8 @@
 `ORTModelForODESeq2SeqLM` is a `PreTrainedModel` with `GenerationMixin` whose encoder and forward run the three
 onnxruntime sessions instead of PyTorch modules, as 🤗 Optimum's `ORTModelForSeq2SeqLM` wraps its graphs: the
 forward returns a `Seq2SeqLMOutput` whose cache is an `EncoderDecoderCache` holding the graphs' `present.*` tensors
-(the self-attention slots per (layer, stage), then the cross-attention pair per layer, `cache_names` order). So
+(the self-attention slots per (layer, stage), then the cross-attention pair per layer, each found by its name in
+the graphs' Optimum order, `cache_pairs`). So
 greedy search, beam search, sampling, the logits processors and the stopping rules are transformers' code, not a copy
 of it that would drift with each release; beam search reorders the cache through the cache object's own
 `reorder_cache`.
@@ -35,6 +36,7 @@ from .onnx_export import (
     GRAPHS,
     QUANTIZED_GRAPHS,
     RUNTIME_PACKAGES,
+    parse_cache_name,
     require,
 )
 
@@ -114,14 +116,26 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
 
     def __init__(self, sessions: dict, generation_config: GenerationConfig):
-        num_self = len(sessions[DECODER_WITH_PAST].get_outputs()) - 1  # the self-attention tensors
+        self_pairs = _pairs(sessions[DECODER_WITH_PAST].get_outputs())
+        first_pairs = _pairs(sessions[DECODER].get_outputs())
         # `generate` sizes the empty cache it passes to the first step by `num_hidden_layers`: one layer per
         # self-attention slot, as the graphs' cache has
-        super().__init__(PreTrainedConfig(is_encoder_decoder=True, num_hidden_layers=num_self // 2))
+        super().__init__(PreTrainedConfig(is_encoder_decoder=True, num_hidden_layers=len(self_pairs)))
         self.sessions = sessions
         self.encoder = _ORTEncoder(sessions[ENCODER])
-        self.past_names = [i.name for i in sessions[DECODER_WITH_PAST].get_inputs()][2:]
-        self.num_self = num_self
+        # the Python cache: the self-attention slots in the order of decoder_with_past's outputs, then the
+        # cross-attention layers in decoder_model's order; each graph tensor's (part, layer index) in it
+        cross_pairs = [pair for pair in first_pairs if pair[1] is None]
+        where = {pair: (0, i) for i, pair in enumerate(self_pairs)} | {
+            pair: (1, i) for i, pair in enumerate(cross_pairs)
+        }
+        self.first_targets = [where[pair] for pair in first_pairs]
+        inputs = sessions[DECODER_WITH_PAST].get_inputs()[2:]
+        self.past_names = [i.name for i in inputs]
+        self.past_sources = [
+            (*where[pair], f"{kind}s") for pair, kind in map(parse_cache_name, self.past_names)
+        ]
+        self.num_self = 2 * len(self_pairs)
         self.generation_config = generation_config
 
     # No parameters: the weights live in the graphs, and the tensors `generate` handles stay on the CPU.
@@ -164,14 +178,9 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
                 Cache(layers=[_PresentLayer() for _ in range(slots)]),
                 Cache(layers=[_EncoderLayer() for _ in range(layers)]),
             )
-            targets = cache.self_attention_cache.layers + cache.cross_attention_cache.layers
+            targets = self.first_targets
         else:
-            past = [
-                tensor
-                for part in (cache.self_attention_cache, cache.cross_attention_cache)
-                for layer in part.layers
-                for tensor in (layer.keys, layer.values)
-            ]
+            parts = (cache.self_attention_cache.layers, cache.cross_attention_cache.layers)
             # No IO binding: on the CPU `session.run` reads these numpy views of the cache in place and returns
             # arrays over onnxruntime's own buffers (which `torch.from_numpy` shares), so no step copies the cache
             # outside the graph but beam search's reordering of the self-attention slots. Binding preallocated
@@ -179,14 +188,23 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
             feed = {
                 "input_ids": tokens,
                 "encoder_attention_mask": mask,
-                **{name: _numpy(tensor) for name, tensor in zip(self.past_names, past)},
+                **{
+                    name: _numpy(getattr(parts[part][index], field))
+                    for name, (part, index, field) in zip(self.past_names, self.past_sources)
+                },
             }
             logits, *present = self.sessions[DECODER_WITH_PAST].run(None, feed)
-            targets = cache.self_attention_cache.layers
+            targets = [(0, i) for i in range(self.num_self // 2)]
+        parts = (cache.self_attention_cache.layers, cache.cross_attention_cache.layers)
         present = [torch.from_numpy(tensor) for tensor in present]
-        for layer, index in zip(targets, range(0, len(present), 2)):
-            layer.update(present[index], present[index + 1])
+        for (part, index), key, value in zip(targets, present[::2], present[1::2]):
+            parts[part][index].update(key, value)
         return Seq2SeqLMOutput(logits=torch.from_numpy(logits), **{CACHE_FIELD: cache})
+
+
+def _pairs(outputs: Sequence[Any]) -> list:
+    """The cache pairs of a decoder graph's outputs (after the logits), in the graph's order."""
+    return [parse_cache_name(output.name)[0] for output in outputs[1::2]]
 
 
 class _PresentLayer(DynamicLayer):

@@ -144,12 +144,16 @@ def load_onnx_for_generation(
     quantize: str | None = None,
     graphs: str | Path | None = None,
     threads: int | None = None,
+    search: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The folder's ONNX graphs as a model that ``generate`` drives (``ORTModelForODESeq2SeqLM``, onnxruntime on
     the CPU), with the folder's tokenizer and generation config: what :func:`generate_texts` and
     :func:`generate_ids` take in place of :func:`load_for_generation`'s model. ``graphs``: the folder of the graphs
     (default: ``MODEL/onnx``, where ``ode-export --onnx`` writes them); float32 ones, or int8 ones with
     ``quantize="int8"``. ``threads``: onnxruntime's threads (default: torch's, as the PyTorch path uses).
+    ``search``: where the folder has the search graph of that precision (``ode-export --onnx`` writes it), decode
+    with it (``ORTSearchModel``: the whole search in onnxruntime; the settings it cannot follow through the
+    three graphs under ``generate``).
 
     Raises:
         FileNotFoundError: no such graphs (the command that writes them named).
@@ -161,17 +165,19 @@ def load_onnx_for_generation(
     from transformers import GenerationConfig
 
     from modeling_ode import ODETransformerConfig
-    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator
+    from ode_transformer.hub.onnx_generation import ONNXSeq2SeqGenerator, graphs_folder
+    from ode_transformer.hub.onnx_search import ONNXSearchGenerator, ORTSearchModel, search_graph_file
 
     tokenizer, config = _load_one_export(model_name_or_path, ODETransformerConfig.from_pretrained)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
-    generator = ONNXSeq2SeqGenerator(
-        graphs if graphs is not None else model_name_or_path,
-        GenerationConfig.from_pretrained(model_name_or_path),
-        session_options=options,
-    )
-    model = generator.model
+    folder = graphs if graphs is not None else model_name_or_path
+    config = GenerationConfig.from_pretrained(model_name_or_path)
+    search_graph = graphs_folder(folder) / search_graph_file(quantize)
+    if search and search_graph.is_file():
+        model = ORTSearchModel(ONNXSearchGenerator(search_graph, config, session_options=options))
+    else:
+        model = ONNXSeq2SeqGenerator(folder, config, session_options=options).model
     # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
     # limit as the PyTorch path's, so that both decode the same ids
     model.config.max_position_embeddings = config.max_position_embeddings
