@@ -438,7 +438,9 @@ def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_fami
     results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((1.5, 2.0, 4.0))]
     results += [fake_result("rk4", 3, 40.0, device="H200"), fake_result("rk2_gated", 3, 30.0)]
     results += [fake_result("pc_rk4", s, 31.0) for s in range(3)]
-    rows = {row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)}
+    rows = {
+        row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    }
     (test,) = rows["rk4"]["pairwise"]
     t = 2 * math.sqrt(3)
     assert test["variant"] == "rk2_gated" and test["pairs"] == 3 and test["gap"] == pytest.approx(2.0)
@@ -448,7 +450,10 @@ def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_fami
     assert test["p_holm"] == pytest.approx(report_module.holm([*others, test["p"]])[2])
     assert "pairwise" not in rows["pc_rk4"] and "pairwise" not in rows["rk2_gated"]
     table = report_module.markdown(STUDIES["multi30k"], "cpu", list(rows.values()))
-    assert f"| RK4-block | 3 | RK2-block (learnable gamma) | {test['verdict']} | seed 3: device H200 here" in table
+    assert (
+        f"| RK4-block | 3 | RK2-block (learnable gamma) | {test['verdict']} | seed 3: device H200 here"
+        in table
+    )
     for study in STUDIES.values():  # every declared test names two rows of its study
         assert all({a, b} <= set(study.variants) and a != b for a, b in study.pairwise), study.name
 
