@@ -20,7 +20,9 @@ step (alpha / the number of tested rows), all from the row's observed sd of the 
 ``docs/templates/results.md`` with each ``<!-- table: results/STUDY/SIZE -->`` marker replaced by the table of
 that study's ``README.md`` (written by this module from the committed results), and each
 ``<!-- gates: results/.../FILE.json -->`` marker by a table of the gate statistics that
-``python -m experiments.block_diagnostic ... --json FILE.json`` recorded.
+``python -m experiments.block_diagnostic ... --json FILE.json`` recorded. It also fills every sentence marker
+(``<!-- claim: ... -->``, experiments.claims) there and in README.md, docs/, hub/README.md and the notebooks'
+markdown cells, from each study's ``summary.json``.
 """
 
 from __future__ import annotations
@@ -774,8 +776,12 @@ def study_document(template: Path = DOCS_TEMPLATE, root: Path = RESULTS.parent) 
     body = GATE_MARKER.sub(
         lambda match: gate_table(json.loads((root / match.group(1)).read_text(encoding="utf-8"))), body
     )
-    return header + TABLE_MARKER.sub(
-        lambda match: first_table((root / match.group(1) / "README.md").read_text(encoding="utf-8")), body
+    from experiments.claims import fill  # claims reads this module's statistics: imported where it is used
+
+    return header + fill(
+        TABLE_MARKER.sub(
+            lambda match: first_table((root / match.group(1) / "README.md").read_text(encoding="utf-8")), body
+        )
     )
 
 
@@ -797,8 +803,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.write_docs:
+        from experiments.claims import filled_documents
+
         (RESULTS / "README.md").write_text(study_document(), encoding="utf-8")
         print(RESULTS / "README.md")
+        for path, text in filled_documents().items():
+            if path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+                print(path)
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")
