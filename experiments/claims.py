@@ -103,10 +103,10 @@ class Table:
         return self.study.metrics[0] if metric_name is None else metrics[metric_name]
 
 
-def _parse(spec: str) -> tuple[Table, int, list[str], dict[str, str]]:
+def _parse(spec: str, root: Path) -> tuple[Table, int, list[str], dict[str, str]]:
     folder, *words = spec.split()
     folder, _, depth = folder.partition("@")
-    table = Table(folder)
+    table = Table(folder, root)
     options = dict(word.split("=", 1) for word in words if "=" in word)
     return table, table.depth(int(depth) if depth else None), [w for w in words if "=" not in w], options
 
@@ -261,9 +261,9 @@ def detectable(table: Table, depth: int, variants: list[str], options: dict[str,
     return _fmt(gap, table.study.metrics[0].digits)
 
 
-def generate(kind: str, spec: str) -> str:
-    """The text of one marker."""
-    table, depth, items, options = _parse(spec)
+def generate(kind: str, spec: str, root: Path = ROOT) -> str:
+    """The text of one marker, from the ``summary.json`` files under ``root``."""
+    table, depth, items, options = _parse(spec, root)
     if kind == "claim":
         return "; ".join(claim(table, depth, item) for item in items)
     if kind == "means":
@@ -273,11 +273,11 @@ def generate(kind: str, spec: str) -> str:
     return (seeds if kind == "seeds" else detectable)(table, depth, items, options)
 
 
-def fill(text: str) -> str:
-    """``text`` with every marker's text generated afresh."""
+def fill(text: str, root: Path = ROOT) -> str:
+    """``text`` with every marker's text generated afresh (from the results under ``root``)."""
     return MARKER.sub(
         lambda m: (
-            f"<!-- {m.group(1)}: {m.group(2)} -->{generate(m.group(1), m.group(2))}<!-- /{m.group(1)} -->"
+            f"<!-- {m.group(1)}: {m.group(2)} -->{generate(m.group(1), m.group(2), root)}<!-- /{m.group(1)} -->"
         ),
         text,
     )
@@ -294,12 +294,12 @@ def filled_documents(root: Path = ROOT) -> dict[Path, str]:
 
     documents = {}
     for path in [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "hub" / "README.md"]:
-        documents[path] = fill(path.read_text(encoding="utf-8"))
+        documents[path] = fill(path.read_text(encoding="utf-8"), root)
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         notebook = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
         for cell in notebook.cells:
             if cell.cell_type == "markdown":
-                cell.source = fill(cell.source)
+                cell.source = fill(cell.source, root)
         documents[path] = nbformat.writes(notebook) + "\n"
     return documents
 
@@ -318,6 +318,7 @@ ORDER = (
     r"beat(?:s|ing)?|better|worse|"
     r"outperform(?:s|ed|ing)?|improve(?:s|d|ment)?|recover(?:s|ed|ing)?|rank(?:s|ed|ing)?|"
     r"(?<!new )best(?! (?:validation|epoch|at epoch|checkpoint))|worst|lowest|highest|exceed(?:s|ed)?|"
+    r"steadier|more stable|less variable|var(?:y|ies) (?:less|more)|"
     r"the paper's order|in the paper's order|order[^.;]*\bis the paper's"
 )
 # Words that claim no difference: nothing here tests an equivalence, so none is ever supported beside a figure (a
