@@ -26,7 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15  # and the 15 slowest tests
 
 # The oldest versions pyproject allows (.ci/oldest-constraints.txt, which tests/test_packaging.py ties to the
 # floors in pyproject), in a venv of their own; `make test` runs on the newest releases.

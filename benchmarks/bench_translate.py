@@ -51,6 +51,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -97,6 +98,7 @@ GOALS = (
     ("residual int8 vs CTranslate2 int8, batch 1", "residual-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
     ("residual ONNX int8 vs CTranslate2 int8, batch 16 beam 4", "residual-onnx-int8", "ct2-int8", ("batch16_beam4",), 1.0),
     ("residual ONNX int8 vs CTranslate2 int8, batch 1", "residual-onnx-int8", "ct2-int8", ("batch1_beam4", "batch1_greedy"), 0.7),
+    ("residual ONNX search int8 vs CTranslate2 int8", "residual-onnx-search-int8", "ct2-int8", ("batch16_beam4", "batch1_beam4", "batch1_greedy"), 1.0),
     ("residual int8 compiled vs CTranslate2 int8, batch 1", "residual-int8-compiled", "ct2-int8", ("batch1_greedy",), 0.7),
     ("residual int8, BeamSearchCache vs transformers' dynamic cache", "residual-int8", "residual-int8" + DYNAMIC_CACHE, ("batch16_beam4", "batch1_beam4"), 1.0),
 )  # fmt: skip
@@ -109,6 +111,7 @@ RK_GOALS = tuple(
         (" fp32", "", tuple(SETTINGS)),
         (" int8", "-int8", tuple(SETTINGS)),
         (" ONNX int8", "-onnx-int8", tuple(SETTINGS)),
+        (" ONNX search int8", "-onnx-search-int8", tuple(SETTINGS)),
         (" int8 compiled", "-int8-compiled", GREEDY),
     )
     for rk in ("rk2", "rk4")
@@ -206,20 +209,30 @@ def ct2_systems(marian: torch.nn.Module, dims: common.Dims, threads: int, folder
 
 
 def onnx_int8_system(
-    model: torch.nn.Module, threads: int, folder: Path, new_tokens: int, profile: bool = False
+    model: torch.nn.Module,
+    threads: int,
+    folder: Path,
+    new_tokens: int,
+    profile: bool = False,
+    search: bool = False,
+    export: bool = True,
 ):
     """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: much quicker
-    than dynamo) decoded by `ode_transformer.onnx_generation.ONNXSeq2SeqGenerator`; exactly `new_tokens` tokens: its
-    end-of-sentence id is one the model cannot write. None without the onnx extra.
+    than dynamo) decoded by `ode_transformer.onnx_generation.ONNXSeq2SeqGenerator`, or with `search` by the
+    search graph beside them (`ode_transformer.onnx_search.ONNXSearchGenerator`: the whole search in
+    onnxruntime); exactly `new_tokens` tokens: its end-of-sentence id is one the model cannot write, and the minimum
+    length is the maximum. None without the onnx extra. `export`: write the graphs into `folder` first.
     `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
     try:
         import onnxruntime
 
         from ode_transformer.hub.onnx_export import export_onnx
         from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
+        from ode_transformer.onnx_search import ONNXSearchGenerator
     except ImportError:
         return None
-    export_onnx(model, folder, dynamo=False, quantize="int8")
+    if export:
+        export_onnx(model, folder, dynamo=False, quantize="int8")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     if profile:
@@ -229,23 +242,34 @@ def onnx_int8_system(
         "eos_token_id": model.config.vocab_size,
         "forced_eos_token_id": None,
     }
-    generator = ONNXSeq2SeqGenerator(folder, config, session_options=options)
+    if search:
+        config["early_stopping"] = True
+    generator = (ONNXSearchGenerator if search else ONNXSeq2SeqGenerator)(
+        folder, config, session_options=options
+    )
 
     def translate(input_ids, attention_mask, beams):
         return generator.generate(
-            input_ids.numpy(), attention_mask.numpy(), num_beams=beams, max_new_tokens=new_tokens
+            input_ids.numpy(),
+            attention_mask.numpy(),
+            num_beams=beams,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
         )
 
     translate.generator = generator
     return translate
 
 
-def onnx_kernel_times(threads: int, folder: Path, setup: dict, setting: str, model_name: str) -> list[tuple]:
+def onnx_kernel_times(
+    threads: int, folder: Path, setup: dict, setting: str, model_name: str, search: bool = False
+) -> list[tuple]:
     """onnxruntime's profile of `model_name`'s int8 graphs (build_systems' weights) over one call set: (graph file,
-    operator type, microseconds) per node run."""
+    operator type, microseconds) per node run; with `search`, of the search graph (its subgraphs' nodes, and the
+    BeamSearch node, whose time includes theirs)."""
     torch.manual_seed(0)  # the weights of build_systems' models
     model = common.build_model(model_name, setup["dims"]).eval()
-    translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True)
+    translate = onnx_int8_system(model, threads, folder, setup["new_tokens"], profile=True, search=search)
     beams = SETTINGS[setting][1]
     for ids, mask in inputs_for(setting, setup):
         translate(ids, mask, beams)
@@ -257,12 +281,22 @@ def onnx_kernel_times(threads: int, folder: Path, setup: dict, setting: str, mod
     ]
 
 
-def onnx_profile_top_ops(threads: int, folder: Path, setup: dict, setting: str, rows: int = 12) -> list[dict]:
+SEARCH_OP = "BeamSearch (its own work)"
+
+
+def onnx_profile_top_ops(
+    threads: int, folder: Path, setup: dict, setting: str, rows: int = 12, search: bool = False
+) -> list[dict]:
     """The residual model's int8 graphs over one call set: kernel time per operator type, summed over the graphs'
-    nodes (where the ONNX path's time goes)."""
+    nodes (where the ONNX path's time goes). With `search`, the search graph's: the BeamSearch node's own work
+    (the search, and the beams' cache it gathers each step) is its time less its subgraphs' nodes'."""
     per_op: dict[str, list[float]] = {}
-    for _, op, microseconds in onnx_kernel_times(threads, folder, setup, setting, "residual"):
+    for _, op, microseconds in onnx_kernel_times(threads, folder, setup, setting, "residual", search):
         per_op.setdefault(op, []).append(microseconds)
+    if search and "BeamSearch" in per_op:
+        inside = sum(sum(times) for op, times in per_op.items() if op != "BeamSearch")
+        runs = per_op.pop("BeamSearch")
+        per_op[SEARCH_OP] = [(sum(runs) - inside) / len(runs)] * len(runs)
     total = sum(sum(times) for times in per_op.values())
     ranked = sorted(per_op.items(), key=lambda item: sum(item[1]), reverse=True)[:rows]
     return [
@@ -308,12 +342,16 @@ def build_systems(setup: dict, threads: int, folder: Path) -> tuple[dict, list[s
         onnx_int8 = onnx_int8_system(model, threads, folder / f"{name}-onnx", new_tokens)
         if onnx_int8 is not None:
             systems[f"{name}-onnx-int8"] = onnx_int8
+            systems[f"{name}-onnx-search-int8"] = onnx_int8_system(
+                model, threads, folder / f"{name}-onnx", new_tokens, search=True, export=False
+            )
     ct2, note = ct2_systems(marian, dims, threads, folder, new_tokens)
     systems.update(ct2)
     notes = [
         note,
         f"int8 compiled (ode_transformer.translate.compile_decoding), greedy only: {', '.join(setup['compile']) or 'none'}",
-        "onnx-int8: ode-export --onnx --quantize int8 (TorchScript exporter), decoded with ONNXSeq2SeqGenerator"
+        "onnx-int8: ode-export --onnx --quantize int8 (TorchScript exporter, fused graphs), decoded with "
+        "ONNXSeq2SeqGenerator; onnx-search-int8: the search graph it writes beside them (ONNXSearchGenerator)"
         if "residual-onnx-int8" in systems
         else "onnx, onnxscript or onnxruntime is not installed (pip install '.[onnx]'): the ONNX rows are skipped",
     ]
@@ -367,15 +405,34 @@ def run_rounds(
     for round_index in range(setup["rounds"]):
         for setting in settings:
             calls, beams = calls_for(setting, setup), SETTINGS[setting][1]
-            for name, translate in systems.items():
+            for name in rotated(list(systems), round_index):
                 if not runs_in(name, setting):
                     continue
+                translate = systems[name]
                 begin = time.perf_counter()
                 for call in calls:
                     translate(*call, beams)
                 times[setting][name].append(time.perf_counter() - begin)
         log(f"round {round_index + 1} done")
     return {"seconds_all": times, "new_tokens": new_tokens}
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    """The systems' order in round `round_index`: each round starts one system later, so that no system is always
+    timed first (after another setting's systems) or always after the same neighbour."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def spread(seconds: list[float], sentences: int) -> dict[str, float]:
+    """A system's sentences/s over the rounds: best (min time), median and worst, and the relative spread
+    worst-to-best time, (max - min) / min."""
+    return {
+        "max": sentences / min(seconds),
+        "median": sentences / statistics.median(seconds),
+        "min": sentences / max(seconds),
+        "relative": max(seconds) / min(seconds) - 1,
+    }
 
 
 def profile_top_ops(translate, setup: dict, setting: str, rows: int = 12) -> list[dict]:
@@ -441,7 +498,7 @@ def goals(results: dict) -> list[dict]:
     """Every goal in every setting: the measured speed ratio; for the RK goals also the FLOP-predicted ratio and
     measured / predicted, which is what `at_least` bounds there (`measure`: "ratio" or "of_predicted")."""
     out = []
-    speed = results["sentences_per_s"]
+    speed, spreads = results["sentences_per_s"], results.get("spread", {})
     rows = [(label, system, over, settings, least, None) for label, system, over, settings, least in GOALS]
     for label, system, over, settings in RK_GOALS:
         rows.append((label, system, over, settings, RK_GOAL_OF_PREDICTED, system.split("-")[0]))
@@ -462,8 +519,27 @@ def goals(results: dict) -> list[dict]:
                 row["ratio"] = speed[setting][system] / speed[setting][over]
                 row["of_predicted"] = row["ratio"] / predicted if model else None
                 row["met"] = row[row["measure"]] >= least
+                if model and setting in spreads:
+                    row.update(noise_flag(row, spreads[setting][system], spreads[setting][over]))
             out.append(row)
     return out
+
+
+def noise_flag(row: dict, system: dict, residual: dict) -> dict:
+    """An RK row's `allowed` deviation, the two systems' relative spreads over the rounds added, and whether it
+    is `noise`: an RK system cannot beat residual (it does more work), nor run faster than its FLOP prediction,
+    by more than that; such a row is no result (`met` None)."""
+    allowed = system["relative"] + residual["relative"]
+    noise = row["ratio"] > 1 + allowed or row["of_predicted"] > 1 + allowed
+    return {"allowed": allowed, "noise": noise, **({"met": None} if noise else {})}
+
+
+def spreads(seconds_all: dict, sentences: dict[str, int]) -> dict:
+    """`spread` of every system in every setting."""
+    return {
+        setting: {name: spread(times, sentences[setting]) for name, times in per_system.items()}
+        for setting, per_system in seconds_all.items()
+    }
 
 
 def markdown(results: dict) -> str:
@@ -488,6 +564,7 @@ def markdown(results: dict) -> str:
     for name in results["systems"]:
         cells = [f"{results['sentences_per_s'][s][name]:.2f}" if runs_in(name, s) else "-" for s in SETTINGS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += spread_table(results, SETTINGS)
     lines += [
         "",
         "## FLOP-predicted speed of RK over residual",
@@ -513,8 +590,11 @@ def markdown(results: dict) -> str:
         "",
         f"RK rows: met at measured / predicted >= {RK_GOAL_OF_PREDICTED} (issue #57); the others: the ratio itself.",
         "",
-        "| goal | setting | ratio | predicted | measured / predicted | goal | met |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "RK rows: flagged **noise**, not a result, where RK beats residual, or its FLOP prediction, by more than",
+        "the two systems' spreads over the rounds allow (allowed = their (worst - best) / best times added).",
+        "",
+        "| goal | setting | ratio | predicted | measured / predicted | allowed | goal | met |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for goal in results["goals"]:
         ratio = "n/a" if goal["ratio"] is None else f"{goal['ratio']:.2f}"
@@ -524,10 +604,12 @@ def markdown(results: dict) -> str:
             of_predicted = f"{goal['of_predicted']:.2f}"
         target = f">= {goal['at_least']}" + (" of predicted" if goal["measure"] == "of_predicted" else "")
         short = goal["at_least"] - (goal[goal["measure"]] or 0)
-        met = {None: "n/a", True: "met", False: f"**unmet** (short by {short:.2f})"}
+        met = {None: "n/a", True: "met", False: f"**unmet** (short by {short:.2f})"}[goal["met"]]
+        met = "**noise**" if goal.get("noise") else met
+        allowed = f"{goal['allowed']:.2f}" if goal.get("allowed") is not None else "-"
         lines.append(
-            f"| {goal['goal']} | {goal['setting']} | {ratio} | {predicted} | {of_predicted} | {target} | "
-            f"{met[goal['met']]} |"
+            f"| {goal['goal']} | {goal['setting']} | {ratio} | {predicted} | {of_predicted} | {allowed} | "
+            f"{target} | {met} |"
         )
     profiles = (  # (results key, system, profiler, the columns for time and count)
         ("profiles", "residual-int8", "torch.profiler, self CPU time", "self ms", "calls"),
@@ -538,15 +620,42 @@ def markdown(results: dict) -> str:
             "ms",
             "nodes run",
         ),
+        (
+            "onnx_search_profiles",
+            "residual-onnx-search-int8",
+            "onnxruntime's profiler, kernel time by operator type",
+            "ms",
+            "nodes run",
+        ),
     )
     for key, system, profiler, time_column, count_column in profiles:
-        for setting, ops in results[key].items():
+        for setting, ops in results.get(key, {}).items():
             lines += ["", f"## Profile: {system}, {setting.replace('_', ', ')} ({profiler})", ""]
             lines += [f"| operator | {time_column} | share | {count_column} |", "|---|---:|---:|---:|"]
             lines += [f"| {o['op']} | {o['self_ms']:.1f} | {o['share']:.1%} | {o['calls']} |" for o in ops]
     for setting, by_model in results.get("onnx_graph_ms", {}).items():
         lines += graph_table(setting, by_model, results["flop_prediction"][setting]["flops"])
     return "\n".join(lines) + "\n"
+
+
+def spread_table(results: dict, settings) -> list[str]:
+    """Each system's sentences/s over the rounds, worst / median / best, and the rounds' order."""
+    lines = [
+        "",
+        f"## Spread over the {results['setup']['rounds']} rounds (sentences/s: worst / median / best)",
+        "",
+        "Each round times every system once per setting, starting one system later than the round before.",
+        "",
+    ]
+    lines += ["| system | " + " | ".join(s.replace("_", ", ") for s in settings) + " |"]
+    lines += ["|---|" + "---:|" * len(settings)]
+    for name in results["systems"]:
+        cells = []
+        for setting in settings:
+            found = results["spread"][setting].get(name)
+            cells.append(f"{found['min']:.2f} / {found['median']:.2f} / {found['max']:.2f}" if found else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def graph_table(setting: str, by_model: dict, flops: dict) -> list[str]:
@@ -822,6 +931,9 @@ def run_real_text(args: argparse.Namespace, argv: list[str], machine: dict) -> d
             setting: {name: setup["sentences"] / min(t) for name, t in per_system.items()}
             for setting, per_system in measured["seconds_all"].items()
         },
+        "spread": spreads(
+            measured["seconds_all"], dict.fromkeys(measured["seconds_all"], setup["sentences"])
+        ),
         "quality": scores,
         "fastest_table": {f"{b}, {k}": picks for (b, k), picks in FASTEST.items()},
         "wall_s": time.time() - begin,
@@ -849,6 +961,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument(
         "--rounds", type=positive_int, default=None, help="interleaved rounds (default 3; --quick 1)"
+    )
+    parser.add_argument(
+        "--no-compiled",
+        action="store_true",
+        help="leave out the compiled int8 systems (10-60 s of compiling per batch shape): a shorter run",
     )
     real = parser.add_argument_group("real text (issue #57)")
     real.add_argument(
@@ -882,6 +999,8 @@ def main(argv: list[str] | None = None) -> dict:
     setup = QUICK if args.quick else FULL
     if args.rounds is not None:
         setup = {**setup, "rounds": args.rounds}
+    if args.no_compiled:
+        setup = {**setup, "compile": ()}
     begin = time.time()
     with tempfile.TemporaryDirectory(prefix="bench_translate_") as folder:
         systems, notes = build_systems(setup, args.threads, Path(folder))
@@ -900,6 +1019,16 @@ def main(argv: list[str] | None = None) -> dict:
             if "residual-onnx-int8" in systems
             else {}
         )
+        search_profiles = (
+            {
+                setting: onnx_profile_top_ops(
+                    args.threads, Path(folder) / f"search-{setting}", setup, setting, search=True
+                )
+                for setting in ("batch16_beam4", "batch1_greedy")
+            }
+            if "residual-onnx-search-int8" in systems
+            else {}
+        )
         # where RK4's ONNX time goes where it fell short of its FLOP prediction (issue #57)
         onnx_graphs = (
             {"batch16_greedy": onnx_graph_ms(args.threads, Path(folder) / "graphs", setup, "batch16_greedy")}
@@ -914,7 +1043,8 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python -m benchmarks.bench_translate"
         + (" --quick" if args.quick else "")
         + f" --threads {args.threads}"
-        + (f" --rounds {args.rounds}" if args.rounds else ""),
+        + (f" --rounds {args.rounds}" if args.rounds else "")
+        + (" --no-compiled" if args.no_compiled else ""),
         "machine": machine,
         "threads": args.threads,
         "dims": setup["dims"].as_dict(),
@@ -929,8 +1059,10 @@ def main(argv: list[str] | None = None) -> dict:
             setting: {name: sentences[setting] / min(t) for name, t in per_system.items()}
             for setting, per_system in measured["seconds_all"].items()
         },
+        "spread": spreads(measured["seconds_all"], sentences),
         "profiles": profiles,
         "onnx_profiles": onnx_profiles,
+        "onnx_search_profiles": search_profiles,
         "onnx_graph_ms": onnx_graphs,
         "flop_formula": common.GENERATE_FLOP_FORMULA,
         "flop_prediction": flop_prediction(setup),

@@ -20,7 +20,9 @@ step (alpha / the number of tested rows), all from the row's observed sd of the 
 ``docs/templates/results.md`` with each ``<!-- table: results/STUDY/SIZE -->`` marker replaced by the table of
 that study's ``README.md`` (written by this module from the committed results), and each
 ``<!-- gates: results/.../FILE.json -->`` marker by a table of the gate statistics that
-``python -m experiments.block_diagnostic ... --json FILE.json`` recorded.
+``python -m experiments.block_diagnostic ... --json FILE.json`` recorded. It also fills every sentence marker
+(``<!-- claim: ... -->``, experiments.claims) there and in README.md, docs/, hub/README.md and the notebooks'
+markdown cells, from each study's ``summary.json``.
 """
 
 from __future__ import annotations
@@ -377,8 +379,11 @@ def aggregate(
                     if r.get("test_hypotheses")
                 }
             rows.append(row)
+    add_pairwise(study, rows, by_cell)
     for metric in study.metrics:  # Holm across the rows of the table, metric by metric
         compared = [row[metric.name]["paired"] for row in rows if "paired" in row[metric.name]]
+        if metric == study.metrics[0]:  # the declared tests between rows join the primary metric's family
+            compared += [comparison for row in rows for comparison in row.get("pairwise", [])]
         tested = sum(c["p"] is not None for c in compared)
         for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
             comparison["p_holm"] = p_holm
@@ -387,6 +392,45 @@ def aggregate(
             if "paired" in row[metric.name]:
                 row[metric.name]["paired"]["power"] = power_analysis(row[metric.name]["paired"], row, tested)
     return rows
+
+
+def add_pairwise(
+    study: Study, rows: list[dict[str, Any]], by_cell: dict[tuple[str, int], list[dict[str, Any]]]
+) -> None:
+    """Each test the study declares between two rows (``Study.pairwise``), at each depth where both ran: the first
+    row's runs paired with the second's as with the baseline (seed, commit, device, precision), primary metric
+    only; stored on the first row under ``pairwise`` (Holm-corrected later, with the table's rows)."""
+    metric = study.metrics[0].name
+    by_key = {(row["variant"], row["depth"]): row for row in rows}
+    for variant, other in study.pairwise:
+        for depth in study.depths:
+            if (variant, depth) not in by_key or (other, depth) not in by_key:
+                continue
+            runs = sorted(by_cell[(variant, depth)], key=lambda r: r["seed"])
+            theirs = {r["seed"]: r for r in by_cell[(other, depth)]}
+            comparison = {"variant": other, **paired_comparison(runs, theirs, metric, f"{other}'s")}
+            by_key[(variant, depth)].setdefault("pairwise", []).append(comparison)
+
+
+def pairwise_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown of :func:`add_pairwise`'s tests (none where the study declares none, or they did not run)."""
+    compared = [(row, comparison) for row in rows for comparison in row.get("pairwise", [])]
+    if not compared:
+        return []
+    metric = study.metrics[0].name
+    lines = [
+        "",
+        f"Between rows ({metric}; tests the study declares, paired as above and Holm-corrected together with the "
+        "rows of the table):",
+        "",
+        f"| variant | depth | compared with | {metric} vs it | dropped pairs |",
+        "|---|---|---|---|---|",
+    ]
+    for row, comparison in compared:
+        dropped = "; ".join(f"seed {d['seed']}: {d['why']}" for d in comparison["dropped"])
+        other = study.variants[comparison["variant"]].label
+        lines.append(f"| {row['label']} | {row['depth']} | {other} | {comparison['verdict']} | {dropped} |")
+    return [*lines, ""]
 
 
 def paper_gap(study: Study, variant: str, depth: int) -> float | None:
@@ -543,6 +587,7 @@ def markdown(
         ),
         *dropped_pairs(rows, primary.name),
         *power_table(study, rows),
+        *pairwise_table(study, rows),
         *reference_table(study, rows),
         f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}{options}` and "
         f"`python -m experiments.report {study.name} {selection(size, batch)}`.",
@@ -578,14 +623,16 @@ def power_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
     if not tested:
         return []
     holm_alpha = tested[0][metric.name]["paired"]["power"]["holm_first_step_alpha"]
+    between = round(ALPHA / holm_alpha) - len(tested)  # the declared tests between rows share Holm's family
     digits = metric.digits
     lines = [
         "",
         f"Power of the paired t-test ({metric.name}), from each row's observed sd of the per-seed differences: the gap "
         f"it detects with {POWER:.0%} power at the seeds run, and the seeds it needs for the paper's gap and for the "
         f"observed one; each at alpha {ALPHA} / at Holm's first step over the {len(tested)} tested "
-        f"row{'s' if len(tested) != 1 else ''} (alpha "
-        f"{holm_alpha:.4f}).",
+        f"row{'s' if len(tested) != 1 else ''}"
+        + (f" and {between} test{'s' if between != 1 else ''} between rows" if between else "")
+        + f" (alpha {holm_alpha:.4f}).",
         "",
         "| variant | depth | pairs | sd of differences | detectable gap | paper's gap | seeds for it | observed gap "
         "| seeds for it |",
@@ -737,8 +784,12 @@ def study_document(template: Path = DOCS_TEMPLATE, root: Path = RESULTS.parent) 
     body = GATE_MARKER.sub(
         lambda match: gate_table(json.loads((root / match.group(1)).read_text(encoding="utf-8"))), body
     )
-    return header + TABLE_MARKER.sub(
-        lambda match: first_table((root / match.group(1) / "README.md").read_text(encoding="utf-8")), body
+    from experiments.claims import fill  # claims reads this module's statistics: imported where it is used
+
+    return header + fill(
+        TABLE_MARKER.sub(
+            lambda match: first_table((root / match.group(1) / "README.md").read_text(encoding="utf-8")), body
+        )
     )
 
 
@@ -760,8 +811,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.write_docs:
+        from experiments.claims import filled_documents
+
         (RESULTS / "README.md").write_text(study_document(), encoding="utf-8")
         print(RESULTS / "README.md")
+        for path, text in filled_documents().items():
+            if path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+                print(path)
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")

@@ -81,6 +81,10 @@ class Study:
     # study's (its WMT'14 En-De base models for the Multi30k studies), so not a number of `paper`'s column: the effect
     # experiments.report sizes the study's seeds against where `paper` has none.
     paper_gap: dict[str, float] = field(default_factory=dict)
+    # Tests between two rows other than the baseline, ``(variant, other)`` at each depth where both ran: paired by
+    # seed, commit, device and precision as a row is with its baseline, on the primary metric, and Holm-corrected
+    # together with the table's rows (issue 62), so that a sentence ordering two blocks has a test to cite.
+    pairwise: tuple[tuple[str, str], ...] = ()
 
     def source_path(self, seed: int, source: str | None = None) -> str | None:
         """The model folder a run of ``seed`` starts from: ``source`` (else the study's own) with the seed filled in;
@@ -368,6 +372,7 @@ PTB_LONG = Study(
     metrics=PTB.metrics,
     seeds=(0,),
     paper=PTB.paper,
+    pairwise=(("rk4", "rk2_gated"),),
 )
 
 # --------------------------------------------------------------------------------------------
@@ -400,6 +405,7 @@ PTB_PAPER = Study(
     # reports, so the same loss per word alone stands beside it.
     metrics=(*PTB.metrics, Metric("Per word, no </s>", lower_is_better=True, per_word_of="Word perplexity")),
     paper={key: value for key, value in PTB.paper.items() if key[1] == 1},
+    pairwise=(("rk4", "rk2_gated"),),
 )
 
 # --------------------------------------------------------------------------------------------
@@ -505,6 +511,7 @@ MULTI30K = Study(
     depths=(3,),
     metrics=(Metric("BLEU"), Metric("chrF")),
     paper_gap=WMT14_BASE_GAPS,
+    pairwise=(("rk4", "rk2_gated"), ("pc_rk4", "pc_rk2")),
 )
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ A tier's runs go to one batch per device (``results/<study>/cpu_<device><suffix>
 precision, as ``experiments.report`` pairs them. The tiers, in order:
 
 * (a) ptb_paper residual and RK4, seeds 0-2: the paper's central claim where our one seed shows its largest gap;
-* (b) multi30k_paired's power batch: the recipes' default block (gated RK2) beside residual and RK4, 19 seeds;
+* (b) multi30k_paired's power batch: the recipes' default block (gated RK2) beside residual and RK4, the power plan's seeds;
 * (c) the rest of ptb_paper: RK2, RK2 with gamma = 1 and gated RK2, seeds 0-2;
 * (d) the depth probe (``experiments.depth_gate``: schedules, gate, comparison on fresh seeds).
 """
@@ -37,7 +37,8 @@ from experiments.studies import (
 )
 
 Run = tuple[str, int]  # (variant, seed)
-POWER_SEEDS = 19
+# the power table's count for RK4's gap on the H200 batch, at Holm's first step over tier (b)'s tests
+POWER_SEEDS = 21
 DOCUMENT = RESULTS / "verdict.md"
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.files import claim_output, refuse_occupied, staged_folder
 
 __all__ = [
@@ -427,11 +428,14 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], config) -> dict[str, t
     return {k: v.detach().clone().float() for k, v in out.items()}
 
 
-def _refuse_output(out_dir: Path, overwrite: bool) -> None:
+def _refuse_output(out_dir: Path, overwrite: bool, checkpoint: object) -> None:
     """Refuse a file, or a non-empty folder unless ``overwrite`` (as ode_transformer.hub.export does): files left from an earlier
-    model (a tokenizer.json, a card) would sit next to the new weights and describe another model."""
+    model (a tokenizer.json, a card) would sit next to the new weights and describe another model. A folder that
+    holds the checkpoint or a training run is refused whatever ``overwrite`` says."""
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} is a file; OUT_DIR must be a folder (new or empty).")
+    source = [checkpoint] if isinstance(checkpoint, (str, Path)) else []
+    refuse_replacing_a_run(out_dir, source, "OUT_DIR", overwrite, suffix="converted")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
 
 
@@ -448,8 +452,9 @@ def convert_fairseq_checkpoint(
     (eval mode)."""
     from modeling_ode import ODETransformerForConditionalGeneration
 
+    given = checkpoint  # a path is an input that OUT_DIR must not hold
     if out_dir is not None:
-        _refuse_output(Path(out_dir), overwrite)
+        _refuse_output(Path(out_dir), overwrite, given)
     if isinstance(checkpoint, (str, Path)):
         checkpoint = load_fairseq_checkpoint(checkpoint, trust_pickle=trust_pickle)
     args, state = _split_checkpoint(checkpoint)
@@ -462,7 +467,7 @@ def convert_fairseq_checkpoint(
     model.eval()
     if out_dir is not None:
         with claim_output(out_dir, "OUT_DIR"):
-            _refuse_output(Path(out_dir), overwrite)  # again, now that no other writer can fill it
+            _refuse_output(Path(out_dir), overwrite, given)  # again, now that no other writer can fill it
             with staged_folder(out_dir) as staged:  # whole or not at all
                 model.save_pretrained(staged, safe_serialization=True)
     return model

@@ -2,9 +2,11 @@
 
     out_dir/
       config.json              with auto_map -> the code below (AutoConfig, AutoModel and the model's auto class)
-      model.safetensors        the weights (tied weights stored once)
+      model.safetensors        the weights (tied weights stored once); the digest of them its metadata holds is
+                               recorded in config.json, generation_config.json and tokenizer_config.json too, and
+                               from_pretrained checks that they agree
       generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
-      configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py
+      configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py, lora.py
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
@@ -22,6 +24,7 @@ folder (no checkpoints, logs or optimizer states).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -35,6 +38,8 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, record_weights_digest
+from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
@@ -162,7 +167,8 @@ def export_for_hub(
 
     Args:
         model_dir_or_model: a folder written by `save_pretrained` or an ODE Transformer model.
-        out_dir: the folder to write (created); a non-empty one is refused unless ``overwrite``.
+        out_dir: the folder to write (created); a non-empty one is refused unless ``overwrite``, and one that
+            holds an input of the export or a training run is refused whatever ``overwrite`` says.
         tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
             default the tokenizer files of the model folder, if any.
         metrics: a metrics JSON (path or dict, schema in hub/model_card.py) for the card; by default the model
@@ -185,14 +191,16 @@ def export_for_hub(
         None if isinstance(model_dir_or_model, ODETransformerPreTrainedModel) else Path(model_dir_or_model)
     )
     out_dir = Path(out_dir)
-    if source_dir is not None and out_dir.resolve() == source_dir.resolve():
-        raise ValueError("out_dir must differ from the model folder.")
+    inputs = [source_dir, *(p for p in (tokenizer, metrics) if isinstance(p, (str, Path)))]
+    refuse_replacing_a_run(out_dir, inputs, "OUT_DIR", overwrite)
     if onnx_quantize and not onnx:
         raise ValueError("onnx_quantize (--quantize) quantises the ONNX graphs: add --onnx")
     if onnx:
         require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if onnx_quantize else ()), "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
     with claim_output(out_dir, "OUT_DIR"):
+        # again, now that no other export writes it
+        refuse_replacing_a_run(out_dir, inputs, "OUT_DIR", overwrite)
         return _export(
             model_dir_or_model,
             source_dir,
@@ -242,10 +250,24 @@ def _export(
             _write_card(staged, out_dir.resolve().name, metrics, repo_id)
         if onnx:
             export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
+        _record_digest(staged)
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> None:
+def _record_digest(staged: Path) -> None:
+    """The digest of the folder's weights, in ``model.safetensors``' metadata and in ``config.json``,
+    ``generation_config.json`` and ``tokenizer_config.json``: the model's ``from_pretrained`` (and
+    ``ode-translate``, for the tokenizer) refuses files of two exports, which a reader can take while another
+    export replaces the folder."""
+    digest = record_weights_digest(staged / "model.safetensors")
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        path = staged / name
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            path.write_text(json.dumps({**data, WEIGHTS_DIGEST: digest}, indent=2) + "\n", encoding="utf-8")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Write a clean Hub-ready folder (weights, config with auto_map, code, tokenizer, card).",
@@ -275,8 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=ONNX_QUANTIZE_CHOICES,
         default=None,
         help="int8: the ONNX graphs with int8 products (with --onnx; needs onnxruntime): the fastest CPU decoding, "
-        "with ode_transformer.onnx_generation.ONNXSeq2SeqGenerator (docs/performance.md)",
+        "with ode_transformer.onnx_generation.ONNXSeq2SeqGenerator",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         parser.error("--quantize quantises the ONNX graphs: add --onnx")

@@ -259,11 +259,16 @@ def _fraction(x: float) -> str:
     return str(f) if abs(float(f) - x) < 1e-9 else f"{x:g}"
 
 
-def _method_in_words(method: str | dict, tableau) -> str:
+def _method_in_words(method: str | dict, tableau, mode: str, step_size: float) -> str:
+    """The method and the block it builds with `mode`'s coefficients: the formula is generated from the config
+    (`block_equation`), never the method's own equation, which holds for its tableau weights only."""
+    from modeling_ode.ode import block_equation
+
+    equation = f"y_{{t+1}} = {block_equation(tableau, mode, step_size)}"
     if not isinstance(method, str):
-        return f"a user Butcher tableau {tableau.to_dict()}"
+        return f"a user Butcher tableau {tableau.to_dict()}, {equation}"
     stages = f"{tableau.num_stages} stage{'s' if tableau.num_stages > 1 else ''}"
-    return f"{tableau.description} with {stages}, y_{{t+1}} = {tableau.equation}"
+    return f"{tableau.description} with {stages}, {equation}"
 
 
 def _coefficients_in_words(
@@ -297,13 +302,14 @@ def describe_ode(config) -> list[str]:
     for side in sides:
         method = getattr(config, f"{side}_ode_method")
         tableau = config.tableau(side)
-        name = _method_in_words(method, tableau)
+        mode = getattr(config, f"{side}_ode_coefficients") if tableau.num_stages > 1 else "tableau"
+        name = _method_in_words(method, tableau, mode, float(config.ode_step_size))
         layers = getattr(config, f"{side}_layers")
         label = side.capitalize() if config.is_encoder_decoder else "Decoder (causal LM)"
         text = f"**{label}**: {counted(layers, 'layer')}; each layer is {name}"
         if tableau.num_stages > 1:
             coefficients = _coefficients_in_words(
-                getattr(config, f"{side}_ode_coefficients"),
+                mode,
                 tableau,
                 config.ode_coefficient_scope,
                 config.ode_ema_alpha,
@@ -701,7 +707,7 @@ def validate_card_locally(path: str | Path) -> ModelCard:
     return card
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Write README.md (model card) into a trained model folder.",
@@ -709,6 +715,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model_dir", help="folder with config.json (and the weights)")
     parser.add_argument("metrics_json", help="metrics JSON (schema: hub/model_card.py)")
     parser.add_argument("--repo-id", default=None, help="USER/NAME the card's usage example loads from")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     print(write_model_card(args.model_dir, args.metrics_json, args.repo_id))
 

@@ -27,8 +27,13 @@ the cross-attention one per layer (the encoder's keys and values, the same for e
 
 and `present.*` the same names after the step: a loop that feeds each `present.X` back as `past_key_values.X`, and
 takes the self-attention cache as the names with `.decoder` in them, decodes an RK decoder as it does Optimum's.
-In each graph the self-attention tensors come first (layer by layer, stage by stage, key then value), then the
-cross-attention ones (`cache_names`).
+In each graph the cache is in Optimum's order (`cache_pairs`), which Optimum's seq2seq model relies on, feeding the
+cache by position: per layer, the self-attention pair (stage 0) then the cross-attention pair, key then value; the
+later stages of an RK decoder after every layer's pairs (layer by layer, stage by stage).
+
+Each graph is fused by onnxruntime's transformer optimizer (`fuse_graph`) before any quantization, and beside the
+three `export_onnx` writes the search graph of `ode_transformer.hub.onnx_search` (`beam_search_model.onnx`:
+onnxruntime's BeamSearch op over them).
 
 With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
 `decoder_model_quantized.onnx`, `decoder_with_past_model_quantized.onnx` (`QUANTIZED_GRAPHS`). No merged decoder
@@ -38,7 +43,9 @@ transformers' own `generate` (`ONNXSeq2SeqGenerator`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -56,8 +63,12 @@ from ode_transformer.onnx_generation import (
     QUANTIZED_GRAPHS,
     QUANTIZED_SUFFIX,
     RUNTIME_PACKAGES,
+    CachePair,
+    pair_name,
+    parse_cache_name,
     quantized_name,
     require,
+    self_attention_name,
 )
 
 __all__ = [
@@ -71,8 +82,12 @@ __all__ = [
     "ONNX_QUANTIZE_CHOICES",
     "RUNTIME_PACKAGES",
     "cache_names",
+    "cache_pairs",
     "check_exportable",
     "export_onnx",
+    "fuse_graph",
+    "pair_name",
+    "parse_cache_name",
     "quantize_graph_int8",
     "quantized_name",
     "require",
@@ -84,24 +99,27 @@ EXPORT_PACKAGES = ("onnx", "onnxscript")  # torch.onnx.export needs them (the dy
 ONNX_QUANTIZE_CHOICES = ("int8",)
 
 
-def self_attention_name(layer: int, stage: int) -> str:
-    """The middle of a self-attention cache tensor's name: `{layer}.decoder` for stage 0 (Optimum's), and
-    `{layer}.decoder_stage{stage}` for the later stages of an RK decoder."""
-    return f"{layer}.decoder" if stage == 0 else f"{layer}.decoder_stage{stage}"
+def cache_pairs(num_layers: int, stages: int, cross_attention: bool = True) -> list[CachePair]:
+    """The cache's (key, value) pairs in graph order, as Optimum's seq2seq model orders them: layer by layer, the
+    self-attention pair (stage 0) then (with `cross_attention`) the cross-attention pair; then the later stages of an
+    RK decoder, layer by layer and stage by stage. Optimum feeds the cache by position, pairing the n-th
+    self-attention output with the n-th cross-attention one (`layer_past[:2] + cross[2n:2n+2]`), and reorders the
+    first two tensors of each such tuple for beam search: with the extra stages after every layer's pairs, its
+    tuples are (self, cross) per layer and then one (stage) pair each, which it feeds back in this order and
+    reorders whole."""
+    pairs: list[CachePair] = []
+    for layer in range(num_layers):
+        pairs += [(layer, 0), (layer, None)] if cross_attention else [(layer, 0)]
+    return pairs + [(layer, stage) for layer in range(num_layers) for stage in range(1, stages)]
 
 
 def cache_names(num_layers: int, stages: int, prefix: str, cross_attention: bool = True) -> list[str]:
-    """The flat cache's tensor names in graph order: the self-attention slots (layer, stage) in the order of
-    `StageCacheLayout.slot`, key then value, then (with `cross_attention`) each layer's cross-attention pair."""
-    names = [
-        f"{prefix}.{self_attention_name(layer, stage)}.{kv}"
-        for layer in range(num_layers)
-        for stage in range(stages)
+    """The flat cache's tensor names in graph order (:func:`cache_pairs`), key then value."""
+    return [
+        f"{prefix}.{pair_name(pair)}.{kv}"
+        for pair in cache_pairs(num_layers, stages, cross_attention)
         for kv in ("key", "value")
     ]
-    if cross_attention:
-        names += [f"{prefix}.{layer}.encoder.{kv}" for layer in range(num_layers) for kv in ("key", "value")]
-    return names
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -150,20 +168,28 @@ def _graph_modules():
                 use_cache=True,
             )
             cache = getattr(out, CACHE_FIELD)
-            present = [
-                tensor for layer in cache.self_attention_cache.layers for tensor in (layer.keys, layer.values)
-            ]
-            if not self.with_past:
-                layers = cache.cross_attention_cache.layers[: self.layout.num_layers]
-                present += [tensor for layer in layers for tensor in (layer.keys, layer.values)]
+            layers = self.layout.num_layers, self.layout.stages
+            pairs = cache_pairs(*layers, cross_attention=not self.with_past)
+            present = [tensor for pair in pairs for tensor in self._tensors(cache, pair)]
             return (self.lm_head(out.last_hidden_state), *present)
 
+        def _tensors(self, cache: EncoderDecoderCache, pair: CachePair) -> tuple[torch.Tensor, torch.Tensor]:
+            """The keys and values of a `CachePair`: a self-attention slot, or a layer's cross-attention."""
+            layer, stage = pair
+            if stage is None:
+                found = cache.cross_attention_cache.layers[layer]
+            else:
+                found = cache.self_attention_cache.layers[self.layout.slot(layer, stage)]
+            return found.keys, found.values
+
         def _cache(self, tensors: Sequence[torch.Tensor]) -> EncoderDecoderCache:
-            """The flat cache (`cache_names` order) as the decoder's cache: a slot per (layer, stage), then a
-            cross-attention layer per layer."""
-            pairs = [tuple(tensors[i : i + 2]) for i in range(0, len(tensors), 2)]
-            slots = self.layout.num_slots
-            return EncoderDecoderCache(DynamicCache(pairs[:slots]), DynamicCache(pairs[slots:]))
+            """The flat cache (`cache_pairs` order) as the decoder's cache: a slot per (layer, stage), in
+            `StageCacheLayout.slot` order, then a cross-attention layer per layer."""
+            layout = self.layout
+            pairs = dict(zip(cache_pairs(layout.num_layers, layout.stages), zip(tensors[::2], tensors[1::2])))
+            slots = sorted((p for p in pairs if p[1] is not None), key=lambda p: layout.slot(*p))
+            cross = [pairs[(layer, None)] for layer in range(layout.num_layers)]
+            return EncoderDecoderCache(DynamicCache([pairs[p] for p in slots]), DynamicCache(cross))
 
     return EncoderGraph, DecoderGraph
 
@@ -280,6 +306,8 @@ def export_onnx(
     opset: int = ONNX_OPSET,
     graphs: Sequence[str] = GRAPHS,
     quantize: str | None = None,
+    search: bool = True,
+    fuse: bool = True,
 ) -> dict[str, float]:
     """Write the ONNX graphs of an `ODETransformerForConditionalGeneration` into `out_dir` (created).
 
@@ -293,11 +321,15 @@ def export_onnx(
         quantize: "int8" writes the graphs with int8 weights (:func:`quantize_graph_int8`; needs onnxruntime),
             named as Optimum's quantizer names them (`quantized_name`: `encoder_model_quantized.onnx`, ...) and
             without the float32 files.
+        fuse: rewrite each graph with onnxruntime's transformer optimizer (:func:`fuse_graph`; needs
+            onnxruntime), before any quantization.
+        search: with all three graphs, also write the search graph of `ode_transformer.hub.onnx_search`
+            (`beam_search_model.onnx`, or `beam_search_model_quantized.onnx`): the whole search in onnxruntime.
     Returns: the seconds each graph's export took, by the file name written.
     """
     import torch
 
-    require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if quantize else ()), "ONNX export")
+    require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if quantize or fuse else ()), "ONNX export")
     if quantize not in (None, *ONNX_QUANTIZE_CHOICES):
         raise ValueError(
             f"quantize {quantize!r}: choose one of {list(ONNX_QUANTIZE_CHOICES)}, or None (float32)"
@@ -322,12 +354,20 @@ def export_onnx(
             _export_graph(spec, path, dynamo, opset)
             if not dynamo:
                 _fix_cache_dims(path, model.config)
+            if fuse:
+                fuse_graph(path, model.config)
             if quantize:
                 quantize_graph_int8(path, model)
                 path = path.replace(out_dir / quantized_name(name))
             seconds[path.name] = time.perf_counter() - start
     finally:
         model.train(was_training)
+    if search and set(GRAPHS) <= set(graphs):
+        from .onnx_search import write_search_graph
+
+        start = time.perf_counter()
+        path = write_search_graph(model, out_dir, quantize)
+        seconds[path.name] = time.perf_counter() - start
     return seconds
 
 
@@ -375,11 +415,40 @@ def quantize_graph_int8(path: Path, model) -> None:
             reduce_range=True,
             op_types_to_quantize=["MatMul", "Gemm"],
             nodes_to_exclude=gate_nodes,
-            extra_options={"MatMulConstBOnly": True},
+            # the fused graph's contrib ops (SkipLayerNormalization) have no types for its shape inference: every
+            # activation it asks about is float32
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         root.setLevel(level)
     quantized.replace(path)
+
+
+def fuse_graph(path: Path, config) -> dict[str, int]:
+    """Rewrite the graph at `path` with onnxruntime's transformer optimizer (`optimize_model`, its Python fusions
+    for BART, `opt_level` 0: the session applies onnxruntime's own graph optimizations when it loads the graph).
+    It fuses each residual add with the LayerNorm after it (`SkipLayerNormalization`) and folds the shape
+    arithmetic the exporters leave per layer; the weights are not copied (an RK block's stages still read one F's).
+    Its attention fusions look for BART's separate q/k/v products and find none in the fused `qkv_proj` (checked:
+    onnxruntime 1.32.0). Returns the count of each fused operator."""
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    heads = config.encoder_attention_heads
+    root = logging.getLogger()
+    level = root.level
+    # its modules log a line per node they remove, under top-level names (fusion_utils, onnx_model, ...)
+    root.setLevel(logging.ERROR)
+    try:
+        optimized = optimize_model(
+            str(path), "bart", num_heads=heads, hidden_size=config.d_model, opt_level=0
+        )
+        optimized.save_model_to_file(str(path))
+        fused = optimized.get_fused_operator_statistics()
+    finally:
+        root.setLevel(level)
+    return {name: count for name, count in fused.items() if count}
 
 
 def fold_weight_identities(graph) -> int:
@@ -420,15 +489,36 @@ def _fix_cache_dims(path: Path, config) -> None:
     onnx.save(graph, str(path))
 
 
+@contextlib.contextmanager
+def _quiet_dynamo_exporter():
+    """Without the dynamo exporter's notes that say nothing about the graph: that torchvision's operators are not
+    registered (no torchvision op is exported), that an axis name is merged with an equal one (`batch` with
+    `batch`), and torch.export's deprecation notes to itself; about 20 lines per graph otherwise."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="# The axis name: ", category=UserWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning
+            )
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> None:
     import torch
 
     names = {"input_names": spec.input_names, "output_names": spec.output_names, "opset_version": opset}
+    spec.module.eval()  # a wrapper starts in train mode (nn.Module's), and torch.onnx warns of exporting in it
     if dynamo:
         dynamic_shapes = _dynamic_shapes(spec)
-        program = torch.onnx.export(
-            spec.module, spec.inputs, dynamo=True, dynamic_shapes=dynamic_shapes, **names
-        )
+        with _quiet_dynamo_exporter():
+            program = torch.onnx.export(
+                spec.module, spec.inputs, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False, **names
+            )
         program.save(str(path), external_data=False)
     else:
         with warnings.catch_warnings():

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.files import clear_folder, refuse_occupied, saving
 
 __all__ = ["upcycle_folder"]
@@ -28,7 +29,8 @@ def upcycle_folder(
     source: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False, **conversion: Any
 ) -> Path:
     """`from_residual(source, **conversion)` saved to `out_dir` with the source's tokenizer (if it has one). A
-    non-empty `out_dir` is refused (before the source is read) unless `overwrite`. Returns `out_dir`."""
+    non-empty `out_dir` is refused (before the source is read) unless `overwrite`; one that holds the source or a
+    training run, whatever `overwrite` says. Returns `out_dir`."""
     from transformers import AutoTokenizer
 
     from modeling_ode import ODETransformerForConditionalGeneration
@@ -36,6 +38,7 @@ def upcycle_folder(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file; OUT_DIR must be a folder (new or empty).")
+    refuse_replacing_a_run(out, [source], "OUT_DIR", overwrite, suffix="upcycled")
     refuse_occupied(out, overwrite, "--overwrite", "OUT_DIR")
     model = ODETransformerForConditionalGeneration.from_residual(source, **conversion)
     try:

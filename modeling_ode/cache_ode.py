@@ -7,6 +7,7 @@ attention function (`beam_attention_forward`) reads that layout. The generation 
 `generate` these caches. The modeling file imports this one; an exported folder ships it as remote code.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -17,7 +18,7 @@ from transformers import PreTrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.generation.configuration_utils import GenerationConfig, GenerationMode
 
-from .compat import GenerationCacheHook
+from .compat import GenerationCacheHook, without_length_clash_warning
 from .configuration_ode_transformer import ODETransformerConfig
 from .ode import FFN, SELF_ATTENTION, ode_groups
 
@@ -343,6 +344,17 @@ class ODEGenerationMixin(GenerationCacheHook):
         ):
             return layout.beam_search(generation_config.num_beams, isinstance(cache, EncoderDecoderCache))
         return layout.like(cache)
+
+    def generate(self, inputs=None, generation_config=None, *args, **kwargs):
+        """transformers' `generate`. A saved folder's `max_length` is its default output length, and a caller's
+        `max_new_tokens` replaces it as transformers does, without transformers' warning that both were set: the
+        caller set one. Where the caller sets both, the warning stays."""
+        asked = [kwargs, vars(generation_config) if generation_config is not None else {}]
+        new_tokens_only = any(a.get("max_new_tokens") is not None for a in asked) and all(
+            a.get("max_length") is None for a in asked
+        )
+        with without_length_clash_warning() if new_tokens_only else contextlib.nullcontext():
+            return super().generate(inputs, generation_config, *args, **kwargs)
 
     @staticmethod
     def create_masks_for_generate(

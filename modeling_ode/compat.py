@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -46,6 +47,7 @@ __all__ = [
     "parser_actions",
     "raise_recompile_limit",
     "reset_compiled_graphs",
+    "without_length_clash_warning",
 ]
 
 CHECKED = {"transformers": ("5.23.0", "5.24.0"), "torch": ("2.13.0",), "python": ("3.11.7",)}
@@ -108,6 +110,24 @@ def is_loaded_weight(tensor: torch.Tensor) -> bool:
     which the `transformers.initialization` functions cannot see is loaded; transformers' own default
     `_init_weights` guards that row with the same flag. Checked: transformers 5.23.0, 5.24.0."""
     return bool(getattr(tensor, "_is_hf_initialized", False))
+
+
+@contextlib.contextmanager
+def without_length_clash_warning() -> Iterator[None]:
+    """Within it, `generate` does not warn that both `max_new_tokens` and `max_length` were set: transformers warns
+    whenever `max_new_tokens` meets any `max_length`, one from the model's `generation_config.json` included, which
+    every saved folder has (its trained output length). The warning is a record of the logger
+    `transformers.generation.utils` (no switch for it), filtered here by its words. Checked: transformers 5.24.0."""
+
+    def not_the_clash(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Both `max_new_tokens`")
+
+    logger = logging.getLogger("transformers.generation.utils")
+    logger.addFilter(not_the_clash)
+    try:
+        yield
+    finally:
+        logger.removeFilter(not_the_clash)
 
 
 def compile_on_any_device(compile_config: CompileConfig) -> CompileConfig:

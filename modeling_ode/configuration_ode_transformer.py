@@ -109,7 +109,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_attention_heads": 2,
         "encoder_layers": 2,
         "decoder_layers": 2,
-        "max_position_embeddings": 128,
         "max_relative_position": 4,
     },
 }
@@ -261,6 +260,9 @@ class ODETransformerConfig(PreTrainedConfig):
     forced_eos_token_id: int | list[int] | None = None
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
+    # set by `ode-export`: the digest of the folder's weights, which `from_pretrained` compares with the one
+    # `model.safetensors` records; `save_pretrained` does not write it (weights saved anew are not the export's)
+    weights_digest: str | None = None
 
     def __post_init__(self, **kwargs):
         # `label_smoothing`: a field of configs saved by earlier versions

@@ -58,6 +58,7 @@ from .compat import (
     is_loaded_weight,
 )
 from .configuration_ode_transformer import ODETransformerConfig
+from .lora import LoraTargetCheck, register_peft_target_modules
 from .ode import (
     CROSS_ATTENTION,
     FFN,
@@ -296,6 +297,79 @@ def check_safetensors_file(path: Path) -> dict:
             "(a checkpoint folder can be replaced by an earlier complete one)."
         )
     return header
+
+
+WEIGHTS_DIGEST = "weights_digest"
+"""The key of the digest of an exported folder's weights (`ode-export`), in its `model.safetensors`' metadata and in
+its `config.json`, `generation_config.json` and `tokenizer_config.json`: `from_pretrained` checks that they agree."""
+_CHUNK = 1 << 24  # bytes of tensor data hashed or copied at a time
+
+
+def _safetensors_header(path: Path) -> tuple[int, dict]:
+    """The header size and header of the safetensors file `path` (checked whole first)."""
+    check_safetensors_file(path)
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return size, json.loads(f.read(size))
+
+
+def weights_digest(path: str | os.PathLike) -> str | None:
+    """The weights digest the safetensors file `path` records in its metadata (from its header alone), or None."""
+    _, header = _safetensors_header(Path(path))
+    return (header.get("__metadata__") or {}).get(WEIGHTS_DIGEST)
+
+
+def record_weights_digest(path: str | os.PathLike) -> str:
+    """Compute the digest of the weights in the safetensors file `path` (sha256 of its tensors' names, dtypes,
+    shapes and bytes) and record it in the file's metadata; the digest. The header is written anew, the tensor
+    bytes are copied as they are, and the new file replaces the old one in one rename."""
+    import hashlib
+
+    path = Path(path)
+    size, header = _safetensors_header(path)
+    metadata = header.pop("__metadata__", None) or {}
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode("utf-8"))
+    with open(path, "rb") as f:
+        f.seek(8 + size)
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    header["__metadata__"] = {**metadata, WEIGHTS_DIGEST: digest.hexdigest()}
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)  # the tensor data stays aligned to 8 bytes
+    temporary = path.with_name(f".{path.name}.digest")
+    try:
+        with open(path, "rb") as source, open(temporary, "wb") as target:
+            target.write(struct.pack("<Q", len(encoded)) + encoded)
+            source.seek(8 + size)
+            while chunk := source.read(_CHUNK):
+                target.write(chunk)
+        os.chmod(temporary, path.stat().st_mode & 0o777)
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return digest.hexdigest()
+
+
+def _digest_problem(folder: str | os.PathLike, model: PreTrainedModel) -> str | None:
+    """Why `model`, just loaded from the local `folder`, may hold one export's config and another's weights: the
+    digest its config (and generation config) record against the one in the folder's `model.safetensors`; None
+    where they agree or nothing records one."""
+    weights = Path(folder) / "model.safetensors"
+    recorded = {
+        "config.json": getattr(model.config, WEIGHTS_DIGEST, None),
+        "generation_config.json": getattr(getattr(model, "generation_config", None), WEIGHTS_DIGEST, None),
+    }
+    recorded = {name: digest for name, digest in recorded.items() if digest}
+    if not recorded or not weights.is_file():
+        return None
+    held = weights_digest(weights)
+    wrong = [name for name, digest in recorded.items() if digest != held]
+    if not wrong:
+        return None
+    return (
+        f"{folder}: {' and '.join(wrong)} record the weights digest {recorded[wrong[0]][:12]}, but its "
+        f"model.safetensors holds {held[:12] if held else 'none'}"
+    )
 
 
 def non_finite_tensors(weights: nn.Module | Mapping[str, torch.Tensor]) -> list[str]:
@@ -842,7 +916,7 @@ _UNSUPPORTED_ATTENTION = (
 )
 
 
-class ODETransformerPreTrainedModel(PreTrainedModel):
+class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
     config: ODETransformerConfig
     config_class = ODETransformerConfig
     base_model_prefix = "model"
@@ -864,6 +938,7 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
     def __init__(self, config: ODETransformerConfig, *inputs, **kwargs):
         config.validate()  # fields may have been changed after the config was built
         super().__init__(config, *inputs, **kwargs)
+        register_peft_target_modules(config.model_type)  # LoraConfig() without target_modules: lora.py
 
     def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
         """Record a new trained length (what HF's example scripts call when `--max_source_length` exceeds
@@ -883,19 +958,43 @@ class ODETransformerPreTrainedModel(PreTrainedModel):
         base = "ODETransformerModel" if self.config.is_encoder_decoder else "ODETransformerDecoder"
         auto_map = dict(getattr(self.config, "auto_map", None) or {})
         self.config.auto_map = {**auto_map, "AutoModel": f"modeling_ode_transformer.{base}"}
-        super().save_pretrained(save_directory, *args, **kwargs)
+        # an exported folder's weights digest describes its weights file, not one saved anew: not written (a field
+        # of the config, left at its default; an attribute of the generation config's own, removed)
+        config_digest = self.config.weights_digest
+        generation = getattr(self, "generation_config", None)  # the bare encoder-decoder has none
+        generation_digest = getattr(generation, WEIGHTS_DIGEST, None)
+        self.config.weights_digest = None
+        if generation_digest is not None:
+            delattr(generation, WEIGHTS_DIGEST)
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            self.config.weights_digest = config_digest
+            if generation_digest is not None:
+                setattr(generation, WEIGHTS_DIGEST, generation_digest)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name."""
+        """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name, and
+        a local folder whose config and weights come from two exports (`ode-export` records a digest of the weights
+        in both): a reader that loads while an export replaces the folder can take its files one from each. Loaded
+        again once; then refused in one line."""
+        folder = None
         if pretrained_model_name_or_path is not None:
-            weights = (
-                Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "") / "model.safetensors"
-            )
-            if weights.is_file():
-                check_safetensors_file(weights)
+            folder = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
+            if (folder / "model.safetensors").is_file():
+                check_safetensors_file(folder / "model.safetensors")
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True gives a tuple
+        if folder is not None and (problem := _digest_problem(folder, loaded)):
+            logger.warning(f"{problem}: it was replaced while it loaded; loading it again")
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            loaded = model[0] if isinstance(model, tuple) else model
+            if problem := _digest_problem(folder, loaded):
+                raise OSError(
+                    f"{problem}, loaded twice: its files come from two exports; load it again once the export "
+                    "writing it has finished, or export the model again"
+                )
         bad = non_finite_tensors(loaded)
         if bad:  # a diverged training run's model decodes to empty lines without a word otherwise
             logger.warning(
@@ -1376,6 +1475,7 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODESeq2SeqLMOutput:
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
+        self.check_lora_targets()
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1457,6 +1557,7 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
+        self.check_lora_targets()
         if labels is not None or shift_labels is not None:
             use_cache = False  # training and scoring see whole sequences (as in the seq2seq model)
         outputs = self.model(

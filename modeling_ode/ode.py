@@ -58,6 +58,7 @@ __all__ = [
     "ODEStageRecorder",
     "StageCoefficients",
     "StageGate",
+    "block_equation",
     "euler_weights",
     "gate_start_logits",
     "ode_step",
@@ -297,6 +298,65 @@ PAPER_COEFFICIENTS: dict[ODEMethodName, CoefficientModeName] = {"rk2": "gated"}
 def paper_coefficients(method: str | dict | ButcherTableau) -> CoefficientModeName:
     """The coefficients of the paper's block for `method` (`PAPER_COEFFICIENTS`, else `tableau`)."""
     return PAPER_COEFFICIENTS.get(method, "tableau") if isinstance(method, str) else "tableau"
+
+
+def block_equation(tableau: ButcherTableau, mode: str, step_size: float = 1.0) -> str:
+    """The block a method and a coefficient mode build, written out from their data (docs only: the model card):
+    y_{t+1} in terms of y and the stages, then each stage, e.g. the paper's RK2-block
+    "y + g F1 + (1 - g) F2; F1 = F(y), F2 = F(y + F1)". The coefficients are named as in `COEFFICIENT_MODES`:
+    g for the two-stage gate, gamma_i for learned weights and other gates, a for the EMA's alpha."""
+    s = tableau.num_stages
+    stages = [f"F{i + 1}" for i in range(s)]
+    if mode == "tableau":
+        update = _fixed_combination(tableau.b, stages)
+    elif mode == "ones":
+        update = " + ".join(stages)
+    elif mode == "gated" and s == 2:
+        update = "g F1 + (1 - g) F2"
+    elif mode == "ema":
+        powers = ["" if k == 0 else " (1 - a)" if k == 1 else f" (1 - a)^{k}" for k in range(s - 1, -1, -1)]
+        update = " + ".join(f"a{power} {stage}" for power, stage in zip(powers, stages))
+    else:
+        update = " + ".join(f"gamma_{i + 1} {stage}" for i, stage in enumerate(stages))
+    scale = "" if step_size == 1.0 else f"{step_size:g} "
+    definitions = []
+    for i, (row, y_weight) in enumerate(zip(tableau.a, tableau.stage_y_weights)):
+        argument = _fixed_combination((y_weight, *row), ["y", *stages[:i]], common_denominator=False)
+        definitions.append(f"{stages[i]} = {scale}F({argument})")
+    return f"y + {update}; {', '.join(definitions)}"
+
+
+def _fixed_combination(
+    weights: Sequence[float], symbols: Sequence[str], common_denominator: bool = True
+) -> str:
+    """sum_i weights_i symbols_i in words, zero terms left out, e.g. "(F1 + 2 F2 + 2 F3 + F4) / 6" (with a
+    `common_denominator` where every weight is a small fraction) or "y + F1 / 2"."""
+    from fractions import Fraction
+
+    fractions = [Fraction(w).limit_denominator(1000) for w in weights]
+    rational = all(math.isclose(float(f), w, abs_tol=1e-12) for f, w in zip(fractions, weights))
+    denominator = math.lcm(*(f.denominator for f in fractions)) if rational and common_denominator else 1
+    terms = []
+    for weight, fraction, symbol in zip(weights, fractions, symbols):
+        if weight == 0:
+            continue
+        scaled = fraction * denominator
+        if not rational:
+            magnitude = f"{abs(weight):g} {symbol}"
+        else:
+            numerator = "" if abs(scaled.numerator) == 1 else f"{abs(scaled.numerator)} "
+            magnitude = f"{numerator}{symbol}" + (
+                f" / {scaled.denominator}" if scaled.denominator != 1 else ""
+            )
+        terms.append(("- " if weight < 0 else "+ ") + magnitude)
+    if not terms:
+        return "0"
+    text = " ".join(terms).removeprefix("+ ")
+    if text.startswith("- "):
+        text = "-" + text[2:]
+    if denominator == 1:
+        return text
+    return f"({text}) / {denominator}" if len(terms) > 1 else f"{text} / {denominator}"
 
 
 # What F is (Figure "components"). Sublayers that are not part of F stay residual.

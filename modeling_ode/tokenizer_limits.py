@@ -13,6 +13,19 @@ __all__ = ["NO_LENGTH_LIMIT", "fit_tokenizer_to_model", "tokenizer_limits"]
 # value from here up means "no limit recorded".
 NO_LENGTH_LIMIT = 1_000_000
 
+# What transformers puts into a loaded tokenizer's `init_kwargs` from the load itself: `from_pretrained`'s own
+# arguments and `tokenizer.json`'s truncation, read back at every load. `save_pretrained` writes `init_kwargs` into
+# tokenizer_config.json, where they would read as settings (and the truncation would go stale once refitted here).
+# Checked: transformers 5.24.0.
+LOAD_TIME_KEYS = (
+    "is_local",
+    "local_files_only",
+    "max_length",
+    "stride",
+    "truncation_strategy",
+    "truncation_side",
+)
+
 
 def tokenizer_limits(config: ODETransformerConfig, max_source_length: int | None = None) -> dict[str, Any]:
     """``model_max_length``: the source length the model was trained with (``max_source_length``), at most its
@@ -29,10 +42,12 @@ def fit_tokenizer_to_model(tokenizer, config: ODETransformerConfig, max_source_l
     """Set :func:`tokenizer_limits` on ``tokenizer`` (and in what its ``save_pretrained`` writes), and make
     ``tokenizer.json``'s own truncation the same length, which a ``tokenizers``-only deployment applies (it is
     otherwise whatever the last ``tokenizer(..., truncation=True, max_length=N)`` call left); a causal LM's prompt
-    loses its start. Returns the tokenizer."""
+    loses its start. What the tokenizer kept from its load (`LOAD_TIME_KEYS`) is not saved. Returns the tokenizer."""
     for key, value in tokenizer_limits(config, max_source_length).items():
         setattr(tokenizer, key, value)
         tokenizer.init_kwargs[key] = value  # save_pretrained writes init_kwargs
+    for key in LOAD_TIME_KEYS:
+        tokenizer.init_kwargs.pop(key, None)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         direction = "right" if config.is_encoder_decoder else "left"

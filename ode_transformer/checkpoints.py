@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .files import claim, replace_folder
+from .files import claim, real_path, refuse_replacing_inputs, replace_folder
 
 __all__ = [
     "FINAL_MODEL_STAGING",
@@ -40,7 +40,9 @@ __all__ = [
     "new_run_id",
     "publish",
     "read_run_id",
+    "refuse_replacing_a_run",
     "remove_staging",
+    "run_contents",
     "unsafe_pickle_message",
 ]
 
@@ -131,6 +133,46 @@ def remove_staging(output_dir: str | Path) -> None:
         shutil.rmtree(staging)
 
 
+def run_contents(folder: str | Path) -> list[str]:
+    """What makes ``folder`` a training run's: its ``checkpoint-<step>`` folders, checkpoint staging, trainer state
+    and run lock (empty for any other folder)."""
+    path = Path(folder)
+    if not path.is_dir():
+        return []
+    checkpoints = [  # an empty one holds nothing of a run (left by a copy, or made by hand)
+        p.name for p in path.iterdir() if _CHECKPOINT.match(p.name) and p.is_dir() and any(p.iterdir())
+    ]
+    checkpoints.sort(key=lambda name: int(name.split("-")[1]))
+    return checkpoints + [name for name in (STAGING, TRAINER_STATE, LOCK_FILE) if (path / name).exists()]
+
+
+def refuse_replacing_a_run(
+    folder: str | Path,
+    inputs: Sequence[str | Path | None],
+    option: str,
+    overwrite: bool = False,
+    suffix: str = "export",
+) -> None:
+    """A tool's output folder (``ode-export``, averaging, conversion) is never one that holds its own inputs
+    (:func:`ode_transformer.files.refuse_replacing_inputs`) or a training run's checkpoints and state,
+    whatever ``overwrite`` (``--overwrite``) says: the tool would replace the whole run with one model. Only
+    ``ode-train --overwrite_output_dir`` starts a run's folder afresh. ``suffix`` makes the example of another
+    folder.
+
+    Raises:
+        FileExistsError: the folder, what it holds and how to write elsewhere.
+    """
+    refuse_replacing_inputs(folder, inputs, option, suffix)
+    if found := run_contents(folder):
+        listing = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        change = "--overwrite does not change that; " if overwrite else ""
+        raise FileExistsError(
+            f"{option} {folder} holds a training run ({listing}): writing the folder would delete its "
+            f"checkpoints and results; {change}give another {option}, a new folder (e.g. "
+            f"{real_path(folder)}-{suffix})"
+        )
+
+
 @contextmanager
 def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
     """Hold ``OUTPUT_DIR/.run.lock`` while the block runs (:func:`ode_transformer.files.claim`): one run per folder, also for
@@ -143,8 +185,9 @@ def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
     folder = Path(output_dir)
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    real = real_path(folder)  # the lock of the folder, whatever its name
     try:
-        with claim(folder, folder / LOCK_FILE, folder / PID_FILE, "--output_dir", holder="run"):
+        with claim(folder, real / LOCK_FILE, real / PID_FILE, "--output_dir", holder="run"):
             yield
     finally:
         if created and folder.is_dir() and not any(folder.iterdir()):

@@ -15,14 +15,20 @@ modules keep Python's traceback: that is the developer's path.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import os
+import socket
 import sys
 import tempfile
 import traceback
+import urllib.parse
 from pathlib import Path
+
+# positive_int, the argparse type of every command's counts, is defined beside the kept parsers that rebuild it;
+# the commands' modules import it from here
+from .parsers import check_arguments
+from .parsers import positive_int as positive_int
 
 OWN_PACKAGES = ("ode_transformer", "modeling_ode", "train", "hub")
 KEPT_TRACEBACKS = 10
@@ -35,6 +41,16 @@ def install_command(extra: str | None = None) -> str:
     there with ``python -m build``."""
     suffix = f"[{extra}]" if extra else ""
     return f"pip install '.{suffix}' in a clone of ode-transformer, or pip install 'ode_transformer-*.whl{suffix}'"
+
+
+def guide(name: str) -> str:
+    """Where the guide ``name`` (``data-and-tests.md``) is: ``docs/`` in a clone, the package's ``docs/`` folder in
+    an install (pyproject ships the guides), so that a message naming it names a file the user has."""
+    package = Path(__file__).resolve().parent
+    for folder in (package.parent / "docs", package / "docs"):
+        if (folder / name).is_file():
+            return str(folder / name)
+    return f"docs/{name} of the ode-transformer repository"
 
 
 def program_name(module: str) -> str:
@@ -70,18 +86,6 @@ def report_interrupt(module: str, interrupt: KeyboardInterrupt) -> int:
     advice = str(interrupt) or "nothing was written; run the command again"
     print(f"{program_name(module)}: interrupted; {advice}", file=sys.stderr)
     return INTERRUPTED
-
-
-def positive_int(text: str) -> int:
-    """An argparse ``type`` for a count (batch size, beams, checkpoints): 0 or less is refused by name, where it
-    would otherwise mean "everything" or nothing at all."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def output_problem(output: str | None, inputs: dict[str, str | list[str] | None]) -> str | None:
@@ -161,10 +165,37 @@ def _keep_traceback(command: str) -> str:
     return f"traceback in {path}"
 
 
+HUB_COMMANDS = ("ode-train", "ode-translate")
+"""The commands that may download from the Hub (a dataset, a model id): they check once that it is reachable."""
+HUB_CHECK_SECONDS = 3.0
+
+
+def go_offline_if_hub_unreachable(timeout: float = HUB_CHECK_SECONDS) -> bool:
+    """Where neither ``HF_HUB_OFFLINE`` nor ``TRANSFORMERS_OFFLINE`` is set, try one TCP connection to the Hub
+    (``HF_ENDPOINT``'s host, else huggingface.co); where it fails, set ``HF_HUB_OFFLINE=1`` for this process, before
+    huggingface_hub, datasets and transformers read it, so that they answer from their local caches at once instead
+    of retrying each request (ode-train's Hub dataset fallback took 24 s of repeated warnings, offline, before its
+    one line). Returns whether it went offline."""
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
+        return False
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+    except OSError:  # no name resolution, no route, refused, timed out
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return True
+    return False
+
+
 def _launch(command: str, module: str, extra: str | None) -> None:
     global _running_command
     _running_command = command
     try:
+        # --help and a refused flag are answered from the kept flags, before torch and transformers load
+        check_arguments(command, sys.argv[1:])
+        if command in HUB_COMMANDS:
+            go_offline_if_hub_unreachable()
         status = importlib.import_module(f"ode_transformer.{module}").main()
     except ModuleNotFoundError as error:  # at import, or a lazy import inside main
         missing = (error.name or "").split(".")[0]
@@ -183,7 +214,9 @@ def _launch(command: str, module: str, extra: str | None) -> None:
             raise
         if raised_by_own_check(error):  # a refusal that names its problem and fix: nothing more to keep
             _fail(f"{command}: error: {error}")
-        _fail(f"{command}: error: {error} ({_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)")
+        # a library's message may span lines (transformers' offline one)
+        one_line = " ".join(str(error).split())
+        _fail(f"{command}: error: {one_line} ({_keep_traceback(command)}; ODE_TRACEBACK=1 prints it)")
     finally:
         _running_command = None
     sys.exit(status or 0)

@@ -36,7 +36,9 @@ __all__ = [
     "match_umask",
     "read_byte_lines",
     "read_lines",
+    "real_path",
     "refuse_occupied",
+    "refuse_replacing_inputs",
     "replace_folder",
     "replacing",
     "saving",
@@ -51,6 +53,8 @@ logger = logging.getLogger(__name__)
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 # torch.save's zip writer: "unexpected pos" when a record's write fails, "basic_ios::clear: iostream error" when its
 # final flush (the archive's directory) does.
+# onnxruntime's quantize_dynamic writes a shape-inferred copy of a graph and reads it back: cut off by a full disk
+# (its writer does not say so), protobuf finds the "Wire format was corrupt".
 _NO_SPACE_MESSAGES = (
     "os error 28",
     "os error 27",
@@ -60,6 +64,7 @@ _NO_SPACE_MESSAGES = (
     "file write failed",
     "unexpected pos",
     "basic_ios::clear",
+    "Wire format was corrupt",
 )
 INCOMPLETE = ".incomplete"
 """Suffix of a folder being written (:func:`staged_folder`): renamed to its name once complete."""
@@ -167,6 +172,28 @@ def refuse_occupied(
         )
 
 
+def refuse_replacing_inputs(
+    folder: str | Path, inputs: Iterable[str | Path | None], option: str, suffix: str = "new"
+) -> None:
+    """Refuse to write the folder ``folder`` (``option`` names its flag) where it is, or holds, one of the command's
+    own ``inputs`` (``None`` entries skipped), whatever ``--overwrite`` says: replacing the folder would delete
+    them (``ode-export RUN/checkpoint-40 RUN --overwrite`` deleted the run it exported from). Compared by
+    :func:`real_path`, so that no other name of the folder passes; ``suffix`` makes the example of another folder.
+
+    Raises:
+        FileExistsError: the input, the folder and how to write elsewhere.
+    """
+    out = real_path(folder)
+    for name in filter(None, inputs):
+        path = real_path(name)
+        if path.exists() and (path == out or out in path.parents):
+            where = "is" if path == out else "holds"
+            raise FileExistsError(
+                f"{option} {folder} {where} {name}, an input of this command: writing the folder would delete it, "
+                f"whatever --overwrite says; give another {option}, a new folder outside it (e.g. {out}-{suffix})"
+            )
+
+
 def clear_folder(folder: str | Path, keep: Iterable[str] = ()) -> None:
     """Delete what ``folder`` holds (an ``--overwrite``), except the names in ``keep`` (a held lock file)."""
     contents = _contents(Path(folder), keep)
@@ -205,11 +232,13 @@ def saving(path: str | Path) -> Iterator[None]:
         ) from None
 
 
-def _through_links(path: str | Path) -> Path:
-    """``path``, or the file a symbolic link ``path`` points to (followed to the end, also where that file does not
-    exist yet): an output that is a link is written through to its target, never replaced by a regular file."""
-    target = Path(path)
-    return Path(os.path.realpath(target)) if target.is_symlink() else target
+def real_path(path: str | Path) -> Path:
+    """``path`` with every symbolic link in it followed (to the end, also where the last one points to nothing yet)
+    and ``..`` resolved: the one name of a file or folder, whatever name a command was given. Every lock and
+    staging name derives from it, so that two writers of one output by two names (``runs/E9`` and a link to it)
+    take the same lock; and an output that is a link is written through to its target, never replaced by a
+    regular file."""
+    return Path(os.path.realpath(path))
 
 
 def _umask() -> int:
@@ -241,7 +270,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     that takes a path; renamed over ``path`` when the block ends without an error, deleted otherwise. A full
     disk is named (:func:`saving`). A ``path`` that is a symbolic link is written through to its target (the
     link stays); the file gets the umask's mode whatever mode its writer gave it (:func:`match_umask`)."""
-    target = _through_links(path)
+    target = real_path(path)
     temporary = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}")
     try:
         with saving(target):
@@ -292,8 +321,8 @@ def replace_folder(staged: Path, final: Path) -> None:
     (:func:`match_umask`).
 
     A reader that loads files of ``final`` one by one (``from_pretrained``) while it is replaced can still take
-    one from each; one that may load during a replacement loads from a path that changes by one rename
-    (README, "Safety and recovery")."""
+    one from each: an export records a digest of its weights in its config files, which the model's
+    ``from_pretrained`` checks (README, "Safety and recovery")."""
     match_umask(staged)
     if not final.exists():
         staged.rename(final)
@@ -313,7 +342,7 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
     without an error (:func:`replace_folder`: one rename that swaps an existing ``folder`` out). A kill leaves
     ``folder`` whole, old or new, and the staging folder (holding the new files, or the old ones swapped out),
     which the next write names and deletes (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
-    final = Path(folder).resolve()
+    final = real_path(folder)
     staged = final.with_name(final.name + INCOMPLETE)
     for left in (staged, staged.with_name(staged.name + ".old")):  # .old: an old folder set aside
         if left.exists():
@@ -321,7 +350,7 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
             shutil.rmtree(left)
     staged.mkdir(parents=True)
     try:
-        with saving(staged):
+        with saving(folder):  # a full disk names the folder asked for, not its staging name
             yield staged
         if final.is_dir() and any(final.iterdir()):
             logger.warning("overwriting %s", final)
@@ -380,9 +409,8 @@ def claim(
 
 def claim_output(path: str | Path, option: str) -> contextlib.AbstractContextManager[None]:
     """:func:`claim` for an output file or folder ``path``: ``.NAME.lock`` and ``.NAME.pid`` beside it (its
-    folder is created if needed)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return claim(
-        target, target.with_name(f".{target.name}.lock"), target.with_name(f".{target.name}.pid"), option
-    )
+    folder is created if needed), NAME being that of its :func:`real_path`, so that every name of one output
+    takes one lock."""
+    real = real_path(path)
+    real.parent.mkdir(parents=True, exist_ok=True)
+    return claim(path, real.with_name(f".{real.name}.lock"), real.with_name(f".{real.name}.pid"), option)

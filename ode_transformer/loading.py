@@ -26,6 +26,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .tokenizer import check_tokenizer_files
@@ -60,6 +61,19 @@ def _holds_models(folder: Path) -> bool:
     )
 
 
+def _check_hub_id_reachable(repo_id: str) -> None:
+    """Offline (``HF_HUB_OFFLINE``, which ``ode-train`` and ``ode-translate`` set where the Hub is unreachable), a
+    Hub id loads only from the local cache: without a cached copy, one line naming both ways forward (transformers'
+    own message spans lines and names neither)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        raise FileNotFoundError(
+            f"{repo_id} is no local folder, and the Hub is offline with no cached copy of it: give the folder "
+            "ode_transformer.train.run wrote (its --output_dir), or go online to download it"
+        )
+
+
 def check_model_folder(model_name_or_path: str) -> None:
     """A local model folder must exist and hold a tokenizer; each problem named in one line with its fix (else
     transformers reads the path as a Hub id, or asks for sentencepiece)."""
@@ -76,6 +90,7 @@ def check_model_folder(model_name_or_path: str) -> None:
                 f"no model folder {model_name_or_path}: give the folder ode_transformer.train.run wrote (its --output_dir) or "
                 "a Hub id (USER/NAME)"
             )
+        _check_hub_id_reachable(model_name_or_path)
         return  # a Hub id
     if not folder.is_dir():
         raise NotADirectoryError(
@@ -256,10 +271,13 @@ def load_saved_model(model_name_or_path: str | Path, **config_changes) -> PreTra
     this project's are dropped (:func:`drop_foreign_config_entries`).
 
     Raises:
-        ValueError: the folder's ``model_type`` is not ``ode_transformer``, or weights are missing, unexpected or
-            of another shape (the first five of each named).
+        ValueError: the folder's ``model_type`` is not ``ode_transformer``, its ``generation_config.json`` is of the
+            wrong shape (:func:`check_generation_config`), or weights are missing, unexpected or of another shape
+            (the first five of each named).
     """
     seq2seq = ode_model_config(model_name_or_path).get("is_encoder_decoder", True)
+    # from_pretrained reads it too, and fails deep inside on a bad one
+    check_generation_config(model_name_or_path)
     model_class = ODETransformerForConditionalGeneration if seq2seq else ODETransformerForCausalLM
     check_config_fits_weights(model_name_or_path, model_class, **config_changes)
     try:
@@ -306,6 +324,22 @@ def drop_foreign_config_entries(config: ODETransformerConfig, source: str | Path
             source,
             ", ".join(dropped),
         )
+
+
+def tokenizer_digest_problem(
+    tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, folder: str | Path
+) -> str | None:
+    """Why ``tokenizer`` may be another export's than ``config`` (both loaded from ``folder``): the weights digests
+    that ``ode-export`` records in ``tokenizer_config.json`` and ``config.json`` differ; None where they agree or
+    either records none."""
+    held = tokenizer.init_kwargs.get(WEIGHTS_DIGEST)
+    expected = getattr(config, WEIGHTS_DIGEST, None)
+    if held and expected and held != expected:
+        return (
+            f"{folder}: tokenizer_config.json records the weights digest {held[:12]}, but config.json "
+            f"{expected[:12]}"
+        )
+    return None
 
 
 def load_model_tokenizer(model_name_or_path: str) -> PreTrainedTokenizerBase:

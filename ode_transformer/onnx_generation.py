@@ -1,10 +1,12 @@
 """Decoding the ONNX graphs that `ode_transformer.hub.onnx_export` writes, with onnxruntime, driven by transformers' own
-`generate`; the graphs' file names, which the exporter writes, are defined here.
+`generate`; the graphs' file names and their cache tensors' names (`parse_cache_name`), which the exporter writes,
+are defined here.
 
 `ORTModelForODESeq2SeqLM` is a `PreTrainedModel` with `GenerationMixin` whose encoder and forward run the three
 onnxruntime sessions instead of PyTorch modules, as 🤗 Optimum's `ORTModelForSeq2SeqLM` wraps its graphs: the
 forward returns a `Seq2SeqLMOutput` whose cache is an `EncoderDecoderCache` holding the graphs' `present.*` tensors
-(the self-attention slots per (layer, stage), then the cross-attention pair per layer, `cache_names` order). So
+(the self-attention slots per (layer, stage), then the cross-attention pair per layer, each found by its name in
+the graphs' Optimum order, `cache_pairs`). So
 greedy search, beam search, sampling, the logits processors and the stopping rules are transformers' code, not a copy
 of it that would drift with each release; beam search reorders the cache through the cache object's own
 `reorder_cache`.
@@ -41,9 +43,13 @@ __all__ = [
     "RUNTIME_PACKAGES",
     "ONNXSeq2SeqGenerator",
     "ORTModelForODESeq2SeqLM",
+    "graphs_folder",
     "open_sessions",
+    "pair_name",
+    "parse_cache_name",
     "quantized_name",
     "require",
+    "self_attention_name",
 ]
 
 # The graphs' file names, the contract between the exporter (`ode_transformer.hub.onnx_export`) and this decoder.
@@ -64,6 +70,30 @@ def quantized_name(graph: str) -> str:
 
 QUANTIZED_GRAPHS = tuple(quantized_name(graph) for graph in GRAPHS)
 RUNTIME_PACKAGES = ("onnxruntime",)
+
+CachePair = tuple[int, "int | None"]
+"""One (key, value) pair of the cache: (layer, stage) of a self-attention slot, or (layer, None) for the layer's
+cross-attention."""
+
+
+def self_attention_name(layer: int, stage: int) -> str:
+    """The middle of a self-attention cache tensor's name: `{layer}.decoder` for stage 0 (Optimum's), and
+    `{layer}.decoder_stage{stage}` for the later stages of an RK decoder."""
+    return f"{layer}.decoder" if stage == 0 else f"{layer}.decoder_stage{stage}"
+
+
+def pair_name(pair: CachePair) -> str:
+    """The middle of a cache tensor's name: `{layer}.encoder` (cross-attention) or :func:`self_attention_name`."""
+    layer, stage = pair
+    return f"{layer}.encoder" if stage is None else self_attention_name(layer, stage)
+
+
+def parse_cache_name(name: str) -> tuple[CachePair, str]:
+    """(pair, "key" or "value") of a cache tensor's name: `present.1.decoder_stage2.value` -> ((1, 2), "value")."""
+    _, layer, attention, kind = name.split(".")
+    if attention == "encoder":
+        return (int(layer), None), kind
+    return (int(layer), int(attention.removeprefix("decoder").removeprefix("_stage") or 0)), kind
 
 
 def require(packages: Sequence[str], purpose: str) -> None:
@@ -151,14 +181,26 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
 
     def __init__(self, sessions: dict, generation_config: GenerationConfig):
-        num_self = len(sessions[DECODER_WITH_PAST].get_outputs()) - 1  # the self-attention tensors
+        self_pairs = _pairs(sessions[DECODER_WITH_PAST].get_outputs())
+        first_pairs = _pairs(sessions[DECODER].get_outputs())
         # `generate` sizes the empty cache it passes to the first step by `num_hidden_layers`: one layer per
         # self-attention slot, as the graphs' cache has
-        super().__init__(PreTrainedConfig(is_encoder_decoder=True, num_hidden_layers=num_self // 2))
+        super().__init__(PreTrainedConfig(is_encoder_decoder=True, num_hidden_layers=len(self_pairs)))
         self.sessions = sessions
         self.encoder = _ORTEncoder(sessions[ENCODER])
-        self.past_names = [i.name for i in sessions[DECODER_WITH_PAST].get_inputs()][2:]
-        self.num_self = num_self
+        # the Python cache: the self-attention slots in the order of decoder_with_past's outputs, then the
+        # cross-attention layers in decoder_model's order; each graph tensor's (part, layer index) in it
+        cross_pairs = [pair for pair in first_pairs if pair[1] is None]
+        where = {pair: (0, i) for i, pair in enumerate(self_pairs)} | {
+            pair: (1, i) for i, pair in enumerate(cross_pairs)
+        }
+        self.first_targets = [where[pair] for pair in first_pairs]
+        inputs = sessions[DECODER_WITH_PAST].get_inputs()[2:]
+        self.past_names = [i.name for i in inputs]
+        self.past_sources = [
+            (*where[pair], f"{kind}s") for pair, kind in map(parse_cache_name, self.past_names)
+        ]
+        self.num_self = 2 * len(self_pairs)
         self.generation_config = generation_config
 
     # No parameters: the weights live in the graphs, and the tensors `generate` handles stay on the CPU.
@@ -201,14 +243,9 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
                 Cache(layers=[_PresentLayer() for _ in range(slots)]),
                 Cache(layers=[_EncoderLayer() for _ in range(layers)]),
             )
-            targets = cache.self_attention_cache.layers + cache.cross_attention_cache.layers
+            targets = self.first_targets
         else:
-            past = [
-                tensor
-                for part in (cache.self_attention_cache, cache.cross_attention_cache)
-                for layer in part.layers
-                for tensor in (layer.keys, layer.values)
-            ]
+            parts = (cache.self_attention_cache.layers, cache.cross_attention_cache.layers)
             # No IO binding: on the CPU `session.run` reads these numpy views of the cache in place and returns
             # arrays over onnxruntime's own buffers (which `torch.from_numpy` shares), so no step copies the cache
             # outside the graph but beam search's reordering of the self-attention slots. Binding preallocated
@@ -216,14 +253,23 @@ class ORTModelForODESeq2SeqLM(PreTrainedModel, GenerationMixin):
             feed = {
                 "input_ids": tokens,
                 "encoder_attention_mask": mask,
-                **{name: _numpy(tensor) for name, tensor in zip(self.past_names, past)},
+                **{
+                    name: _numpy(getattr(parts[part][index], field))
+                    for name, (part, index, field) in zip(self.past_names, self.past_sources)
+                },
             }
             logits, *present = self.sessions[DECODER_WITH_PAST].run(None, feed)
-            targets = cache.self_attention_cache.layers
+            targets = [(0, i) for i in range(self.num_self // 2)]
+        parts = (cache.self_attention_cache.layers, cache.cross_attention_cache.layers)
         present = [torch.from_numpy(tensor) for tensor in present]
-        for layer, index in zip(targets, range(0, len(present), 2)):
-            layer.update(present[index], present[index + 1])
+        for (part, index), key, value in zip(targets, present[::2], present[1::2]):
+            parts[part][index].update(key, value)
         return Seq2SeqLMOutput(logits=torch.from_numpy(logits), **{CACHE_FIELD: cache})
+
+
+def _pairs(outputs: Sequence[Any]) -> list:
+    """The cache pairs of a decoder graph's outputs (after the logits), in the graph's order."""
+    return [parse_cache_name(output.name)[0] for output in outputs[1::2]]
 
 
 class _PresentLayer(DynamicLayer):

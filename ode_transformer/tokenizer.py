@@ -213,6 +213,15 @@ def _save_whole(tokenizer: PreTrainedTokenizerFast, folder: Path, record: dict) 
             os.replace(file, folder / file.name)
 
 
+def resave_trained_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:
+    """Save ``tokenizer`` (refitted: its run's length) over the one trained in ``folder``, its training record
+    kept, each file whole, so that the folder and the model's tokenizer say one length. A folder without a record
+    (a tokenizer not trained here) is left as it is."""
+    record_path = Path(folder) / TRAINING_RECORD
+    if record_path.is_file():
+        _save_whole(tokenizer, Path(folder), json.loads(record_path.read_text(encoding="utf-8")))
+
+
 def check_tokenizer_files(folder: str | os.PathLike) -> None:
     """Refuse a folder whose tokenizer files are cut off or not JSON text (a copy interrupted, a file overwritten),
     naming the file: transformers reports only where its parser stopped ("Expecting ',' delimiter: line 267") or
@@ -241,9 +250,11 @@ def check_tokenizer_files(folder: str | os.PathLike) -> None:
             ) from None
 
 
-STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+STANDARD_TOKENIZER_CLASS = PreTrainedTokenizerFast.__name__
 """The class a saved ``tokenizer_config.json`` names: transformers' own fast tokenizer over ``tokenizer.json``
-(this project has no tokenizer class of its own), so the tokenizer's own files name no code to run.
+(this project has no tokenizer class of its own), so the tokenizer's own files name no code to run. The name is
+the one transformers writes for it: ``TokenizersBackend`` in transformers 5, where ``PreTrainedTokenizerFast`` is
+that class's other name.
 ``AutoTokenizer.from_pretrained(folder)`` still reads ``config.json`` first (transformers 5.24), whose ``auto_map``
 is the model's remote code: it asks for ``trust_remote_code`` unless given; ``PreTrainedTokenizerFast.from_pretrained``
 or ``trust_remote_code=False`` loads the tokenizer without it."""

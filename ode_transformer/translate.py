@@ -44,7 +44,13 @@ from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
 from .files import claim_output, read_lines, write_atomic
-from .loading import load_model_tokenizer, load_saved_model, read_config_json
+from .loading import (
+    check_generation_config,
+    load_model_tokenizer,
+    load_saved_model,
+    read_config_json,
+    tokenizer_digest_problem,
+)
 from .precision import choose_precision, emulated_bf16_warning
 from .tokenizer import tokenizer_sides, truncated_rows
 
@@ -71,6 +77,7 @@ logger = logging.getLogger(__name__)
 # What transformers' generate() adds when neither max_new_tokens nor max_length is set; generate_texts passes a
 # causal LM's max_new_tokens explicitly, since its prompt is cut to leave that many positions.
 DEFAULT_NEW_TOKENS = 20
+_SHOWN_LINES = 5  # line numbers quoted in a warning
 
 BACKENDS = ("auto", "pytorch", "onnx")
 # The fastest backend per measured (batch size, beams) and precision: the figures of `python -m
@@ -81,7 +88,7 @@ FASTEST: dict[tuple[int, int], dict[str, str]] = {
     (16, 4): {"float32": "onnx", "int8": "onnx"},
     (1, 1): {"float32": "onnx", "int8": "onnx"},
 }
-FASTEST_SOURCE = "benchmarks/results/translate-real.md"
+FASTEST_SOURCE = "measured by benchmarks.bench_translate --real-text"  # its results: benchmarks/results/
 
 
 def load_for_generation(
@@ -103,11 +110,33 @@ def load_for_generation(
         raise ValueError(f"device {device}: {problem}")
     if quantize is not None and (problem := quantize_problem(quantize, str(device))) is not None:
         raise ValueError(f"quantize {quantize!r}: {problem}")
-    tokenizer = load_model_tokenizer(model_name_or_path)
-    model = load_saved_model(model_name_or_path).to(device).eval()
+    tokenizer, model = _load_one_export(model_name_or_path, load_saved_model)
+    model = model.to(device).eval()
     if quantize:
         quantize_int8(model)
     return (compile_decoding(model) if compile else model), tokenizer
+
+
+def _load_one_export(model_name_or_path: str, load) -> tuple[PreTrainedTokenizerBase, object]:
+    """The folder's tokenizer and what ``load`` loads from it (the model, or its config), both of one export: an
+    export records its weights digest in both, and a reader that loads while another export replaces the folder
+    can take one from each. Loaded again once; then refused.
+
+    Raises:
+        ValueError: the two digests, loaded twice.
+    """
+    for attempt in range(2):
+        tokenizer, loaded = load_model_tokenizer(model_name_or_path), load(model_name_or_path)
+        config = loaded.config if isinstance(loaded, PreTrainedModel) else loaded
+        problem = tokenizer_digest_problem(tokenizer, config, model_name_or_path)
+        if problem is None:
+            return tokenizer, loaded
+        if attempt == 0:
+            logger.warning("%s: it was replaced while it loaded; loading it again", problem)
+    raise ValueError(
+        f"{problem}, loaded twice: its files come from two exports; load it again once the export writing it has "
+        "finished, or export the model again"
+    )
 
 
 def load_onnx_for_generation(
@@ -115,12 +144,16 @@ def load_onnx_for_generation(
     quantize: str | None = None,
     graphs: str | Path | None = None,
     threads: int | None = None,
+    search: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The folder's ONNX graphs as a model that ``generate`` drives (``ORTModelForODESeq2SeqLM``, onnxruntime on
     the CPU), with the folder's tokenizer and generation config: what :func:`generate_texts` and
     :func:`generate_ids` take in place of :func:`load_for_generation`'s model. ``graphs``: the folder of the graphs
     (default: ``MODEL/onnx``, where ``ode-export --onnx`` writes them); float32 ones, or int8 ones with
     ``quantize="int8"``. ``threads``: onnxruntime's threads (default: torch's, as the PyTorch path uses).
+    ``search``: where the folder has the search graph of that precision (``ode-export --onnx`` writes it), decode
+    with it (``ORTSearchModel``: the whole search in onnxruntime; the settings it cannot follow through the
+    three graphs under ``generate``).
 
     Raises:
         FileNotFoundError: no such graphs (the command that writes them named).
@@ -133,21 +166,22 @@ def load_onnx_for_generation(
 
     from modeling_ode import ODETransformerConfig
 
-    from .onnx_generation import ONNXSeq2SeqGenerator
+    from .onnx_generation import ONNXSeq2SeqGenerator, graphs_folder
+    from .onnx_search import ONNXSearchGenerator, ORTSearchModel, search_graph_file
 
-    tokenizer = load_model_tokenizer(model_name_or_path)
+    tokenizer, config = _load_one_export(model_name_or_path, ODETransformerConfig.from_pretrained)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
-    generator = ONNXSeq2SeqGenerator(
-        graphs if graphs is not None else model_name_or_path,
-        GenerationConfig.from_pretrained(model_name_or_path),
-        session_options=options,
-    )
-    model = generator.model
+    folder = graphs if graphs is not None else model_name_or_path
+    config = GenerationConfig.from_pretrained(model_name_or_path)
+    search_graph = graphs_folder(folder) / search_graph_file(quantize)
+    if search and search_graph.is_file():
+        model = ORTSearchModel(ONNXSearchGenerator(search_graph, config, session_options=options))
+    else:
+        model = ONNXSeq2SeqGenerator(folder, config, session_options=options).model
     # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
     # limit as the PyTorch path's, so that both decode the same ids
-    positions = ODETransformerConfig.from_pretrained(model_name_or_path).max_position_embeddings
-    model.config.max_position_embeddings = positions
+    model.config.max_position_embeddings = config.max_position_embeddings
     return model, tokenizer
 
 
@@ -364,7 +398,7 @@ def generate_texts(
     the trained length to its continuation (the generation config's, else transformers' default of 20 new tokens).
     Then decoded in length-sorted batches (:func:`generate_ids`) with the model's generation config (beam size,
     length penalty, ``max_new_tokens``); ``kwargs`` (``batch_size``, ``num_beams``, ``max_new_tokens``, ``bf16``,
-    ...) override it. No texts, no outputs.
+    ...) override it. No texts, no outputs; an empty (or blank) text gets an empty output, with a warning.
 
     >>> model, tokenizer = load_for_generation("path/to/model")
     >>> generate_texts(model, tokenizer, ["A man is riding a bike.", "Two dogs play in the snow."])
@@ -383,8 +417,32 @@ def generate_texts(
     # a prompt leaves room for its continuation, counted in new tokens
     if not model.config.is_encoder_decoder:
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
-    ids = encode_texts(model, tokenizer, texts, max_source_length, kwargs.get("max_new_tokens"))
-    return decode(tokenizer, generate_ids(model, ids, **kwargs))
+    outputs = [""] * len(texts)
+    if not (kept := _with_text(texts)):
+        return outputs
+    ids = encode_texts(
+        model, tokenizer, [texts[i] for i in kept], max_source_length, kwargs.get("max_new_tokens")
+    )
+    for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs))):
+        outputs[index] = output
+    return outputs
+
+
+def _with_text(texts: Sequence[str]) -> list[int]:
+    """The indices of the texts to decode; an empty (or blank) one has nothing to translate, and the model would
+    write a sentence of its own for it: it gets an empty output, in its place, with a warning naming its line."""
+    blank = [i for i, text in enumerate(texts) if not text.strip()]
+    if blank:
+        shown = ", ".join(str(i + 1) for i in blank[:_SHOWN_LINES]) + (
+            ", ..." if len(blank) > _SHOWN_LINES else ""
+        )
+        logger.warning(
+            "%d of %d input line(s) are empty (line numbers %s): each gets an empty output line, not a translation",
+            len(blank),
+            len(texts),
+            shown,
+        )
+    return [i for i, text in enumerate(texts) if text.strip()]
 
 
 def encode_texts(
@@ -442,7 +500,7 @@ def device_problem(device: str) -> str | None:
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(__spec__.name),
         description="Translate (summarise, correct, continue) a text file or stdin with a trained model folder.",
@@ -480,13 +538,12 @@ def _parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: Linear layers in dynamic int8 (CPU only; faster: docs/performance.md)",
+        help="int8: Linear layers in dynamic int8 (CPU only, where it is faster than float32)",
     )
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="static cache and compiled decoding steps (pays for many sentences in small batches: "
-        "docs/performance.md)",
+        help="static cache and compiled decoding steps (pays for many sentences in small batches)",
     )
     parser.add_argument(
         "--backend",
@@ -500,7 +557,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     # found before decoding, not after it
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
@@ -552,7 +609,9 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
         for key in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, key)) is not None
     }
-    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway)
+    # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway),
+    # checked before anything computes with them
+    check_generation_config(args.model)
     saved = read_config_json(args.model, "generation_config.json") or {}
     beams = overrides.get("num_beams", saved.get("num_beams") or 1)
     backend, reason = choose_backend(

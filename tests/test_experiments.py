@@ -374,22 +374,26 @@ def test_power_lines_by_hand_and_by_simulation():
     results += [fake_result("rk2_gated", s, 30.0 + d) for s, d in enumerate((0.5, 0.5, 1.5))]
     rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
     power = rows[1]["BLEU"]["paired"]["power"]  # rk2_gated comes first in the study's order
-    assert power["holm_first_step_alpha"] == pytest.approx(0.025)
+    # two rows and the study's declared test of RK4 against RK2-gated: Holm's family has 3 tests
+    assert power["holm_first_step_alpha"] == pytest.approx(0.05 / 3)
     assert power["detectable"]["alpha"] == pytest.approx(
         report_module.detectable_gap(1 / math.sqrt(3), 3, 0.05)
     )
     table = report_module.markdown(STUDIES["multi30k"], "cpu", rows)
     rk4 = rows[2]["BLEU"]["paired"]["power"]
-    detectable = [report_module.detectable_gap(1.0, 3, a) for a in (0.05, 0.025)]
-    paper = [report_module.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.025)]
-    observed = [report_module.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.025)]
+    detectable = [report_module.detectable_gap(1.0, 3, a) for a in (0.05, 0.05 / 3)]
+    paper = [report_module.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.05 / 3)]
+    observed = [report_module.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.05 / 3)]
     assert list(rk4["detectable"].values()) == pytest.approx(detectable)
     assert list(rk4["seeds_for_paper_gap"].values()) == paper
     assert (
         f"| RK4-block | 3 | 3 | 1.00 | {detectable[0]:.2f} / {detectable[1]:.2f} | +1.14 | {paper[0]} / {paper[1]} | "
         f"+2.00 | {observed[0]} / {observed[1]} |" in table
     )
-    assert "each at alpha 0.05 / at Holm's first step over the 2 tested rows (alpha 0.0250)" in table
+    assert (
+        "each at alpha 0.05 / at Holm's first step over the 2 tested rows and 1 test between rows (alpha 0.0167)"
+        in table
+    )
 
 
 def test_a_bootstrap_p_carries_the_sign_of_its_seeds_gap():
@@ -406,7 +410,7 @@ def test_a_bootstrap_p_carries_the_sign_of_its_seeds_gap():
 
 def test_holm_runs_across_the_rows_of_a_table():
     """Holm counts the table's tested rows: two rows with the same paired p both get 2p; a third row with a larger p
-    makes it 3p for both."""
+    (RK2-gated), and with it the study's declared test of RK4 against RK2-gated, make it 4p for both."""
     base = [fake_result("residual", s, 30.0 + s) for s in range(3)]
 
     def row_p(variants: dict[str, list[float]]) -> dict[str, float]:
@@ -419,10 +423,40 @@ def test_holm_runs_across_the_rows_of_a_table():
     two = row_p({"rk2": gaps, "rk4": gaps})
     assert two["rk2"]["p_holm"] == pytest.approx(2 * raw) and two["rk4"]["p_holm"] == pytest.approx(2 * raw)
     three = row_p({"rk2": gaps, "rk4": gaps, "rk2_gated": [31.0, 30.0, 33.0]})
-    assert three["rk2"]["p_holm"] == pytest.approx(3 * raw) and three["rk4"]["p_holm"] == pytest.approx(
-        3 * raw
+    assert three["rk2"]["p_holm"] == pytest.approx(4 * raw) and three["rk4"]["p_holm"] == pytest.approx(
+        4 * raw
     )
-    assert three["rk2_gated"]["p"] > 3 * raw
+    assert three["rk2_gated"]["p"] > 4 * raw
+
+
+def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_family():
+    """multi30k declares RK4 against RK2-gated and PC-RK4 against PC-RK2. RK4 - RK2-gated over seeds 0-2 is 1, 2, 3
+    (mean 2, sd 1: t = 2 sqrt(3), df 2, p = 1 - t / sqrt(2 + t^2)); a seed of another device is dropped and named; the
+    table's two rows and this test make Holm's family, so its p is at least the raw one and at most 3 times it;
+    PC-RK4 without PC-RK2 is no test at all."""
+    results = [fake_result("residual", s, 30.0) for s in range(3)]
+    results += [fake_result("rk2_gated", s, 30.0 + d) for s, d in enumerate((0.5, 0.0, 1.0))]
+    results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((1.5, 2.0, 4.0))]
+    results += [fake_result("rk4", 3, 40.0, device="H200"), fake_result("rk2_gated", 3, 30.0)]
+    results += [fake_result("pc_rk4", s, 31.0) for s in range(3)]
+    rows = {
+        row["variant"]: row for row in report_module.aggregate(STUDIES["multi30k"], results, references=None)
+    }
+    (test,) = rows["rk4"]["pairwise"]
+    t = 2 * math.sqrt(3)
+    assert test["variant"] == "rk2_gated" and test["pairs"] == 3 and test["gap"] == pytest.approx(2.0)
+    assert test["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))
+    assert test["dropped"] == [{"seed": 3, "why": "device H200 here, AMD EPYC in rk2_gated's run"}]
+    others = [rows[v]["BLEU"]["paired"]["p"] for v in ("rk2_gated", "rk4")]
+    assert test["p_holm"] == pytest.approx(report_module.holm([*others, test["p"]])[2])
+    assert "pairwise" not in rows["pc_rk4"] and "pairwise" not in rows["rk2_gated"]
+    table = report_module.markdown(STUDIES["multi30k"], "cpu", list(rows.values()))
+    assert (
+        f"| RK4-block | 3 | RK2-block (learnable gamma) | {test['verdict']} | seed 3: device H200 here"
+        in table
+    )
+    for study in STUDIES.values():  # every declared test names two rows of its study
+        assert all({a, b} <= set(study.variants) and a != b for a, b in study.pairwise), study.name
 
 
 def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():

@@ -108,3 +108,13 @@ def test_the_users_output_length_caps_the_predictions(tmp_path, flag):
         assert greedy.shape[1] > 4
         assert torch.equal(model.generate(**source, num_beams=1, max_length=4), greedy[:, :4])
         assert torch.equal(model.generate(**source, num_beams=1, max_new_tokens=3), greedy[:, :4])
+
+
+def test_every_preset_takes_the_scripts_default_source_length():
+    """docs/training.md: `max_position_embeddings` bounds nothing and is the preset's 1024 (or more). The tiny
+    preset had 128, so run_translation.py's position check refused a tiny run's folder at its default
+    `--max_source_length 1024` (issue 64)."""
+    from modeling_ode.configuration_ode_transformer import PRESETS, ODETransformerConfig
+
+    for preset in PRESETS:
+        assert ODETransformerConfig.from_preset(preset).max_position_embeddings >= 1024, preset

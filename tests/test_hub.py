@@ -16,7 +16,10 @@ from safetensors.torch import load_file, save_file
 from tiny_folder import save_tiny_folder
 from tiny_run import (
     ROOT,
+    command,
+    last_line,
     snapshot,
+    start,
     weights,
     write,
 )
@@ -301,6 +304,7 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
         "cache_ode.py",
         "ode.py",
         "compat.py",
+        "lora.py",
     )
     files = sorted(p.name for p in out.iterdir())
     assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(
@@ -488,6 +492,128 @@ def test_describe_ode_speaks_the_catalogue():
     assert GATE_INPUTS["layer_norm"] in model_card.describe_ode(normalised)[0]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
+    """The export's tokenizer_config.json is the model folder's, key for key: transformers' load put `is_local`,
+    `local_files_only` and tokenizer.json's truncation (`max_length`, `stride`, ...) into it (issue 64). The class
+    it names is the one hub/README.md names, and the reloaded tokenizer truncates on the task's side."""
+    save_tiny_folder(tmp_path / "model", causal=causal)
+    export_for_hub(tmp_path / "model", tmp_path / "export")
+    saved, exported = (
+        json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
+        for folder in ("model", "export")
+    )
+    assert exported == saved
+    assert f"name transformers' `{exported['tokenizer_class']}`" in (REPO / "hub" / "README.md").read_text()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert tokenizer.truncation_side == ("left" if causal else "right")
+
+
+# The card's formula of each kind of block, as a reader would write it by hand (issue 64: the default block's card
+# gave the fixed-weight Eq. (rk2) beside its learned gate).
+CARD_FORMULAS = {
+    "gated RK2 (the default)": ({}, "y + g F1 + (1 - g) F2; F1 = F(y), F2 = F(y + F1)"),
+    "RK2": ({"encoder_ode_coefficients": "tableau"}, "y + (F1 + F2) / 2; F1 = F(y), F2 = F(y + F1)"),
+    "RK4": (
+        {"encoder_ode_method": "rk4"},
+        "y + (F1 + 2 F2 + 2 F3 + F4) / 6; F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+    "gated RK4": (
+        {"encoder_ode_method": "rk4", "encoder_ode_coefficients": "gated"},
+        "y + gamma_1 F1 + gamma_2 F2 + gamma_3 F3 + gamma_4 F4; "
+        "F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+    "midpoint": ({"encoder_ode_method": "midpoint"}, "y + F2; F1 = F(y), F2 = F(y + F1 / 2)"),
+    "Ralston": ({"encoder_ode_method": "ralston"}, "y + (F1 + 3 F2) / 4; F1 = F(y), F2 = F(y + 2 F1 / 3)"),
+    "RK3": (
+        {"encoder_ode_method": "rk3"},
+        "y + (F1 + 4 F2 + F3) / 6; F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y - F1 + 2 F2)",
+    ),
+    "RK4 3/8": (
+        {"encoder_ode_method": "rk4_38"},
+        "y + (F1 + 3 F2 + 3 F3 + F4) / 8; F1 = F(y), F2 = F(y + F1 / 3), F3 = F(y - F1 / 3 + F2), "
+        "F4 = F(y + F1 - F2 + F3)",
+    ),
+    "PolyNet": ({"encoder_ode_method": "polynet"}, "y + F1 + F2; F1 = F(y), F2 = F(F1)"),
+    "weight sharing": ({"encoder_ode_method": "weight_sharing"}, "y + F1 + F2; F1 = F(y), F2 = F(y + F1)"),
+    "ones": ({"encoder_ode_coefficients": "ones"}, "y + F1 + F2; F1 = F(y), F2 = F(y + F1)"),
+    "learnable": (
+        {"encoder_ode_coefficients": "learnable"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "sigmoid gates": (
+        {"encoder_ode_coefficients": "gated_independent"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "tanh gates": (
+        {"encoder_ode_coefficients": "gated_tanh"},
+        "y + gamma_1 F1 + gamma_2 F2; F1 = F(y), F2 = F(y + F1)",
+    ),
+    "user tableau": (
+        {"encoder_ode_method": {"a": [[], [0.5]], "b": [0.3, 0.7]}},
+        "y + (3 F1 + 7 F2) / 10; F1 = F(y), F2 = F(y + F1 / 2)",
+    ),
+    "step size 1/2": (
+        {"ode_step_size": 0.5},
+        "y + g F1 + (1 - g) F2; F1 = 0.5 F(y), F2 = 0.5 F(y + F1)",
+    ),
+    "PCformer RK2": ({"preset": "pcformer_rk2"}, "y + a (1 - a) F1 + a F2; F1 = F(y), F2 = F(y + F1)"),
+    "PCformer RK4": (
+        {"preset": "pcformer_rk4", "ode_ema_alpha": "dimension"},
+        "y + a (1 - a)^3 F1 + a (1 - a)^2 F2 + a (1 - a) F3 + a F4; "
+        "F1 = F(y), F2 = F(y + F1 / 2), F3 = F(y + F2 / 2), F4 = F(y + F3)",
+    ),
+}
+
+
+def _evaluate_card_formula(formula: str, values: dict[str, object]) -> object:
+    """The card's "UPDATE; F1 = ..., F2 = ..." evaluated in Python: juxtaposition is a product, ^ a power."""
+
+    def python(text: str) -> str:
+        return re.sub(r"(?<=[\w)])\s+(?=[\w(])", "*", text.replace("^", "**"))
+
+    update, _, stages = formula.partition("; ")
+    for stage in re.split(r", (?=F\d+ = )", stages):
+        name, _, value = stage.partition(" = ")
+        values[name] = eval(python(value), {}, values)
+    return eval(python(update), {}, values)
+
+
+@pytest.mark.parametrize("kind", CARD_FORMULAS)
+def test_card_formula_is_the_block_the_config_builds(kind):
+    """The card states each kind of block's formula (gated RK2, RK2, RK4, other tableaus, PCformer's predictor):
+    the hand-written one, and evaluated with the config's built coefficients and a nonlinear F it gives what the
+    model's `ode_step` computes."""
+    from modeling_ode import ODETransformerEncoder, ode_step
+    from modeling_ode.configuration_ode_transformer import PRESETS
+
+    fields, expected = CARD_FORMULAS[kind]
+    fields = dict(fields)
+    config = ODETransformerConfig.from_preset(fields.pop("preset", "tiny"), **{**PRESETS["tiny"], **fields})
+    encoder_line = model_card.describe_ode(config)[0]
+    formula = re.search(r"y_\{t\+1\} = (.*?)(?:, combining|; blocks)", encoder_line).group(1)
+    assert formula == expected, encoder_line
+
+    torch.manual_seed(0)
+    coefficients = ODETransformerEncoder(config).ode_coefficients[0]
+    for parameter in coefficients.parameters():  # away from every start, so that no weight is trivially 1/2
+        torch.nn.init.uniform_(parameter, 0.1, 0.9)
+    recorded = []
+    coefficients.recorder.register_forward_hook(lambda module, args, out: recorded.append(out[1]))
+
+    def function(x):
+        return torch.tanh(x) + 0.3 * x**2
+
+    y = torch.randn(1, 3, config.d_model)
+    out = ode_step(y, lambda x, _: function(x), config.tableau("encoder"), coefficients, config.ode_step_size)
+    gamma = recorded[0]
+    values = {"F": function, "y": y, "g": gamma[0], "a": getattr(coefficients, "alpha", None)}
+    values.update({f"gamma_{i + 1}": weight for i, weight in enumerate(gamma)})
+    torch.testing.assert_close(_evaluate_card_formula(formula, values), out)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Card snippets
 # ----------------------------------------------------------------------------------------------------------
@@ -615,8 +741,10 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
         "model.safetensors"
     ]  # the old model's files are gone
     assert torch.equal(weights(model_dir)["w"], torch.full((2,), 1.5))
-    with pytest.raises(ValueError, match="is or holds the checkpoints it averages"):
-        averaging.main([str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"])
+    err = refused(
+        averaging.main, [str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path), "--overwrite"]
+    )
+    assert re.search(r"holds .*checkpoint-1, an input of this command: writing the folder", err)
 
 
 KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
@@ -749,3 +877,171 @@ def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch,
         "failure in name resolution); check the network (or HF_ENDPOINT, a proxy) and run the command again; "
         "--dry-run lists the files without it\n"
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 65: one lock per real folder, exports that cannot eat their source or a run, a full disk while quantising
+
+
+EXPORTED = sorted(
+    [
+        "README.md",
+        "cache_ode.py",
+        "compat.py",
+        "config.json",
+        "configuration_ode_transformer.py",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_ode_transformer.py",
+        "ode.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+)
+
+
+def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
+    """#65 row 1: `ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to
+    E9) took two locks and wrote one staging folder, each deleting the other's: one exited 0 leaving a folder of
+    README.md and tokenizer.json only. Every lock derives from the resolved path: one writer at a time."""
+    from modeling_ode.modeling_ode_transformer import weights_digest
+    from ode_transformer.files import claim_output
+
+    sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}
+    save_tiny_folder(sources["A"])
+    save_tiny_folder(sources["B"], weight_scale=3)
+    runs = tmp_path / "runs"
+    out, link = runs / "E9", runs / "E9link"
+    export_for_hub(sources["A"], out)
+    link.symlink_to("E9")  # `ln -s E9 runs/E9link`: a relative link
+    with claim_output(out, "OUT_DIR"):  # an export by one name holds the folder: another name waits its turn
+        process = start(command("ode-export", str(sources["B"]), str(link), "--overwrite"))
+        _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2 and last_line(stderr) == (
+        f"ode-export: error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or "
+        "stop it, or choose another OUT_DIR."
+    )
+    assert weights(out).keys() and snapshot(out) == snapshot(link)
+    expected = {name: weights(path) for name, path in sources.items()}
+    for _ in range(3):  # both at once, by the two names: each waits or is refused, never both writing
+        racers = [
+            start(command("ode-export", str(sources[name]), str(target), "--overwrite"))
+            for name, target in (("A", out), ("B", link))
+        ]
+        outcomes = [(racer.wait(timeout=300), racer.communicate()[1]) for racer in racers]
+        for code, stderr in outcomes:
+            assert code == 0 or (code == 2 and " is in use by another process (pid " in last_line(stderr))
+        assert any(code == 0 for code, _ in outcomes)
+        assert sorted(p.name for p in out.iterdir()) == EXPORTED
+        written = weights(out)
+        same = [
+            written.keys() == w.keys() and all(map(torch.equal, written.values(), w.values()))
+            for w in expected.values()
+        ]
+        assert any(same)
+        recorded = {
+            json.loads((out / name).read_text())["weights_digest"]
+            for name in ("config.json", "tokenizer_config.json")
+        }
+        assert recorded == {weights_digest(out / "model.safetensors")}  # every file of one export
+        assert sorted(p.name for p in runs.iterdir()) == ["E9", "E9link"]  # no staging folder, no lock left
+
+
+def _finished_run(run: Path) -> None:
+    """A run's folder as ode-train leaves it: checkpoints, trainer state, results, its tokenizer, the final model."""
+    save_tiny_folder(run)
+    save_tiny_folder(run / "checkpoint-40")
+    save_tiny_folder(run / "tokenizer")
+    for folder in (run, run / "checkpoint-40"):
+        write(folder / "trainer_state.json", '{"global_step": 40}')
+    write(run / "hub_metrics.json", "{}")
+
+
+@pytest.mark.both_cpus
+def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, monkeypatch):
+    """#65 row 2: `ode-export RUN/checkpoint-40 RUN --overwrite` exited 0 and deleted the whole run. No writer
+    replaces a folder that holds its input, or a run's checkpoints, by any name and whatever --overwrite says."""
+    from ode_transformer.hub.convert_fairseq import convert_fairseq_checkpoint
+    from ode_transformer.hub.upcycle import upcycle_folder
+
+    run_dir = tmp_path / "RUN"
+    _finished_run(run_dir)
+    (tmp_path / "RUNlink").symlink_to(run_dir)
+    other = tmp_path / "other"
+    save_tiny_folder(other)
+    before = snapshot(run_dir)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(
+        sys, "argv", ["ode-export", str(run_dir / "checkpoint-40"), str(run_dir), "--overwrite"]
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli.export()
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"ode-export: error: OUT_DIR {run_dir} holds {run_dir / 'checkpoint-40'}, an input of this command: "
+        f"writing the folder would delete it, whatever --overwrite says; give another OUT_DIR, a new folder "
+        f"outside it (e.g. {run_dir}-export)\n"
+    )
+    run_message = (
+        f"OUT_DIR {{}} holds a training run (checkpoint-40, trainer_state.json): writing the folder would delete "
+        f"its checkpoints and results; --overwrite does not change that; give another OUT_DIR, a new folder "
+        f"(e.g. {run_dir}-{{}})"
+    )
+    for name in (run_dir, tmp_path / "RUNlink"):
+        with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(name, 'export'))}$"):
+            export_for_hub(other, name, overwrite=True)
+    with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(run_dir, 'upcycled'))}$"):
+        upcycle_folder(other, run_dir, overwrite=True)
+    with pytest.raises(FileExistsError, match=f"^{re.escape(run_message.format(run_dir, 'converted'))}$"):
+        convert_fairseq_checkpoint(tmp_path / "missing.pt", run_dir, overwrite=True)
+    averaged = run_message.format(run_dir, "averaged").replace("OUT_DIR", "--out")
+    with pytest.raises(FileExistsError, match=f"^{re.escape(averaged)}$"):
+        averaging.write_average([other], run_dir, overwrite=True)
+    with pytest.raises(
+        FileExistsError, match=f"holds {re.escape(str(run_dir / 'checkpoint-40'))}, an input of this"
+    ):
+        averaging.write_average([run_dir / "checkpoint-40"], tmp_path / "RUNlink" / "..", overwrite=True)
+    assert snapshot(run_dir) == before
+    export_for_hub(run_dir / "checkpoint-40", tmp_path / "exported")  # elsewhere: written
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == EXPORTED
+
+
+def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
+    """#65 row 11: a full disk during `ode-export --onnx --quantize int8` gave a 56-76-line protobuf "Wire format
+    was corrupt" traceback: onnxruntime writes a shape-inferred copy of each graph, cut off by the full disk, and
+    reads it back. Under a file-size limit that every exported file fits but no such copy does: one line."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnx
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    floats = export_for_hub(tmp_path / "model", tmp_path / "float", onnx=True, onnx_dynamo=False)
+    largest = max(path.stat().st_size for path in floats.rglob("*") if path.is_file())
+    inferred = []
+    for graph in sorted((floats / "onnx").iterdir()):
+        onnx.shape_inference.infer_shapes_path(str(graph), str(tmp_path / "inferred.onnx"))
+        inferred.append((tmp_path / "inferred.onnx").stat().st_size)
+    assert largest < min(inferred)  # shape information makes each copy larger than any file of the export
+    out = tmp_path / "int8"
+    argv = [
+        str(tmp_path / "model"),
+        str(out),
+        "--onnx",
+        "--onnx-exporter",
+        "torchscript",
+        "--quantize",
+        "int8",
+    ]
+    process = start(command("ode-export", *argv, limit=largest + 1))
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2
+    assert last_line(stderr) == (
+        f"ode-export: error: [Errno 28] no space left on device while saving {out} (Error parsing message with "
+        "type 'onnx.ModelProto': Wire format was corrupt); free some space (or raise the file-size limit, "
+        "`ulimit -f`) and run the command again"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "float",
+        "inferred.onnx",
+        "model",
+    ]  # nothing half-written

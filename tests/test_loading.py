@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,12 @@ from tiny_folder import save_tiny_folder
 from tiny_run import (
     TINY_RUN,
     Payload,
+    assert_bit_identical,
     assert_translate_and_train_refuse,
     corpus,
     snapshot,
     train_run,
+    weights,
     write,
 )
 
@@ -31,7 +34,7 @@ import ode_transformer.train.run
 import ode_transformer.train.saved_model
 import ode_transformer.train.trainer
 from modeling_ode import ODETransformerForConditionalGeneration
-from ode_transformer import translate
+from ode_transformer import cli, translate
 from ode_transformer.hub.export import export_for_hub
 from ode_transformer.train.arguments import parse_arguments
 from ode_transformer.train.checks import check_settings
@@ -362,3 +365,108 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
     src = write(tmp_path / "in.txt", "the dog\n")
     assert_translate_and_train_refuse(folder, src, tmp_path / "out", message)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("beams", [-3, "4", [4]], ids=["negative", "string", "list"])
+def test_a_bad_num_beams_is_named_before_it_chooses_a_backend(tmp_path, capsys, monkeypatch, beams):
+    """#65 row 9: num_beams -3, "4" or [4] in generation_config.json gave "math domain error" or a 26-line TypeError
+    from plain ode-translate: the backend choice took log2 of it before the config was checked."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_beams": beams}), encoding="utf-8")
+    said = (
+        f"{path}: num_beams {beams!r} is not a whole number of at least 1; correct it, or remove the field to decode "
+        "with the default"
+    )
+    source = write(tmp_path / "in.txt", "the dog\n")
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    for name, main, argv in (
+        ("ode-translate", cli.translate, [str(folder), "--input", str(source), "--no_progress"]),
+        ("ode-export", cli.export, [str(folder), str(tmp_path / "exported")]),
+    ):
+        monkeypatch.setattr(sys, "argv", [name, *argv])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 2 and capsys.readouterr().err == f"{name}: error: {said}\n"
+    assert not (tmp_path / "exported").exists()
+
+
+def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refused(
+    tmp_path, caplog, monkeypatch
+):
+    """#65 row 3: a reader loading while `ode-export --overwrite` replaced the folder could take one export's
+    config with another's weights (135 of 765 in-process loads), silently. An export records the digest of its
+    weights in model.safetensors' metadata and in config.json, generation_config.json and tokenizer_config.json;
+    the model's own from_pretrained (remote code too) checks it, loads again once, then refuses in one line."""
+    import shutil
+
+    from transformers import PreTrainedModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    from modeling_ode.modeling_ode_transformer import weights_digest
+
+    save_tiny_folder(tmp_path / "A")
+    save_tiny_folder(tmp_path / "B", weight_scale=3)
+    a, b = export_for_hub(tmp_path / "A", tmp_path / "EA"), export_for_hub(tmp_path / "B", tmp_path / "EB")
+    digests = {folder: weights_digest(folder / "model.safetensors") for folder in (a, b)}
+    for folder, digest in digests.items():
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+            assert json.loads((folder / name).read_text(encoding="utf-8"))["weights_digest"] == digest
+    assert len(set(digests.values())) == 2 and all(len(digest) == 64 for digest in digests.values())
+    again = export_for_hub(
+        tmp_path / "A", tmp_path / "EA2"
+    )  # a digest of the weights: the same for the same ones
+    assert weights_digest(again / "model.safetensors") == digests[a]
+    assert_bit_identical(weights(a), weights(tmp_path / "A"))  # the weights themselves untouched
+    # the folder's own code, which a plain transformers user runs (trust_remote_code=True)
+    remote = get_class_from_dynamic_module(
+        "modeling_ode_transformer.ODETransformerForConditionalGeneration", a
+    )
+    assert remote.__module__.startswith("transformers_modules")
+
+    mixed = (
+        tmp_path / "mixed"
+    )  # what a reader took: config.json of one export, model.safetensors of the other
+    shutil.copytree(a, mixed)
+    shutil.copy2(b / "model.safetensors", mixed / "model.safetensors")
+    message = (
+        f"{mixed}: config.json and generation_config.json record the weights digest {digests[a][:12]}, but its "
+        f"model.safetensors holds {digests[b][:12]}, loaded twice: its files come from two exports; load it again "
+        "once the export writing it has finished, or export the model again"
+    )
+    for load in (ODETransformerForConditionalGeneration.from_pretrained, translate.load_for_generation):
+        with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+            load(str(mixed))
+    with pytest.raises(OSError, match=f"^{re.escape(message)}$"):
+        remote.from_pretrained(mixed)
+
+    original = PreTrainedModel.from_pretrained.__func__
+    loads = []
+
+    def export_finishes_after_the_first_load(cls, *args, **kwargs):
+        loads.append(original(cls, *args, **kwargs))
+        if len(loads) == 1:
+            shutil.copytree(b, mixed, dirs_exist_ok=True)  # the folder is now the new export, whole
+        return loads[-1]
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(export_finishes_after_the_first_load))
+    with caplog.at_level(logging.WARNING):
+        model = ODETransformerForConditionalGeneration.from_pretrained(mixed)
+    assert len(loads) == 2 and "it was replaced while it loaded; loading it again" in caplog.text
+    assert model.config.weights_digest == digests[b]
+    assert_bit_identical(dict(model.state_dict()), dict(loads[1].state_dict()))
+    monkeypatch.undo()
+
+    # the tokenizer of the other one
+    shutil.copy2(a / "tokenizer_config.json", mixed / "tokenizer_config.json")
+    said = f"{mixed}: tokenizer_config.json records the weights digest {digests[a][:12]}, but config.json "
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}{digests[b][:12]}, loaded twice"):
+        translate.load_for_generation(str(mixed))
+
+    saved = tmp_path / "saved"  # weights saved anew are not the export's: no digest carried over
+    model.save_pretrained(saved)
+    assert json.loads((saved / "config.json").read_text(encoding="utf-8"))["weights_digest"] is None
+    assert "weights_digest" not in (saved / "generation_config.json").read_text(encoding="utf-8")
+    ODETransformerForConditionalGeneration.from_pretrained(saved)

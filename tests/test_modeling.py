@@ -611,3 +611,61 @@ def test_encoder_decoder_refuses_a_decoder_only_config(tmp_path):
     causal_lm(tiny(is_encoder_decoder=False)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="load a causal LM with AutoModelForCausalLM"):
         AutoModel.from_pretrained(tmp_path)
+
+
+def test_max_new_tokens_over_a_saved_max_length_does_not_warn(tmp_path):
+    """A saved folder's generation config holds its output length as max_length; `generate(max_new_tokens=N)`
+    replaces it without transformers' warning that both were set (issue 64: it warned on every call). A caller who
+    sets both is still warned."""
+    from tiny_folder import save_tiny_folder
+
+    model, tokenizer = save_tiny_folder(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert model.generation_config.max_length == 9
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.generation.utils")
+    logger.addHandler(handler)
+    try:
+        batch = tokenizer(["the dog runs"], return_tensors="pt")
+        out = model.generate(**batch, max_new_tokens=12, min_new_tokens=12, num_beams=1)
+        assert out.shape[1] == 13  # the start token and 12 new ones: max_new_tokens won over max_length 9
+        assert not [record.getMessage() for record in records]
+        model.generate(**batch, max_new_tokens=3, max_length=9)
+        assert [record.getMessage() for record in records if "Both `max_new_tokens`" in record.getMessage()]
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"encoder_ode_method": "rk4", "decoder_ode_method": "rk2", "decoder_ode_coefficients": "ema"},
+        {"encoder_layer_connections": "predictor_corrector", "encoder_ode_coefficients": "ema"},
+        {"encoder_layer_connections": "multistep", "decoder_layer_connections": "leapfrog"},
+        {
+            "encoder_ode_function": "sublayers",
+            "decoder_ode_function": "attention",
+            "ode_coefficient_scope": "stack",
+        },
+        {"share_encoder_decoder_embeddings": False, "relative_position_values": True},
+        {"is_encoder_decoder": False, "decoder_ode_method": "rk2", "decoder_ode_coefficients": "gated_tanh"},
+    ],
+)
+def test_every_parameter_takes_part_in_a_training_step(fields):
+    """Each parameter gets a gradient from one loss: what lets `ode-train` give DDP
+    `find_unused_parameters=False` (issue 64: transformers' True cost an extra pass per step and warned it found
+    nothing unused)."""
+    from ode_transformer.train.arguments import parse_arguments
+
+    assert parse_arguments(["--use_cpu", "true"])[3].ddp_find_unused_parameters is False
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset("tiny", **fields)
+    causal = not config.is_encoder_decoder
+    model = (ODETransformerForCausalLM if causal else ODETransformerForConditionalGeneration)(config)
+    ids = torch.randint(3, config.vocab_size, (2, 7))
+    labels = ids if causal else torch.randint(3, config.vocab_size, (2, 5))
+    model(input_ids=ids, labels=labels).loss.backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []

@@ -10,11 +10,13 @@ implementations (`@pytest.mark.slow`) export a random tiny model each."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from optimum_seq2seq import OptimumStyleSeq2SeqLM
 from tiny_folder import save_tiny_folder
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
@@ -28,8 +30,10 @@ from ode_transformer.hub.onnx_export import (
     QUANTIZED_GRAPHS,
     cache_names,
     export_onnx,
+    quantized_name,
 )
 from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
+from ode_transformer.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
 from tests.decoding import tiny
 from tests.test_compile import BLOCKS
 
@@ -217,9 +221,10 @@ def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
-    """Two decoder layers of two stages, under Optimum's names: past_key_values.{layer}.decoder.{key,value} (stage
-    0) and past_key_values.{layer}.decoder_stage1.{key,value}, then the cross-attention's
-    past_key_values.{layer}.encoder.{key,value}; every batch and length axis named, not fixed."""
+    """Two decoder layers of two stages, under Optimum's names and in its order (issue 64): per layer, stage 0's
+    past_key_values.{layer}.decoder.{key,value} then the cross-attention's past_key_values.{layer}.encoder.{key,value};
+    then the later stages' past_key_values.{layer}.decoder_stage1.{key,value}; every batch and length axis named, not
+    fixed."""
     folder = exported(exporter)
     sessions = {
         graph: ort.InferenceSession(
@@ -229,18 +234,19 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     }
     inputs = {graph: [i.name for i in session.get_inputs()] for graph, session in sessions.items()}
     outputs = {graph: [o.name for o in session.get_outputs()] for graph, session in sessions.items()}
-    self_names = [
+    per_layer = [
         f"{layer}.{attention}.{kv}"
         for layer in (0, 1)
-        for attention in ("decoder", "decoder_stage1")
+        for attention in ("decoder", "encoder")
         for kv in ("key", "value")
     ]
-    cross_names = [f"{layer}.encoder.{kv}" for layer in (0, 1) for kv in ("key", "value")]
+    stages = [f"{layer}.decoder_stage1.{kv}" for layer in (0, 1) for kv in ("key", "value")]
+    self_names = [name for name in per_layer if ".decoder." in name] + stages
     assert inputs[ENCODER] == ["input_ids", "attention_mask"] and outputs[ENCODER] == ["last_hidden_state"]
     assert inputs[DECODER] == ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
-    assert outputs[DECODER] == ["logits"] + [f"present.{n}" for n in self_names + cross_names]
+    assert outputs[DECODER] == ["logits"] + [f"present.{n}" for n in per_layer + stages]
     assert inputs[DECODER_WITH_PAST] == ["input_ids", "encoder_attention_mask"] + [
-        f"past_key_values.{n}" for n in self_names + cross_names
+        f"past_key_values.{n}" for n in per_layer + stages
     ]
     assert outputs[DECODER_WITH_PAST] == ["logits"] + [f"present.{n}" for n in self_names]
     for tensor in sessions[ENCODER].get_inputs():
@@ -259,12 +265,36 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     ):  # the presents too (TorchScript left symbols)
         for tensor in session.get_outputs()[1:]:
             assert tensor.shape[1::2] == [heads, head_dim], (tensor.name, tensor.shape)
-    assert past[2].shape[2] != past[-1].shape[2]  # the target's past and the source: distinct axes
+    lengths = {tensor.name: tensor.shape[2] for tensor in past[2:]}
+    # the target's past and the source: distinct axes
+    assert lengths["past_key_values.0.decoder.key"] != lengths["past_key_values.0.encoder.key"]
     # an Optimum-style loop: each present.X fed back as past_key_values.X, the rest by name
     present_names = {
         o.name.replace("present.", "past_key_values.", 1) for o in sessions[DECODER].get_outputs()[1:]
     }
     assert present_names == {i.name for i in past[2:]}
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_the_graphs_are_fused_and_share_each_weight_once(exported, trained, exporter, tmp_path):
+    """Issue 66: every graph is rewritten by onnxruntime's transformer optimizer (each residual add with the
+    LayerNorm after it, `SkipLayerNormalization`), without copying a weight (the RK2 blocks' stages read one F's);
+    the tests above check these fused graphs against PyTorch (logits, cache, greedy and beam tokens)."""
+    import onnx
+
+    folder = exported(exporter)
+    plain = tmp_path / "plain"
+    if exporter == "torchscript":  # an unfused export to compare with (the dynamo one takes minutes)
+        export_onnx(trained, plain, dynamo=False, fuse=False, search=False)
+    for graph in GRAPHS:
+        fused = onnx.load(str(folder / graph)).graph
+        assert "SkipLayerNormalization" in {node.op_type for node in fused.node}, graph
+        if exporter == "torchscript":
+            before = onnx.load(str(plain / graph)).graph
+            weight_bytes = [sum(len(t.raw_data) for t in g.initializer) for g in (fused, before)]
+            assert weight_bytes[0] <= weight_bytes[1], (graph, weight_bytes)
+            assert len(fused.node) < len(before.node)
 
 
 @pytest.mark.xdist_group("onnx_trained")
@@ -296,6 +326,38 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
     # not degenerate: the trained model writes varied tokens, and sequences that end at different lengths
     assert len({tuple(row) for row in expected.tolist()}) == len(expected)
     assert len({int((row != PAD).sum()) for row in expected}) > 1
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"num_beams": 1, "max_new_tokens": 10},
+        {"num_beams": 4, "max_new_tokens": 10},
+        {"num_beams": 4, "num_return_sequences": 2, "length_penalty": 1.3, "max_new_tokens": 10},
+    ],
+    ids=["greedy", "beam4", "beam4-two-returned"],
+)
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_optimums_own_feeding_decodes_the_graphs_as_generate_does(exported, trained, exporter, settings):
+    """Issue 64: the graphs driven by Optimum's `ORTModelForSeq2SeqLM` input feeding (tests/optimum_seq2seq.py,
+    vendored: the cache fed by position, regrouped per layer as `self[i:i+2] + cross[i:i+2]`, and reordered for beam
+    search as `layer_past[:2]`) give the tokens of `generate`, for an RK2 decoder whose stage-1 cache rides after
+    every layer's pairs."""
+    folder = exported(exporter)
+    sessions = {
+        graph.removesuffix("_model.onnx"): ort.InferenceSession(
+            str(folder / graph), session_options(), providers=["CPUExecutionProvider"]
+        )
+        for graph in GRAPHS
+    }
+    heads = trained.config.decoder_attention_heads
+    model = OptimumStyleSeq2SeqLM(sessions, trained.generation_config, heads, trained.config.d_model // heads)
+    assert trained.get_decoder().cache_layout.stages == 2
+    ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings)
+        np.testing.assert_array_equal(model.generate(ids, attention_mask=mask, **settings), expected)
 
 
 @pytest.mark.xdist_group("onnx_trained")
@@ -338,6 +400,109 @@ def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exp
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The search in the graph (hub/onnx_search.py: onnxruntime's BeamSearch op)
+# ----------------------------------------------------------------------------------------------------------
+
+SEARCH_CASES = {
+    "greedy": {"num_beams": 1, "max_new_tokens": 10},
+    "greedy-max_length5": {"num_beams": 1, "max_length": 5},
+    # eos held back: the model writes its pad token inside sentences, which the op's padding must not cut
+    "greedy-min8-ngram2": {
+        "num_beams": 1,
+        "max_new_tokens": 10,
+        "min_new_tokens": 8,
+        "no_repeat_ngram_size": 2,
+    },
+    "beam4-lp0.6": {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True, "max_new_tokens": 10},
+    "beam4-lp2-max12": {"num_beams": 4, "length_penalty": 2.0, "early_stopping": True, "max_new_tokens": 12},
+    "greedy-eos5": {"num_beams": 1, "eos_token_id": 5, "max_new_tokens": 10},
+    "beam4-two-returned-ngram-repetition": {
+        "num_beams": 4,
+        "early_stopping": True,
+        "num_return_sequences": 2,
+        "no_repeat_ngram_size": 2,
+        "repetition_penalty": 1.3,
+        "max_new_tokens": 10,
+    },
+    "beam3-min_length8": {"num_beams": 3, "early_stopping": True, "min_length": 8, "max_new_tokens": 12},
+}
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("case", sorted(SEARCH_CASES))
+@pytest.mark.parametrize("exporter", sorted(EXPORTERS))
+def test_the_search_graph_gives_the_tokens_of_generate(exported, trained, exporter, case):
+    """Issue 66: one `session.run` of the BeamSearch graph per batch gives `generate`'s tokens (an RK2 decoder: its
+    stage-1 cache through the op as slots of their own), with no help from transformers' search."""
+    settings = SEARCH_CASES[case]
+    ids, mask, _ = reverse_task(32, torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
+    generator = ONNXSearchGenerator(
+        exported(exporter), trained.generation_config, session_options=session_options()
+    )
+    np.testing.assert_array_equal(generator.generate(ids.numpy(), mask.numpy(), **settings), expected)
+    assert generator.redone <= len(ids) // 8  # the op's tokens, but for sentences cut at max_length
+    assert len({tuple(row) for row in expected.tolist()}) > len(expected) // 2
+
+
+@pytest.mark.xdist_group("onnx_trained")
+@pytest.mark.parametrize("length_penalty", [1.3, -0.5])
+def test_a_hypothesis_cut_at_max_length_is_ranked_as_generate_ranks_it(exported, trained, length_penalty):
+    """The op counts the start token in the length of a hypothesis cut at max_length (transformers does not): those
+    sentences (with a negative length penalty, every one) are decoded by transformers' search over the graphs, and
+    the tokens are `generate`'s."""
+    settings = {"num_beams": 4, "length_penalty": length_penalty, "early_stopping": True, "max_new_tokens": 6}
+    ids, mask, _ = reverse_task(32, torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings).numpy()
+    generator = ONNXSearchGenerator(
+        exported("torchscript"), trained.generation_config, session_options=session_options()
+    )
+    np.testing.assert_array_equal(generator.generate(ids.numpy(), mask.numpy(), **settings), expected)
+    assert 0 < generator.redone <= len(ids)
+    assert (generator.redone == len(ids)) == (length_penalty < 0)
+
+
+@pytest.mark.xdist_group("onnx_trained")
+def test_the_search_graph_refuses_by_name_what_it_cannot_follow(exported, trained):
+    generator = ONNXSearchGenerator(
+        exported("torchscript"), trained.generation_config, session_options=session_options()
+    )
+    ids = np.array([[5, 6, 7, EOS]])
+    refused = {
+        "early_stopping=False with beam search": {"num_beams": 4, "early_stopping": False},
+        "repetition_penalty with greedy search": {"num_beams": 1, "repetition_penalty": 1.2},
+        "do_sample": {"do_sample": True},
+        "early_stopping='never'": {"num_beams": 2, "early_stopping": "never"},
+        "bad_words_ids": {"bad_words_ids": [[5]]},
+    }
+    for name, settings in refused.items():
+        with pytest.raises(ValueError, match=f"cannot follow {re.escape(name)} as generate"):
+            generator.generate(ids, **settings)
+
+
+def test_the_int8_search_graph_decodes_as_the_int8_graphs_do(tmp_path):
+    """`--quantize int8` writes the search graph over the int8 graphs: its tokens are those of the int8 graphs under
+    transformers' search (an RK4 decoder: three stage slots per layer through the op)."""
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny(decoder_ode_method="rk4")).eval()
+    export_onnx(model, tmp_path, dynamo=False, quantize="int8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*QUANTIZED_GRAPHS, quantized_name(SEARCH_GRAPH)]
+    )
+    ids, mask, _ = check_inputs(model.config.vocab_size)
+    exact = ONNXSeq2SeqGenerator(tmp_path, model.generation_config, session_options=session_options())
+    search = ONNXSearchGenerator(tmp_path, model.generation_config, session_options=session_options())
+    for settings in (
+        {"num_beams": 1, "max_new_tokens": 8},
+        {"num_beams": 4, "early_stopping": True, "max_new_tokens": 8},
+    ):
+        expected = exact.generate(ids.numpy(), mask.numpy(), **settings)
+        np.testing.assert_array_equal(search.generate(ids.numpy(), mask.numpy(), **settings), expected)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Every block type and attention implementation (slow: a dozen exports per exporter)
 # ----------------------------------------------------------------------------------------------------------
 
@@ -364,6 +529,16 @@ def test_every_block_type_and_attention_exports_and_matches(block, attention, ex
     model.set_attn_implementation(attention)
     export_onnx(model, tmp_path, dynamo=EXPORTERS[exporter])
     assert_graphs_match(model, tmp_path)
+    # the search graph, every block's cache slots through the op (no eos before the last token: random weights
+    # rarely write one, and a hypothesis cut at max_length would be decoded again by transformers' search)
+    ids, mask, _ = check_inputs(model.config.vocab_size)
+    search = ONNXSearchGenerator(tmp_path, model.generation_config, session_options=session_options())
+    for beams in (1, 4):
+        settings = {"num_beams": beams, "early_stopping": True, "min_new_tokens": 6, "max_new_tokens": 6}
+        with torch.no_grad():
+            expected = model.generate(ids, attention_mask=mask, **settings).numpy()
+        np.testing.assert_array_equal(search.generate(ids.numpy(), mask.numpy(), **settings), expected)
+        assert search.redone == 0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -379,13 +554,15 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     model, tokenizer = save_tiny_folder(tmp_path / "model", weight_scale=3)
     out = tmp_path / "export"
     assert main([str(tmp_path / "model"), str(out), "--onnx", "--onnx-exporter", "torchscript"]) == 0
-    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(GRAPHS)
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted([*GRAPHS, SEARCH_GRAPH])
     assert json.loads((out / "generation_config.json").read_text())["num_beams"] == 2
     batch = tokenizer(["the dog runs", "a cat sleeps on the warm mat"], return_tensors="pt", padding=True)
     with torch.no_grad():
         expected = model.generate(**batch).numpy()
     generator = ONNXSeq2SeqGenerator(out, session_options=session_options())
     np.testing.assert_array_equal(generator.generate(batch["input_ids"], batch["attention_mask"]), expected)
+    search = ONNXSearchGenerator(out, session_options=session_options())  # the search graph beside them
+    np.testing.assert_array_equal(search.generate(batch["input_ids"], batch["attention_mask"]), expected)
 
 
 def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, capsys):
@@ -418,7 +595,9 @@ def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, ca
             node.op_type for node in onnx.load(str(out / "onnx" / graph)).graph.node
         }, graph
     # Optimum's quantizer's names (model_quantized.onnx), and no float32 or temporary file left
-    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(QUANTIZED_GRAPHS)
+    assert sorted(path.name for path in (out / "onnx").iterdir()) == sorted(
+        [*QUANTIZED_GRAPHS, quantized_name(SEARCH_GRAPH)]
+    )
     assert QUANTIZED_GRAPHS == (
         "encoder_model_quantized.onnx",
         "decoder_model_quantized.onnx",
@@ -482,3 +661,19 @@ def test_a_causal_lm_and_a_folder_without_graphs_are_refused_by_name(tmp_path):
         export_onnx(ODETransformerForCausalLM(tiny(is_encoder_decoder=False)), tmp_path)
     with pytest.raises(FileNotFoundError, match="ode-export MODEL OUT --onnx"):
         ONNXSeq2SeqGenerator(tmp_path)
+
+
+def test_export_is_of_eval_mode_graphs_and_says_nothing(tmp_path, capfd):
+    """The graph wrappers are exported in eval mode: torch.onnx warned "exporting a model while it is in training
+    mode" for each, and the dynamo exporter's progress and notes came to about 20 lines per graph (issue 64)."""
+    from ode_transformer.hub.onnx_export import ENCODER, export_onnx
+
+    torch.manual_seed(0)
+    model = ODETransformerForConditionalGeneration(tiny()).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(model, tmp_path, graphs=[ENCODER])
+    assert [str(w.message) for w in caught if "training mode" in str(w.message)] == []
+    out, err = capfd.readouterr()
+    assert "[torch.onnx]" not in out + err and "torchvision" not in err and "The axis name" not in err
+    assert (tmp_path / ENCODER).is_file() and not model.training

@@ -18,8 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_folder import save_tiny_folder
+from tiny_folder import TEXTS, save_tiny_folder
 from tiny_run import (
+    EVALUATE,
     ROOT,
     TINY_RUN,
     Killed,
@@ -47,6 +48,7 @@ import ode_transformer.train.saved_model
 import ode_transformer.train.trainer
 from modeling_ode import ODETransformerForConditionalGeneration
 from ode_transformer import cli, translate
+from ode_transformer.tokenizer import train_tokenizer
 from ode_transformer.train import averaging
 from ode_transformer.train.arguments import parse_arguments
 from ode_transformer.train.output_folder import save_final_model
@@ -228,8 +230,8 @@ def test_divergence_stops_at_the_first_non_finite_step_and_saves_nothing(tmp_pat
     data = ",".join(corpus(tmp_path / "data"))
     out = tmp_path / "out"
     with pytest.raises(FloatingPointError) as raised:
-        train_run(out, "--train_file", data, "--learning_rate", "1e6", "--max_steps", "6", "--save_strategy",
-                  "steps", "--save_steps", "1")  # fmt: skip
+        train_run(out, "--train_file", data, "--learning_rate", "1e6", "--warmup_steps", "0", "--max_steps", "6",
+                  "--save_strategy", "steps", "--save_steps", "1")  # fmt: skip
     message = str(raised.value)
     assert message.startswith("training diverged at step 2: the loss is nan (learning rate ")
     assert "--learning_rate 1e+06); train again with a lower --learning_rate" in message
@@ -414,9 +416,6 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
     assert not ran.exists() and (out / "trainer_state.json").is_file()
 
 
-EVALUATE = ["--do_train", "false", "--do_predict", "true", "--num_beams", "1", "--max_target_length", "8"]
-
-
 @pytest.mark.both_cpus
 def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
     tmp_path, monkeypatch, capsys, refused
@@ -457,10 +456,8 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
 
     train_run(
         finished, *evaluate, "--overwrite_output_dir", "true"
-    )  # asked for: replaced, nothing else deleted
-    assert "training" not in json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    )  # asked for: replaced, nothing else deleted (what training wrote stays: #65 row 8)
     assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
-    assert (finished / "README.md").read_bytes() == before["README.md"][0]
 
 
 def _raw_pickle(path: Path, payload: object) -> None:
@@ -542,6 +539,8 @@ def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_
         data,
         "--learning_rate",
         "1e6",
+        "--warmup_steps",
+        "0",  # the full rate from the first step (a run's default warms up over a fifth of its steps)
     ]
     err = refused(ode_transformer.train.run.main, diverging)
     assert "Traceback" not in err
@@ -565,3 +564,83 @@ def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_
         "diverged before this checkpoint was saved"
     ), message
     assert "resume from an earlier checkpoint" in message and "learning_rate" not in message
+
+
+def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_path):
+    """#65 row 8: `--do_train false --overwrite_output_dir true` into a finished run's folder dropped the training
+    section from hub_metrics.json, while the run's README.md still showed the old results."""
+    data = ",".join(corpus(tmp_path / "data"))
+    finished = tmp_path / "run"
+    train_run(finished, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    trained = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    curves = (finished / "loss_curves.png").read_bytes()
+    assert "training" in trained and "12 examples scored." in (finished / "README.md").read_text(
+        encoding="utf-8"
+    )
+    fewer = ",".join(corpus(tmp_path / "fewer", lines=5))  # another test set: other scores, another row count
+    evaluate = ["--model_name_or_path", str(finished), "--test_file", fewer, *EVALUATE]
+    document = train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+    saved = json.loads((finished / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert saved == document and saved["training"] == trained["training"] and saved["dataset"]["rows"] == 5
+    card = (finished / "README.md").read_text(encoding="utf-8")
+    assert "5 examples scored." in card and "12 examples scored." not in card  # the card shows the new scores
+    assert trained["training"]["recipe"]["model"] in card  # ... and still how the model was trained
+    assert (finished / "loss_curves.png").read_bytes() == curves
+
+    other = tmp_path / "other"  # another model's scores into the folder carry nothing of its run
+    train_run(other, "--train_file", data, "--test_file", data, *EVALUATE[2:])
+    evaluate[1] = str(other)
+    assert "training" not in train_run(finished, *evaluate, "--overwrite_output_dir", "true")
+
+
+def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fix(tmp_path):
+    """#65 row 5: a tokenizer edited between a kill and the resume (another 300-token BPE, a changed normalizer)
+    resumed with exit 0 and trained another model; an edited eos_token was refused as "another model
+    configuration", naming neither the file nor the fix."""
+    data = ",".join(corpus(tmp_path / "data"))
+    shared = Path(tokenizer_folder(tmp_path / "shared"))
+    steps = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "2"]
+    named, own = tmp_path / "named", tmp_path / "own"
+    train_run(named, *steps, "--tokenizer_name", str(shared))  # killed after step 2: its checkpoint is there
+    train_run(own, *steps)
+    resume = [*steps, "--max_steps", "4", "--resume_from_checkpoint", "last"]
+
+    def refused(out: Path, folder: Path, files: str, *flags: str) -> None:
+        checkpoint = out / "checkpoint-2"
+        message = (
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {files} differ from the "
+            f"checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or start a new run with "
+            "this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+        before = snapshot(out)
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            train_run(out, *resume, *flags)
+        assert snapshot(out) == before
+
+    original = snapshot(shared)
+    other = [" ".join(reversed(text.split())) + " und so weiter" for text in TEXTS]
+    train_tokenizer(other, vocab_size=300, save_to=shared)  # another BPE, as large
+    refused(named, shared, "tokenizer.json", "--tokenizer_name", str(shared))
+    for name, (content, _) in original.items():
+        (shared / name).write_bytes(content)
+    tokenizer_json = own / "tokenizer" / "tokenizer.json"
+    kept = tokenizer_json.read_text(encoding="utf-8")
+    tokenizer_json.write_text(
+        json.dumps({**json.loads(kept), "normalizer": {"type": "Lowercase"}}), encoding="utf-8"
+    )
+    refused(own, own / "tokenizer", "tokenizer.json")
+    tokenizer_json.write_text(kept, encoding="utf-8")
+    config_json = own / "tokenizer" / "tokenizer_config.json"
+    config = config_json.read_bytes()
+    config_json.write_text(
+        json.dumps({**json.loads(config_json.read_text(encoding="utf-8")), "eos_token": "<s>"}),
+        encoding="utf-8",
+    )
+    refused(own, own / "tokenizer", "tokenizer_config.json")
+
+    (own / "tokenizer" / "tokenizer_config.json").write_bytes(config)
+    train_run(
+        named, *resume, "--tokenizer_name", str(shared)
+    )  # the tokenizers they were trained with: resumed
+    train_run(own, *resume)  # (a tokenizer the run trained, read back from disk, is the same one)
+    assert (named / "checkpoint-4").is_dir() and (own / "checkpoint-4").is_dir()

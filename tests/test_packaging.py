@@ -27,7 +27,16 @@ from ode_transformer import cli
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ("ode-train", "ode-translate", "ode-evaluate", "ode-export", "ode-model-card", "ode-push")
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "modeling_ode", "ode_transformer", "train", "hub")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "modeling_ode",
+    "ode_transformer",
+    "train",
+    "hub",
+    "docs",
+)
 
 
 def _install(tmp_path: Path) -> Path:
@@ -52,6 +61,7 @@ def _install(tmp_path: Path) -> Path:
     )  # fmt: skip
     assert not (purelib / "train").exists() and not (purelib / "hub").exists()
     assert (purelib / "ode_transformer" / "train" / "recipes" / "multi30k_en_de_cpu.yaml").is_file()
+    assert (purelib / "ode_transformer" / "docs" / "data-and-tests.md").is_file()  # the guides messages name
     return environment / "bin"
 
 
@@ -101,12 +111,19 @@ def test_non_editable_install_gives_console_commands(tmp_path, installed):
 
 
 @pytest.mark.parametrize(
-    ("command", "extra"), [(cli.train, "train"), (cli.evaluate, "train"), (cli.push, "hub")]
+    ("command", "extra", "argv"),
+    [
+        (cli.train, "train", []),
+        (cli.evaluate, "train", ["--task", "translation", "--hyp", "hyp.txt"]),
+        (cli.push, "hub", []),
+    ],
 )
-def test_a_missing_extra_names_the_extra_to_install(command, extra, monkeypatch, capsys):
+def test_a_missing_extra_names_the_extra_to_install(command, extra, argv, monkeypatch, capsys):
     def import_without_extra(name):
         raise ModuleNotFoundError("No module named 'rouge_score'", name="rouge_score")
 
+    # arguments the command's parser takes: a refused one is answered before the module is imported
+    monkeypatch.setattr(sys, "argv", ["command", *argv])
     monkeypatch.setattr(cli.importlib, "import_module", import_without_extra)
     with pytest.raises(SystemExit) as exit_info:
         command()
@@ -250,4 +267,66 @@ def test_install_lines_name_a_clone_or_a_built_wheel_never_pypi():
     assert [str(path) for path in texts if pypi.search(path.read_text(encoding="utf-8"))] == []
     assert cli.install_command("hub") == (
         "pip install '.[hub]' in a clone of ode-transformer, or pip install 'ode_transformer-*.whl[hub]'"
+    )
+
+
+def _user_facing_strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings: messages, help texts, logged lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and ast.get_docstring(node, clean=False) is not None
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_messages_name_no_repository_file_the_wheel_lacks():
+    """What the installed commands print names no file of the repository that the wheel does not ship (issue 64:
+    messages pointed to docs/data-and-tests.md and benchmarks/results/); a guide is named by
+    `ode_transformer.cli.guide`, which finds it in a clone or in the install, where pyproject ships the guides."""
+    import tomllib
+
+    shipped = REPO / "docs"
+    named = [
+        f"{path.relative_to(REPO)}:{line}: {text[:80]!r}"
+        for package in ("modeling_ode", "ode_transformer", "train", "hub")
+        for path in sorted((REPO / package).rglob("*.py"))
+        for line, text in _user_facing_strings(path)
+        if re.search(r"\bdocs/[\w.-]+\.md|benchmarks/results", text)
+    ]
+    assert named == []
+    guide = Path(cli.guide("data-and-tests.md"))
+    assert guide.is_file() and guide.parent == shipped
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert project["package-dir"]["ode_transformer.docs"] == "docs"
+    assert "ode_transformer.docs" in project["packages"] and project["package-data"][
+        "ode_transformer.docs"
+    ] == ["*.md"]
+
+
+def test_an_install_looks_for_no_data_folder_beside_site_packages(tmp_path, monkeypatch):
+    """A clone's shared corpora are beside it; an installed package has no such neighbour, and a missing corpus
+    says to pass --data_dir, not that site-packages/shared/data/multi30k is missing (issue 64)."""
+    from ode_transformer.train import data
+
+    installed = tmp_path / "site-packages" / "ode_transformer" / "train"
+    installed.mkdir(parents=True)
+    assert data.clone_data_root(installed) is None
+    clone = tmp_path / "work" / "ode-transformer"
+    (clone / "train").mkdir(parents=True)
+    (clone / "pyproject.toml").write_text("")
+    assert data.clone_data_root(clone / "train") == tmp_path / "work" / "shared" / "data"
+    monkeypatch.setattr(data, "_DEFAULT_ROOT", None)
+    monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
+    with pytest.raises(data.MissingCorpusError) as missing:
+        data.shared_folder("multi30k")
+    assert str(missing.value) == (
+        "shared corpus 'multi30k': no data folder given; pass --data_dir DIR (root=DIR in Python) or set "
+        "ODE_DATA_DIR=DIR, DIR being the folder that holds multi30k/"
     )

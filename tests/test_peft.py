@@ -69,3 +69,35 @@ def test_lora_on_the_documented_modules_trains_reloads_and_merges(tmp_path):
         )
         assert torch.equal(merged.generate(source, num_beams=2, max_new_tokens=6),
                            reloaded.generate(input_ids=source, num_beams=2, max_new_tokens=6))  # fmt: skip
+
+
+def test_lora_defaults_and_bart_names_on_the_fused_attention():
+    """Issue 64: BART's target names `q_proj`/`v_proj` silently adapted cross-attention's queries alone (self-attention
+    is a fused `qkv_proj`). A model built after `import peft` gives PEFT its defaults, every attention projection on
+    both sides; adapters on cross-attention alone warn once, at the first forward, naming `qkv_proj`."""
+    import warnings
+
+    config = ODETransformerConfig.from_preset("tiny")
+    ids = torch.randint(4, config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))
+
+    def adapted(targets):
+        model = peft.get_peft_model(
+            ODETransformerForConditionalGeneration(config),
+            peft.LoraConfig(task_type=peft.TaskType.SEQ_2_SEQ_LM, r=2, target_modules=targets),
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(input_ids=ids, labels=ids)
+            model(input_ids=ids, labels=ids)
+        names = {
+            ".".join(name.split(".")[-2:])
+            for name, module in model.named_modules()
+            if hasattr(module, "lora_A")
+        }
+        return names, [str(w.message) for w in caught if "LoRA adapts only cross-attention" in str(w.message)]
+
+    names, warned = adapted(None)
+    assert names == {"self_attn.qkv_proj", "encoder_attn.q_proj", "encoder_attn.kv_proj"} and warned == []
+    names, warned = adapted(["q_proj", "v_proj"])
+    assert names == {"encoder_attn.q_proj"} and len(warned) == 1 and "'qkv_proj'" in warned[0]
+    assert adapted(documented_target_modules())[1] == []

@@ -4,17 +4,22 @@ aligned with their hypotheses, and an M2 file of another test set is refused bef
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tiny_run import (
+    EVALUATE,
     corpus,
     train_run,
     write,
 )
 
 from ode_transformer.files import read_lines
+from ode_transformer.train.data import load_local_file
 
 
 @pytest.mark.both_cpus
@@ -56,3 +61,95 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
         train_run(out, "--task", "gec", "--train_file", f"{src},{tgt}", "--test_file", f"{src},{tgt}",
                   "--m2_file", str(m2), "--overwrite_output_dir", "true")  # fmt: skip
     assert [p.name for p in out.iterdir()] == ["checkpoint-100"]  # refused before anything was deleted
+
+
+def test_streaming_warns_about_records_it_skips_as_the_whole_file_reader_does(tmp_path, caplog, monkeypatch):
+    """#65 row 6: a streamed JSONL file whose records mostly use other keys (2,970 of 3,000 `src`/`tgt`) trained on
+    30 rows without a warning; read whole, the same file is warned about."""
+    from ode_transformer.train import preparation
+
+    path = tmp_path / "mixed.jsonl"
+    records = [
+        {"source": f"a {i}", "target": f"b {i}"} if i % 100 == 0 else {"src": "a", "tgt": "b"}
+        for i in range(3000)
+    ]
+    write(path, "".join(json.dumps(record) + "\n" for record in records))
+    expected = f"{path}: 2970 empty line(s) skipped (line numbers 2, 3, 4, 5, 6, ...); 30 of 3000 rows loaded"
+    columns = SimpleNamespace(source_column="source", target_column="target")
+
+    def warnings(action) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+            action()
+        return [record.getMessage() for record in caplog.records]
+
+    assert warnings(lambda: load_local_file(str(path), "seq2seq")) == [expected]
+    stream = None
+
+    def start_stream():
+        nonlocal stream
+        stream = preparation.stream_local_file(str(path), "seq2seq", columns)
+
+    assert warnings(start_stream) == [expected]  # read ahead, before training starts
+    assert warnings(lambda: list(stream)) == [expected]  # and at the end of every pass
+    assert [row["source"] for row in stream] == [f"a {i}" for i in range(0, 3000, 100)]
+    monkeypatch.setattr(preparation, "STREAM_READ_AHEAD", 1000)  # a file longer than what is read ahead
+    assert warnings(start_stream) == [
+        f"{path} (its first 1000 rows, read ahead): 990 empty line(s) skipped (line numbers 2, 3, 4, 5, 6, ...); "
+        "10 of 1000 rows loaded"
+    ]
+
+
+def _hub_style_folder(folder: Path, renamed: str) -> Path:
+    """A dataset folder as the Hub lays one out (a JSONL file per split), the ``renamed`` split's source column
+    called `src`."""
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        key = "src" if split == renamed else "source"
+        rows = [{key: f"the dog number {i} runs", "target": f"der Hund Nummer {i} läuft"} for i in range(12)]
+        write(folder / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("renamed", ["test", "train"])
+def test_a_split_with_a_renamed_column_is_one_line_naming_split_file_and_columns(
+    tmp_path, streaming, renamed
+):
+    """#65 row 10: a split with a renamed column gave a 65-82-line DatasetGenerationError; streamed, a 9-line
+    "Couldn't cast" naming no file, split or fix."""
+    folder = _hub_style_folder(tmp_path / "data", renamed)
+    message = (
+        f"dataset '{folder}': the {renamed} split ({folder / f'{renamed}.jsonl'}) has the columns ['src', 'target'], "
+        "where the other splits have ['source', 'target']; rename its columns to those"
+    )
+    flags = ["--hub_dataset", str(folder), "--source_lang", "source", "--target_lang", "target"]
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        train_run(tmp_path / "out", *flags, "--streaming", str(streaming).lower(), "--do_predict", "true")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", ["validation_file", "hub_folder"])
+def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, caplog, source):
+    """#65 row 4: a Hub-style folder without a test split, or --validation_file without --test_file, scored the
+    validation split, and hub_metrics.json and the card called it "test", without a word."""
+    if source == "validation_file":
+        data = ",".join(corpus(tmp_path / "data"))
+        flags = ["--train_file", data, "--validation_file", data]
+    else:
+        folder = _hub_style_folder(tmp_path / "data", renamed="none")
+        (folder / "test.jsonl").unlink()
+        flags = ["--hub_dataset", str(folder), "--source_lang", "source", "--target_lang", "target"]
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.preparation"):
+        document = train_run(out, *flags, *EVALUATE[2:])
+    assert (
+        "the data has no test split: --do_predict scores the validation split instead, and reports it as such"
+        in caplog.text
+    )
+    saved = json.loads((out / "hub_metrics.json").read_text(encoding="utf-8"))
+    assert document["dataset"]["split"] == saved["dataset"]["split"] == "validation"
+    assert json.loads((out / "test_results.json").read_text(encoding="utf-8"))["split"] == "validation"
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "      split: validation\n" in card and "validation: 12 examples scored." in card  # metadata, text
+    assert "| validation | BLEU |" in card and "| test |" not in card and "split: test" not in card

@@ -192,12 +192,14 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
         quantized_name,
     )
     from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
+    from ode_transformer.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
 
     # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
     # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs
     graphs = (ENCODER,) if exporter == "dynamo" else (ENCODER, DECODER, DECODER_WITH_PAST)
     export_onnx(trained, tmp_path, dynamo=exporter == "dynamo", quantize="int8", graphs=graphs)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(map(quantized_name, graphs))
+    search = [quantized_name(SEARCH_GRAPH)] if len(graphs) == 3 else []  # written beside all three
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*map(quantized_name, graphs), *search])
     encoder = onnx.load(str(tmp_path / quantized_name(ENCODER))).graph
     assert "MatMulInteger" in {n.op_type for n in encoder.node}
     weights = {init.name: onnx.numpy_helper.to_array(init) for init in encoder.initializer}
@@ -212,19 +214,22 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
     assert "MatMulInteger" in {n.op_type for n in with_past.node}
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    generator = ONNXSeq2SeqGenerator(tmp_path, trained.generation_config, session_options=options)
+    generators = {
+        "graphs": ONNXSeq2SeqGenerator(tmp_path, trained.generation_config, session_options=options),
+        "search graph": ONNXSearchGenerator(tmp_path, trained.generation_config, session_options=options),
+    }
     ids, mask, _ = reverse_batch(64, torch.Generator().manual_seed(1))
     for beams in (1, 4):
+        settings = {"num_beams": beams, "max_new_tokens": 9, "early_stopping": True if beams > 1 else None}
         with torch.no_grad():
-            expected = trained.generate(
-                ids, attention_mask=mask, num_beams=beams, max_new_tokens=9, pad_token_id=PAD
+            float_ids = trained.generate(ids, attention_mask=mask, pad_token_id=PAD, **settings)
+        for name, generator in generators.items():
+            got = torch.from_numpy(generator.generate(ids.numpy(), mask.numpy(), **settings))
+            width = max(
+                got.shape[1], float_ids.shape[1]
+            )  # a differing sequence may end later than the others
+            got, expected = (nnf.pad(x, (0, width - x.shape[1]), value=PAD) for x in (got, float_ids))
+            differing = (got != expected).any(dim=1).float().mean().item()
+            assert differing <= MAX_DIFFERING, (
+                f"{differing:.0%} of the int8 sequences of the {name} differ from float32 ({beams} beams)"
             )
-        got = torch.from_numpy(
-            generator.generate(ids.numpy(), mask.numpy(), num_beams=beams, max_new_tokens=9)
-        )
-        width = max(got.shape[1], expected.shape[1])  # a differing sequence may end later than all the others
-        got, expected = (nnf.pad(x, (0, width - x.shape[1]), value=PAD) for x in (got, expected))
-        differing = (got != expected).any(dim=1).float().mean().item()
-        assert differing <= MAX_DIFFERING, (
-            f"{differing:.0%} of the int8 sequences differ from float32 ({beams} beams)"
-        )

@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -640,6 +641,41 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
     assert "--data_dir" in message and "ODE_DATA_DIR" in message and str(tmp_path / "multi30k") in message
 
 
+def test_only_the_main_process_counts_truncated_lines(tmp_path, caplog):
+    """Every process of a distributed run tokenises the same splits; one warning of the cut lines, not one per
+    process (issue 64)."""
+    from ode_transformer.train.arguments import DataArguments
+    from ode_transformer.train.preparation import tokenize_splits
+
+    _, tokenizer = save_tiny_folder(tmp_path)
+    splits = {"train": Dataset.from_dict({"source": ["the dog runs in the park " * 4], "target": ["a cat"]})}
+    data_args = DataArguments(max_source_length=4, max_target_length=16)
+    for main_process, warnings in ((False, 0), (True, 1)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.preparation"):
+            out = tokenize_splits(splits, tokenizer, "translation", data_args, main_process=main_process)
+        assert caplog.text.count("train split: 1 of 1 source line(s) longer than") == warnings
+        assert len(out["train"][0]["input_ids"]) == 4 and "source_truncated" not in out["train"].column_names
+
+
+def test_a_run_without_recipe_trains_with_the_papers_optimiser():
+    """Own files without a recipe train as the translation recipes do (issue 64: transformers' lr 5e-5 without
+    warm-up left a short run with empty hypotheses), with the warm-up a ratio of the run's steps; `--help` shows
+    the defaults a run uses, label smoothing's included."""
+    recipe = yaml.safe_load((RECIPES / "wmt14_en_de_base.yaml").read_text())
+    training_args = parse_arguments(["--train_file", "a.en,a.de", "--use_cpu", "true"])[3]
+    for key in ("adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "learning_rate"):
+        assert getattr(training_args, key) == recipe[key], key
+    assert training_args.lr_scheduler_type.value == recipe["lr_scheduler_type"]
+    assert training_args.get_warmup_steps(1500) == 300  # the CPU recipe's 300 of 1500 steps
+    assert parse_arguments([str(RECIPES / "ptb_lm.yaml"), "--use_cpu", "true"])[3].learning_rate == 0.0007
+    help_text = " ".join(build_parser().format_help().split())
+    for flag, default in [("label_smoothing_factor", 0.1), ("learning_rate", 0.002), ("adam_beta2", 0.997)]:
+        assert re.search(
+            rf"--{flag} [A-Z0-9_]+, --{flag.replace('_', '-')} .*?\(default: {default}\)", help_text
+        )
+
+
 @pytest.mark.both_cpus
 def test_label_smoothing_is_the_trainers_flag_with_the_papers_default():
     """The model returns plain cross entropy; `--label_smoothing_factor` (transformers' flag) smooths it: the
@@ -825,8 +861,10 @@ def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_
     train_and_test(out, "--task", task, "--train_file", *data, *lengths, "--max_steps", "2", "--max_tokens", "256",
                    "--do_predict", "false")  # fmt: skip
     trained = 20 if task == "lm" else 12
-    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == trained
-    assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
+    # the folder the run trained its tokenizer in says so too (issue 64: it kept transformers' 1e30)
+    for folder in (out, out / "tokenizer"):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == trained
+        assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
     positions = json.loads((out / "config.json").read_text())["max_position_embeddings"]
     assert positions != trained
     card = write_model_card(out, None).read_text()

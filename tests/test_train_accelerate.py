@@ -40,7 +40,7 @@ with open(f"{sys.argv[1]}/batches-{seen['rank']}.json", "w") as f:
 """
 
 
-def launch_two_processes(script: Path, *args: str) -> None:
+def launch_two_processes(script: Path, *args: str) -> subprocess.CompletedProcess:
     """Runs ``script args`` in two CPU processes under ``accelerate launch``; fails the test if it fails."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     command = [
@@ -50,6 +50,7 @@ def launch_two_processes(script: Path, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    return result
 
 
 @pytest.mark.slow
@@ -58,11 +59,11 @@ def test_two_process_cpu_training(tmp_path):
     script = tmp_path / "launch.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
-    launch_two_processes(
+    result = launch_two_processes(
         script, str(tmp_path),
         "--task", "translation", "--dataset", "multi30k", "--source_lang", "en", "--target_lang", "de",
         "--preset", "tiny", "--vocab_size", "400", "--max_train_samples", "200", "--max_tokens", "512",
-        "--max_source_length", "32", "--max_target_length", "32", "--max_steps", "3", "--logging_steps", "1",
+        "--max_source_length", "8", "--max_target_length", "32", "--max_steps", "3", "--logging_steps", "1",
         "--use_cpu", "true", "--save_strategy", "no", "--report_to", "none", "--do_predict", "false",
         "--output_dir", str(out), "--disable_tqdm", "true",
     )  # fmt: skip
@@ -75,6 +76,10 @@ def test_two_process_cpu_training(tmp_path):
     assert not indices0 & indices1, "both processes got the same samples"
     assert indices0 | indices1 == set(range(200)), "an epoch covers every sample once"
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
+    # issue 64: each process tokenises the splits, one warns of the lines cut to --max_source_length
+    assert result.stderr.count("train split: ") == 1, result.stderr[-4000:]
+    # ode-train gives DDP find_unused_parameters=False: no search for unused parameters, and no warning of it
+    assert "find_unused_parameters=True" not in result.stderr
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from tiny_run import (
     assert_one_line,
     command,
     interrupt,
+    last_line,
     read_until,
     start,
     write,
@@ -47,6 +49,7 @@ def test_stdin_to_stdout_in_input_order(tmp_path, monkeypatch, capsys):
             for s in SOURCES
         ]
     expected = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in one_by_one]
+    expected[SOURCES.index("")] = ""  # an empty input line gets an empty output line (#65 row 7)
     assert len(set(expected)) > 1
     assert capsys.readouterr().out.split("\n") == [*expected, ""]
 
@@ -282,3 +285,49 @@ def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, mo
     translate.main([str(tmp_path / "model"), "--input", str(source), "--output", str(tmp_path / "out.txt"),
                     "--max_new_tokens", "3", "--no_progress"])  # fmt: skip
     assert not [w for w in warnings if "max_new_tokens" in w], warnings
+
+
+def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
+    """#65 row 1: two ode-translate writing one file by two names (a link, `dir/../file`) both exited 0, the last
+    writer winning."""
+    from ode_transformer.files import claim_output
+
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    source = write(tmp_path / "in.txt", "the dog runs\n")
+    output = write(tmp_path / "out.txt", "old\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.txt").symlink_to(output)
+    for held, name in ((tmp_path / "link.txt", output), (output, tmp_path / "sub" / ".." / "out.txt")):
+        with claim_output(held, "--output"):
+            argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(name), "--no_progress"]
+            process = start(command("ode-translate", *argv))
+            _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2 and last_line(stderr).startswith(
+            f"ode-translate: error: {name} is in use by another process (pid {os.getpid()});"
+        )
+        assert output.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "link.txt", "model", "out.txt", "sub"]
+
+
+@pytest.mark.both_cpus
+def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, caplog):
+    """#65 row 7: an empty input line to ode-translate got a generated sentence, with no warning."""
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    alone = tmp_path / "alone.txt"
+    line = "a cat sleeps on the warm mat\n"
+    source = write(tmp_path / "in.txt", line)
+    translate.main([str(folder), "--input", str(source), "--output", str(alone), "--no_progress"])
+    source = write(tmp_path / "mixed.txt", f"\n{line}   \n")
+    output = tmp_path / "out.txt"
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
+        translate.main([str(folder), "--input", str(source), "--output", str(output), "--no_progress"])
+    assert output.read_text().split("\n") == ["", alone.read_text().strip(), "", ""]
+    assert alone.read_text().strip()  # the model writes something for a real line
+    assert (
+        "2 of 3 input line(s) are empty (line numbers 1, 3): each gets an empty output line, not a translation"
+        in caplog.text
+    )
+    blank = write(tmp_path / "blank.txt", "\n \n")  # nothing to translate at all
+    translate.main([str(folder), "--input", str(blank), "--output", str(output), "--no_progress"])
+    assert output.read_text() == "\n\n"

@@ -53,6 +53,23 @@ def test_onnx_backend_writes_the_pytorch_backends_outputs(folders, capsys, beams
     assert onnx == pytorch and len(pytorch) == len(SOURCES) and len(set(pytorch)) > 1
 
 
+@pytest.mark.parametrize("beams", ["1", "3"])
+def test_onnx_backend_decodes_with_the_search_graph(folders, capsys, monkeypatch, beams):
+    """Issue 66: `ode-export --onnx` writes the search graph beside the three graphs, and --backend onnx decodes
+    with it, one run of onnxruntime's BeamSearch op per batch: the PyTorch backend's lines."""
+    from ode_transformer.onnx_search import ONNXSearchGenerator
+
+    runs = []
+    search = ONNXSearchGenerator.search
+    monkeypatch.setattr(
+        ONNXSearchGenerator, "search", lambda self, *args: runs.append(1) or search(self, *args)
+    )
+    flags = ("--batch_size", "2", "--num_beams", beams, "--max_new_tokens", "6")
+    pytorch = run(folders["fp32"], capsys, "--backend", "pytorch", *flags)
+    assert run(folders["fp32"], capsys, "--backend", "onnx", *flags) == pytorch
+    assert len(runs) == -(-len(SOURCES) // 2)  # one per batch
+
+
 def test_onnx_int8_backend_decodes_the_int8_graphs(folders, capsys):
     """--quantize int8 with --backend onnx reads the *_quantized.onnx graphs: one output per input, and the tiny
     model's int8 outputs agree with PyTorch int8's on most lines (both round the products)."""
@@ -79,7 +96,10 @@ def test_auto_picks_the_tables_backend_and_says_why(folders, capsys, caplog, mon
             outputs = run(folders["fp32"], capsys, "--num_beams", beams, "--max_new_tokens", "4")
         assert len(outputs) == len(SOURCES)
         lines = [r.getMessage() for r in caplog.records]
-        assert len(lines) == 1 and lines[0].startswith(f"backend {expected}: fastest in float32 at batch ")
+        assert lines[1:] == [  # SOURCES' empty line (#65 row 7)
+            "1 of 6 input line(s) are empty (line numbers 4): each gets an empty output line, not a translation"
+        ]
+        assert lines[0].startswith(f"backend {expected}: fastest in float32 at batch ")
         assert f"asked: batch {len(SOURCES)}, {beams} beam(s)" in lines[0]
     assert used == ["load_onnx_for_generation", "load_for_generation"]
     assert translate.fastest_backend(1, 2, "float32") == ("onnx", (1, 1))

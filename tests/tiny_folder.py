@@ -32,6 +32,7 @@ def save_tiny_folder(folder: Path, causal: bool = False, weight_scale: float = 1
     Returns the model (eval mode) and the tokenizer."""
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, save_to=folder, causal=causal)
     ids = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+    overrides = {"max_position_embeddings": 128, **overrides}  # a short trained length, which tests exceed
     torch.manual_seed(0)
     if causal:
         config = ODETransformerConfig.from_preset(

@@ -27,6 +27,10 @@ TINY_RUN = [
 ]  # fmt: skip
 
 
+# A run that evaluates a saved model (its test split) instead of training one.
+EVALUATE = ["--do_train", "false", "--do_predict", "true", "--num_beams", "1", "--max_target_length", "8"]
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
@@ -151,3 +155,9 @@ def assert_one_line(stderr: str, start_: str) -> str:
     last = stderr.strip().splitlines()[-1]
     assert start_ in last, stderr[-3000:]
     return last[last.index(start_) :]
+
+
+def last_line(stderr: bytes) -> str:
+    text = stderr.decode(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    return text.strip().splitlines()[-1]

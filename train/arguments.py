@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import yaml
 from transformers import (
     GenerationConfig,
     HfArgumentParser,
@@ -30,6 +29,7 @@ from ode_transformer.cli import program_name
 from ode_transformer.loading import target_length
 from ode_transformer.precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
 
+from .recipe_files import RecipeError, find_recipe, list_recipes, read_recipe
 from .tasks import TASKS, get_task
 
 logger = logging.getLogger(__name__)
@@ -47,8 +47,22 @@ def _paper_decoding(setting: str) -> str:
     return " / ".join(str(task.paper_decoding[setting]) for task in TASKS.values() if not task.is_lm)
 
 
-RECIPES = Path(__file__).resolve().parent / "recipes"  # packaged with the install
 SAMPLE_LIMITS = ("max_train_samples", "max_eval_samples", "max_test_samples")
+
+# The paper's optimiser (Appendix "dataset": Adam 0.9/0.997, inverse-sqrt schedule, lr 0.002, no weight decay or
+# clipping), the values of the translation recipes, as the defaults of a run without a recipe: transformers' own
+# (lr 5e-5, no warm-up) leave a short run on one's own files with empty hypotheses. The warm-up is a ratio of the
+# run's steps (transformers takes a float below 1 as one), since a run on one's own files has no known length:
+# the paper's 16k of 50k steps, the CPU recipe's 300 of 1500.
+PAPER_OPTIMISER = {
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.997,
+    "weight_decay": 0.0,
+    "max_grad_norm": 0.0,
+    "learning_rate": 0.002,
+    "lr_scheduler_type": "inverse_sqrt",
+    "warmup_steps": 0.2,
+}
 
 
 @dataclass
@@ -228,6 +242,9 @@ class DataArguments:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
+    scored_split: str = field(default="test", init=False)
+    """Not a flag: the split the test scores come from, "validation" where the data has no test split
+    (:func:`ode_transformer.train.preparation.load_raw_data`), named wherever they are reported."""
 
     def __post_init__(self) -> None:
         for flag in ("max_source_length", "max_target_length"):
@@ -340,65 +357,22 @@ def build_parser() -> HfArgumentParser:
         ("positional arguments", *GROUP_TITLES),
         titles={"options": "transformers Seq2SeqTrainingArguments"},
     )
-    parser.set_defaults(do_train=True, do_predict=True)
-    return parser
-
-
-class RecipeNotFoundError(FileNotFoundError):
-    """RECIPE is neither a file nor a packaged recipe."""
-
-
-class RecipeError(ValueError):
-    """RECIPE is not a mapping of flags to values of their types (a YAML error, an unknown key, a list for a number)."""
-
-
-def recipe_names() -> list[str]:
-    """The packaged recipes (``train/recipes/*.yaml``), by name."""
-    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
-
-
-def find_recipe(name: str) -> Path:
-    """A recipe file: ``name`` if it is a file, else the packaged recipe of that name (``.yaml`` optional)."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    packaged = RECIPES / (name if path.suffix in (".yaml", ".yml", ".json") else f"{name}.yaml")
-    if path.parent == Path(".") and packaged.is_file():
-        return packaged
-    raise RecipeNotFoundError(
-        f"no recipe {name!r}: give a YAML/JSON file or a packaged recipe ({', '.join(recipe_names())})"
+    # the defaults a run uses, shown by --help: the paper's optimiser and label smoothing (set_label_smoothing)
+    # and DDP without its search for unused parameters: every parameter of the model takes part in each step
+    # (tests/test_modeling.py), so transformers' default True costs an extra pass and warns that it found none
+    parser.set_defaults(
+        do_train=True,
+        do_predict=True,
+        label_smoothing_factor=PAPER_LABEL_SMOOTHING,
+        ddp_find_unused_parameters=False,
+        **PAPER_OPTIMISER,
     )
-
-
-def _list_recipes() -> None:
-    for name in recipe_names():
-        print(f"{name:<24} {RECIPES / f'{name}.yaml'}")
-
-
-def read_recipe(path: Path) -> dict:
-    """A recipe's flags and values; YAML (or JSON) that does not parse, or is not a mapping, is refused by name.
-
-    Raises:
-        RecipeError: the file, where it stops parsing, and the fix.
-    """
-    try:
-        recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise RecipeError(
-            f"recipe {path} is not valid YAML ({problem}{where}); fix it: one `flag: value` per line, e.g. "
-            "`learning_rate: 0.0005`"
-        ) from None
-    if recipe is None:
-        return {}
-    if not isinstance(recipe, dict):
-        raise RecipeError(
-            f"recipe {path} holds a {type(recipe).__name__}, not a mapping of flags to values: write one "
-            "`flag: value` per line, e.g. `learning_rate: 0.0005`"
-        )
-    return recipe
+    actions = {action.dest: action for action in parser_actions(parser)}
+    smoothing = actions["label_smoothing_factor"]
+    smoothing.help = f"{smoothing.help} ode-train: the paper's {PAPER_LABEL_SMOOTHING}, and 0 with --task lm."
+    unused = actions["ddp_find_unused_parameters"]
+    unused.help = f"{unused.help} ode-train: false, every parameter takes part in each step."
+    return parser
 
 
 def check_recipe_values(parser: HfArgumentParser, recipe: dict, path: Path) -> None:
@@ -446,7 +420,7 @@ def parse_arguments(argv: list[str] | None = None) -> Settings:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"--list-recipes", "--list_recipes"} & set(argv):
-        _list_recipes()
+        list_recipes()
         raise SystemExit(0)
     if argv and not argv[0].startswith("-"):
         path = find_recipe(argv.pop(0))

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ode_transformer.checkpoints import check_one_run, complete_checkpoints
+from ode_transformer.checkpoints import check_one_run, complete_checkpoints, refuse_replacing_a_run
 from ode_transformer.cli import positive_int, report_user_error
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 
@@ -87,17 +87,17 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
     """Average ``paths`` into ``out``; the other files of the newest checkpoint are copied along.
 
     Raises:
-        FileExistsError: ``out`` holds files and ``overwrite`` is false.
-        ValueError: ``out`` is or holds one of the checkpoints.
+        FileExistsError: ``out`` holds files and ``overwrite`` is false; or, whatever ``overwrite`` says, it is or
+            holds one of the checkpoints, or holds a training run.
     """
     out = Path(out)
-    if any(out.resolve() in (Path(p).resolve(), *Path(p).resolve().parents) for p in paths):
-        raise ValueError(f"--out {out} is or holds the checkpoints it averages; choose another folder.")
+    refuse_replacing_a_run(out, paths, "--out", overwrite, suffix="averaged")
     refuse_occupied(out, overwrite, "--overwrite", "--out")
     state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
     newest = Path(paths[-1])
     with claim_output(out, "--out"):
-        refuse_occupied(out, overwrite, "--overwrite", "--out")  # again, now that no other writer can fill it
+        refuse_replacing_a_run(out, paths, "--out", overwrite, suffix="averaged")  # again, now that no other
+        refuse_occupied(out, overwrite, "--overwrite", "--out")  # writer can fill it
         with staged_folder(out) as staged:
             if newest.is_dir():
                 for file in newest.iterdir():

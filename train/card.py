@@ -55,7 +55,8 @@ def data_name(data_args: DataArguments) -> tuple[str, str]:
 
 def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows: int) -> dict:
     """The ``dataset`` entry of the metrics JSON for the test split, of which ``rows`` were scored (the first
-    ``--max_test_samples``, named ``test[:N]`` as a datasets slice, or all of it)."""
+    ``--max_test_samples``, named ``test[:N]`` as a datasets slice, or all of it); the split is named as what was
+    scored, ``validation`` where the data has no test split (``data_args.scored_split``)."""
     if data_args.test_file:  # scored on the user's own file, whatever corpus trained the model
         name, hub_id = (data_args.dataset_name,) * 2 if data_args.dataset_name else LOCAL_DATA
     elif get_task(task).m2_scored and m2_file:
@@ -63,7 +64,8 @@ def dataset_card(data_args: DataArguments, task: str, m2_file: str | None, rows:
     else:
         name, hub_id = data_name(data_args)
     sliced = data_args.max_test_samples is not None and rows == data_args.max_test_samples
-    card = {"name": name, "id": hub_id, "split": f"test[:{rows}]" if sliced else "test", "rows": rows}
+    split = data_args.scored_split
+    card = {"name": name, "id": hub_id, "split": f"{split}[:{rows}]" if sliced else split, "rows": rows}
     if data_args.hub_config and not data_args.test_file and not data_args.dataset:  # the Hub dataset's own
         card["config"] = data_args.hub_config  # config (a recipe's names the Hub copy of its shared corpus)
     return card

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Literal
 
 import datasets
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+from datasets.exceptions import DatasetGenerationError
+from datasets.table import CastError
 
 from ode_transformer.files import read_byte_lines, read_lines
 
@@ -62,7 +65,17 @@ logger = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "ODE_DATA_DIR"
 """Environment variable overriding the shared data root."""
-_DEFAULT_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def clone_data_root(package_folder: Path) -> Path | None:
+    """The shared corpora beside a clone (``../shared/data``) whose ``train/`` is `package_folder`; None for an
+    installed package, whose folder is no clone (its neighbour would be ``site-packages/shared/data``): there only
+    ``--data_dir`` or ``$ODE_DATA_DIR`` name the folder."""
+    clone = package_folder.resolve().parent
+    return clone.parent / "shared" / "data" if (clone / "pyproject.toml").is_file() else None
+
+
+_DEFAULT_ROOT = clone_data_root(Path(__file__).parent)
 _SHOWN_LINES = 5  # line numbers quoted in warnings
 
 AnyDataset = Dataset | DatasetDict | IterableDataset | IterableDatasetDict
@@ -359,6 +372,51 @@ def _hub_columns(columns: Sequence[str], source_lang: str | None, target_lang: s
     )
 
 
+@contextmanager
+def columns_named(name: str, config: str | None) -> Iterator[None]:
+    """Around reading a Hub dataset (or a local dataset folder): a split whose file has other columns than the
+    dataset's other splits (a renamed column) becomes one line naming the split, the file and the columns expected.
+    datasets raised a DatasetGenerationError of some 70 lines, or streamed, a "Couldn't cast" naming neither.
+
+    Raises:
+        ValueError: that split, its file, its columns and the columns expected.
+    """
+    try:
+        yield
+    except (DatasetGenerationError, CastError) as error:
+        cast = error if isinstance(error, CastError) else error.__cause__
+        if not isinstance(cast, CastError):
+            raise
+        problem = _other_columns(name, config) or (
+            f"dataset {name!r}: a split's file has the columns {cast.table_column_names}, where the dataset's are "
+            f"{cast.requested_column_names}; give every split the same columns"
+        )
+        raise ValueError(problem) from None
+
+
+def _other_columns(name: str, config: str | None) -> str | None:
+    """The message of :func:`columns_named`: each data file's columns, read alone; the columns most files have are
+    the ones expected. None where every file has the same columns, or the dataset is no local folder (its files
+    are not downloaded one by one for a message)."""
+    if not Path(name).is_dir():
+        return None
+    builder = datasets.load_dataset_builder(name, config)
+    found = []
+    for split, files in (builder.config.data_files or {}).items():
+        for file in files:
+            alone = datasets.load_dataset(builder.name, data_files=[file], split="train", streaming=True)
+            found.append((split, file, alone.column_names or list(next(iter(alone), {}).keys())))
+    shapes = [sorted(columns) for _, _, columns in found]
+    expected = max(shapes, key=shapes.count, default=[])
+    for split, file, columns in found:
+        if sorted(columns) != expected:
+            return (
+                f"dataset {name!r}: the {split} split ({file}) has the columns {columns}, where the other splits "
+                f"have {expected}; rename its columns to those"
+            )
+    return None
+
+
 def load_hub_dataset(
     name: str,
     config: str | None = None,
@@ -377,24 +435,33 @@ def load_hub_dataset(
 
     Returns a :class:`Dataset` (``split`` given) or :class:`DatasetDict`, or their iterable
     variants with ``streaming=True``.
+
+    Raises:
+        ValueError: a split's file has other columns than the dataset's (:func:`columns_named`).
     """
-    dataset = datasets.load_dataset(
-        name,
-        config,
-        split=split,
-        streaming=streaming,
-        cache_dir=None if cache_dir is None else str(cache_dir),
-    )
-    first = dataset if split is not None else next(iter(dataset.values()))
-    columns = first.column_names or list(next(iter(first)).keys())
+    with columns_named(name, config):
+        dataset = datasets.load_dataset(
+            name,
+            config,
+            split=split,
+            streaming=streaming,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+        )
+        first = dataset if split is not None else next(iter(dataset.values()))
+        columns = first.column_names or list(next(iter(first)).keys())  # streamed: its first row is read
     source, target = _hub_columns(columns, source_lang, target_lang)
-    _check_fields(
-        # a Hub dataset's records are not scanned: a nested field (translation.en) is checked by its column
-        columns,
-        [source.split(".")[0], target.split(".")[0]],
-        f"dataset {name!r} (config {config!r})",
-        "--source_lang/--target_lang",
-    )
+    try:
+        _check_fields(
+            # a Hub dataset's records are not scanned: a nested field (translation.en) is checked by its column
+            columns,
+            [source.split(".")[0], target.split(".")[0]],
+            f"dataset {name!r} (config {config!r})",
+            "--source_lang/--target_lang",
+        )
+    except ValueError:
+        if split is not None and (odd := _other_columns(name, config)):  # one split, its columns renamed
+            raise ValueError(odd) from None
+        raise
     return _to_source_target(dataset, source, target)
 
 
@@ -402,11 +469,13 @@ def load_hub_dataset(
 # Shared corpora
 
 
-def data_root(root: PathLike | None = None) -> Path:
-    """Shared data folder: ``root`` if given, else ``$ODE_DATA_DIR``, else ``../shared/data``."""
+def data_root(root: PathLike | None = None) -> Path | None:
+    """Shared data folder: ``root`` if given, else ``$ODE_DATA_DIR``, else a clone's ``../shared/data``; None in an
+    installed package without either."""
     if root is not None:
         return Path(root)
-    return Path(os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT)
+    folder = os.environ.get(DATA_DIR_ENV) or _DEFAULT_ROOT
+    return Path(folder) if folder else None
 
 
 class MissingCorpusError(FileNotFoundError):
@@ -429,7 +498,13 @@ SHARED_FOLDERS = {
 
 def shared_folder(name: str, root: PathLike | None = None) -> Path:
     """The folder of shared corpus ``name``; a :class:`MissingCorpusError` naming the fix when it is absent."""
-    folder = data_root(root) / SHARED_FOLDERS[name]
+    base = data_root(root)
+    if base is None:
+        raise MissingCorpusError(
+            f"shared corpus {name!r}: no data folder given; pass --data_dir DIR (root=DIR in Python) or set "
+            f"{DATA_DIR_ENV}=DIR, DIR being the folder that holds {SHARED_FOLDERS[name]}/"
+        )
+    folder = base / SHARED_FOLDERS[name]
     if not folder.is_dir():
         raise MissingCorpusError(
             f"shared corpus {name!r} not found: no folder {folder}; pass --data_dir DIR (root=DIR in Python) "
@@ -668,16 +743,53 @@ def _check_lm_text_file(spec: str, name: str) -> None:
 
 
 def iter_local_rows(
-    spec: str, kind: Literal["seq2seq", "lm"], source_column: str = "source", target_column: str = "target"
+    spec: str,
+    kind: Literal["seq2seq", "lm"],
+    source_column: str = "source",
+    target_column: str = "target",
+    lines: int | None = None,
 ) -> Iterator[dict]:
     """The training rows of :func:`load_local_file`, read one line at a time (``--streaming true``): memory does not
     grow with the file. The same formats and checks (columns, a language model's plain text, aligned pairs); blank
-    or empty-sided rows are skipped, without :func:`load_local_file`'s count (the file is not read ahead)."""
+    or empty-sided rows (a JSONL record without the fields asked for) are skipped with :func:`load_local_file`'s
+    warning, given once the file is read to its end. ``lines``: the first ``lines`` rows only, their skipped ones
+    warned about (:func:`ode_transformer.train.preparation.stream_local_file` reads them ahead of training).
+
+    Raises:
+        ValueError: as :func:`load_local_file`; a TSV/JSONL file read to its end without a row with text in both
+            fields (JSONL's fields are not known before reading it all).
+    """
+    report = _LineReport(files=[spec], lines=0, kept=0)
+    for number, row in _numbered_rows(spec, kind, source_column, target_column):
+        if lines is not None and report.lines == lines:
+            report.files = [f"{spec} (its first {lines} rows, read ahead)"]
+            break
+        report.lines += 1
+        if row is None:
+            report.empty_lines.append(number)
+            continue
+        report.kept += 1
+        yield row
+    else:
+        if not report.kept and spec.removesuffix(".gz").endswith((".tsv", ".jsonl")):
+            raise ValueError(
+                f"{spec} has no row with text in both {source_column!r} and {target_column!r}: choose them with "
+                "--source_column/--target_column (a.b reads key b of field a, e.g. translation.en)"
+            )
+    _warn_skipped(report, skip_empty=True)
+
+
+def _numbered_rows(
+    spec: str, kind: Literal["seq2seq", "lm"], source_column: str, target_column: str
+) -> Iterator[tuple[int, dict | None]]:
+    """(line number, row) of a local training file, read line by line; the row is None where the line is blank or
+    lacks a side."""
     name = spec.removesuffix(".gz")
     if kind == "lm":
         _check_lm_text_file(spec, name)
         with _open_text(spec) as lines:
-            yield from ({"text": line.strip()} for line in lines if line.strip())
+            for number, line in enumerate(lines, start=1):
+                yield number, {"text": line.strip()} if line.strip() else None
         return
     if "," in spec:
         source, target = _file_pair(spec)
@@ -689,8 +801,7 @@ def iter_local_rows(
                         "line-aligned files, one segment per line"
                     )
                 src, tgt = src.rstrip("\r\n"), tgt.rstrip("\r\n")
-                if src.strip() and tgt.strip():
-                    yield {"source": src, "target": tgt}
+                yield number, {"source": src, "target": tgt} if src.strip() and tgt.strip() else None
         return
     if not name.endswith((".tsv", ".jsonl")):
         raise ValueError(
@@ -700,27 +811,19 @@ def iter_local_rows(
         header = next(lines, "").rstrip("\r\n").split("\t") if name.endswith(".tsv") else None
         if header is not None:
             _check_fields(header, [source_column, target_column], spec, "--source_column/--target_column")
-        kept = 0
         for number, line in enumerate(lines, start=2 if header else 1):
-            if not line.strip():
-                continue
-            if header is None:
+            src = tgt = None
+            if line.strip() and header is None:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{spec}, line {number}: not a JSON object ({error.msg})") from None
                 src, tgt = _optional_field(record, source_column), _optional_field(record, target_column)
-            else:
+            elif line.strip():
                 fields = dict(zip(header, line.rstrip("\r\n").split("\t")))
                 src, tgt = fields.get(source_column), fields.get(target_column)
-            if isinstance(src, str) and isinstance(tgt, str) and src.strip() and tgt.strip():
-                kept += 1
-                yield {"source": src, "target": tgt}
-        if not kept:  # a field that no record has (JSONL's fields are not known before reading it all)
-            raise ValueError(
-                f"{spec} has no row with text in both {source_column!r} and {target_column!r}: choose them with "
-                "--source_column/--target_column (a.b reads key b of field a, e.g. translation.en)"
-            )
+            texts = isinstance(src, str) and isinstance(tgt, str) and src.strip() and tgt.strip()
+            yield number, {"source": src, "target": tgt} if texts else None
 
 
 def _open_text(path: str):
@@ -802,9 +905,11 @@ def load_task_data(
         # without_train: the other splits are small; streamed in, the training split is never downloaded
         if without_train:
             names = [name for name in datasets.get_dataset_split_names(*hub[:2]) if name != "train"]
-            loaded = {
-                name: Dataset.from_list(list(load_hub_dataset(*hub, name, streaming=True))) for name in names
-            }
+            with columns_named(*hub[:2]):  # a streamed split is read here, row by row
+                loaded = {
+                    name: Dataset.from_list(list(load_hub_dataset(*hub, name, streaming=True)))
+                    for name in names
+                }
         else:
             loaded = load_hub_dataset(*hub)
         renames = {"valid": "validation", "dev": "validation"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from ode_transformer.files import read_lines, write_atomic
+from ode_transformer.files import read_lines, real_path, write_atomic
 from ode_transformer.translate import decode, generate_ids
 
 from . import metrics
@@ -79,14 +79,34 @@ def test_results(
     return seq2seq_test_results(task, hyps, raw_test, m2_file), hyps
 
 
+def keep_training_record(document: dict, output_dir: str, model_name_or_path: str | None) -> dict:
+    """``document`` with the ``training`` record (and base model) of ``OUTPUT_DIR/hub_metrics.json`` where an
+    evaluation (``--do_train false``) scores the folder's own model into it, replacing its results
+    (``--overwrite_output_dir``): what training wrote stays, and the card is written again from the new scores. It
+    had dropped the training section while the card kept showing the old scores. Another model's evaluation keeps
+    nothing of the folder's run."""
+    if not model_name_or_path or real_path(model_name_or_path) != real_path(output_dir):
+        return document
+    try:
+        old = json.loads((Path(output_dir) / "hub_metrics.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return document
+    kept = {key: old[key] for key in ("training", "base_model") if isinstance(old, dict) and key in old}
+    return {**document, **kept}
+
+
 def write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> None:
-    """Hypotheses and metrics JSON; after training also the loss curves and the model card."""
+    """Hypotheses and metrics JSON; for a trained model (``training`` in ``document``) also the model card, and
+    the loss curves after training."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if hyps:
         write_atomic(out / "test_hypotheses.txt", "".join(h + "\n" for h in hyps))
     write_atomic(out / "hub_metrics.json", json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     scores = {record.get("name", record["metric"]): record["value"] for record in document["results"]}
+    split = document["dataset"]["split"]
+    if not split.startswith("test"):  # the data had no test split: named after the split that was scored
+        scores["split"] = split
     trainer.log_metrics("test", scores)
     trainer.save_metrics("test", scores)
     if "training" not in document:
@@ -94,7 +114,8 @@ def write_outputs(output_dir: str, trainer, document: dict, hyps: list[str]) -> 
             "model card: python -m ode_transformer.hub.model_card MODEL_DIR %s", out / "hub_metrics.json"
         )
         return
-    from .plots import plot_loss_curves
+    if trainer.args.do_train:  # an evaluation has no curves: the run's own stay
+        from .plots import plot_loss_curves
 
-    plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
+        plot_loss_curves(trainer.state.log_history, out / "loss_curves.png")
     write_card(output_dir, document)

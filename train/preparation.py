@@ -20,9 +20,15 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
+from ode_transformer.cli import guide
 from ode_transformer.files import read_lines
 from ode_transformer.loading import load_saved_model
-from ode_transformer.tokenizer import check_task_tokenizer, load_or_train_tokenizer, truncated_rows
+from ode_transformer.tokenizer import (
+    check_task_tokenizer,
+    load_or_train_tokenizer,
+    resave_trained_tokenizer,
+    truncated_rows,
+)
 
 from . import metrics
 from .arguments import DataArguments, ModelArguments, RunArguments, Settings
@@ -42,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 TOKENIZER_SAMPLE = 200_000  # streamed examples the tokenizer is trained on
+STREAM_READ_AHEAD = 10_000
+"""Rows of a streamed local training file read before training, to refuse a wrong format and count skipped rows."""
 
 
 def _shared_corpus(names: str, kind: Literal["seq2seq", "lm"], data_args: DataArguments) -> DatasetDict:
@@ -86,8 +94,8 @@ def _hub_copy(
         where = SHARED_FOLDERS.get(name, name)
         raise MissingCorpusError(
             f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded ({reason}); "
-            f"pass --data_dir DIR, DIR being the folder that holds {where}/ (docs/data-and-tests.md lists its "
-            f"files), or go online so that datasets can download {hub}"
+            f"pass --data_dir DIR, DIR being the folder that holds {where}/ ({guide('data-and-tests.md')} lists "
+            f"its files), or go online so that datasets can download {hub}"
         ) from None
 
 
@@ -95,7 +103,7 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
     """Raw ``train``/``validation``/``test`` splits and, for an M2-scored task (GEC), the test split's M2 file.
 
     Without a test split: the task's own (``Task.test_split``: GEC's CoNLL-2013, M2-scored), else the validation
-    split.
+    split, which ``data_args.scored_split`` then names (the scores are reported as the validation split's).
     """
     task = get_task(task)
     kind = task.kind
@@ -105,7 +113,14 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         spec = DataSpec(
             "hub", data_args.hub_dataset, data_args.hub_config, data_args.source_lang, data_args.target_lang
         )
-        raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        try:
+            raw = load_task_data(kind, spec, without_train=data_args.streaming)
+        except ConnectionError as error:  # offline or unreachable (datasets' OfflineModeIsEnabled is one)
+            raise MissingCorpusError(
+                f"the Hub dataset {data_args.hub_dataset} could not be loaded ({' '.join(str(error).split())}): go "
+                "online so that datasets can download it, or train on local files with --train_file, "
+                f"--validation_file and --test_file ({guide('data-and-tests.md')})"
+            ) from None
     else:
         raw = DatasetDict()
     for split, spec in (
@@ -125,8 +140,9 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         m2_file = m2_file or str(split_m2)
     if task.m2_scored and m2_file and "test" in raw:
         check_m2_aligned(m2_file, raw["test"].num_rows)
-    if "test" not in raw and "validation" in raw:
+    if "test" not in raw and "validation" in raw:  # scored in its place, and named (data_args.scored_split)
         raw["test"] = raw["validation"]
+        data_args.scored_split = "validation"
     return raw, m2_file
 
 
@@ -197,15 +213,18 @@ def streaming_train_split(
 
 def stream_local_file(spec: str, kind: str, data_args: DataArguments) -> IterableDataset:
     """A local training file as a stream: read line by line while training, so memory does not grow with the
-    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks. The first row
-    is read now, so that a wrong column or format is refused before training starts."""
+    file (``--streaming true``); the rows are those :func:`load_local_file` keeps, with its checks and its warning
+    about skipped rows. The first :data:`STREAM_READ_AHEAD` rows are read now, so that a wrong column or format is
+    refused, and rows skipped (JSONL records of other keys) are counted, before training starts."""
     rows = {
         "spec": spec,
         "kind": kind,
         "source_column": data_args.source_column,
         "target_column": data_args.target_column,
     }
-    next(iter_local_rows(**rows), None)
+    read_ahead = iter_local_rows(**rows, lines=STREAM_READ_AHEAD)
+    if not sum(1 for _ in read_ahead):  # read whole, so that its warning counts the rows it skipped
+        next(iter_local_rows(**rows), None)  # no row among them: read on to the first one, or to the refusal
     return IterableDataset.from_generator(iter_local_rows, gen_kwargs=rows)
 
 
@@ -257,10 +276,15 @@ TRUNCATED_COLUMNS = {"source_truncated": "--max_source_length", "target_truncate
 
 
 def tokenize_splits(
-    splits: dict, tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments
+    splits: dict,
+    tokenizer: PreTrainedTokenizerFast,
+    task: str,
+    data_args: DataArguments,
+    main_process: bool = True,
 ) -> dict:
     """Tokenise every split, keeping only the model's columns and ``length``; a warning counts the lines cut to
-    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily)."""
+    ``--max_source_length``/``--max_target_length`` (a stream is cut without a count: it is read lazily). Every
+    process of a distributed run tokenises the same splits; only the ``main_process`` warns."""
     out = {}
     for name, dataset in splits.items():
         report = isinstance(dataset, Dataset)
@@ -268,15 +292,16 @@ def tokenize_splits(
         columns = dataset.column_names or list(next(iter(dataset)).keys())
         out[name] = dataset.map(function, batched=True, remove_columns=columns)
         if report:
-            out[name] = _report_truncation(name, out[name], data_args)
+            out[name] = _report_truncation(name, out[name], data_args, main_process)
     return out
 
 
-def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments) -> Dataset:
-    """Warn how many lines of ``split`` were cut (never a silent loss), then drop the marker columns."""
+def _report_truncation(split: str, dataset: Dataset, data_args: DataArguments, warn: bool) -> Dataset:
+    """Warn (where `warn`) how many lines of ``split`` were cut (never a silent loss), then drop the marker
+    columns."""
     present = [column for column in TRUNCATED_COLUMNS if column in dataset.column_names]
     for column in present:
-        count = sum(dataset[column])
+        count = sum(dataset[column]) if warn else 0
         if count:
             flag = TRUNCATED_COLUMNS[column]
             limit = getattr(data_args, flag.removeprefix("--"))
@@ -332,6 +357,12 @@ def splits_to_use(raw: DatasetDict, settings: Settings) -> dict:
         splits["validation"] = _slice(raw["validation"], data_args.max_eval_samples)
     if training_args.do_predict:
         splits["test"] = _slice(raw["test"], data_args.max_test_samples)
+        if data_args.scored_split != "test":
+            logger.warning(
+                "the data has no test split: --do_predict scores the %s split instead, and reports it as such "
+                "(hub_metrics.json, the model card, test_results.json); give --test_file for a test score",
+                data_args.scored_split,
+            )
     return splits
 
 
@@ -340,10 +371,25 @@ def trained_length(task: str, data_args: DataArguments) -> int:
     return data_args.max_target_length if get_task(task).is_lm else data_args.max_source_length
 
 
-def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
+def fit_tokenizer_to_run(
+    tokenizer: PreTrainedTokenizerFast,
+    config,
+    task: str,
+    data_args: DataArguments,
+    trained_in: str | Path | None = None,
+):
     """The tokenizer saved with the model carries one length, the one the run trained on, as ``model_max_length``
-    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`)."""
-    return fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`). So does the folder it was
+    trained in (``trained_in``, the run's ``OUTPUT_DIR/tokenizer``), which kept transformers' no-limit 1e30."""
+    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+    if trained_in is not None:
+        resave_trained_tokenizer(tokenizer, trained_in)
+    return tokenizer
+
+
+def own_tokenizer_folder(training_args) -> Path:
+    """Where a run trains its tokenizer, and reuses it when run again: ``OUTPUT_DIR/tokenizer``."""
+    return Path(training_args.output_dir) / "tokenizer"
 
 
 def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrainedTokenizerFast:
@@ -352,7 +398,7 @@ def prepare_tokenizer(model_args, training_args, train, task: str) -> PreTrained
     named = model_args.tokenizer_name
     if named and Path(named).is_file():
         raise ValueError(f"--tokenizer_name {named} is a file: give the folder that holds tokenizer.json")
-    folder = named or str(Path(training_args.output_dir) / "tokenizer")
+    folder = named or own_tokenizer_folder(training_args)
     with training_args.main_process_first(desc="tokenizer"):
         texts = _tokenizer_texts(train, task) if train is not None else None
         tokenizer = load_or_train_tokenizer(

@@ -47,8 +47,6 @@ from ode_transformer.files import replacing
 from ode_transformer.tokenizer import drop_foreign_tokenizer_code
 
 from .arguments import (
-    RecipeError,
-    RecipeNotFoundError,
     RunArguments,
     Settings,
     parse_arguments,
@@ -57,7 +55,7 @@ from .arguments import (
 from .card import metrics_document
 from .checks import check_settings
 from .data import MissingCorpusError
-from .evaluation import test_results, write_outputs
+from .evaluation import keep_training_record, test_results, write_outputs
 from .output_folder import (
     load_average,
     prepare_output_dir,
@@ -74,13 +72,16 @@ from .preparation import (
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
+    own_tokenizer_folder,
     prepare_tokenizer,
     set_decoding_defaults,
     splits_to_use,
     tokenize_splits,
 )
+from .recipe_files import RecipeError, RecipeNotFoundError
 from .saved_model import (
     check_resume_config,
+    check_resume_tokenizer,
     check_saved_model_task,
     load_trainable_model,
     saved_model_tokenizer,
@@ -224,11 +225,26 @@ def _run(settings: Settings) -> dict:
     if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
         resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
     with training_args.main_process_first(desc="tokenize"):
-        splits = tokenize_splits(raw_splits, tokenizer, run_args.task, data_args)
+        splits = tokenize_splits(
+            raw_splits, tokenizer, run_args.task, data_args, main_process=training_args.process_index == 0
+        )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
-    fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
-    if resume:
+    trained_here = own_tokenizer is None and not model_args.tokenizer_name and training_args.should_save
+    fit_tokenizer_to_run(  # saved with the model, and where it was trained
+        tokenizer,
+        model.config,
+        run_args.task,
+        data_args,
+        own_tokenizer_folder(training_args) if trained_here else None,
+    )
+    if resume:  # the tokenizer first: an edited one changes the config too, and that message names neither
+        folder = model_args.tokenizer_name or (
+            model_args.model_name_or_path
+            if own_tokenizer is not None
+            else f"{training_args.output_dir}/tokenizer"
+        )
+        check_resume_tokenizer(resume, tokenizer, folder)
         check_resume_config(resume, model.config)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
     # with the model, the collator adds decoder_input_ids: the Trainer's label smoother takes the labels away
@@ -249,6 +265,10 @@ def _run(settings: Settings) -> dict:
             document = metrics_document(
                 settings, results, decoding, m2_file, train_metrics, model, raw_splits["test"]
             )
+            if not training_args.do_train:  # scores of a run's own model, into its folder: its record stays
+                document = keep_training_record(
+                    document, training_args.output_dir, model_args.model_name_or_path
+                )
             write_outputs(training_args.output_dir, trainer, document, hyps)
     if final_state is not None and trainer.is_world_process_zero():
         with replacing(Path(training_args.output_dir) / TRAINER_STATE) as path:

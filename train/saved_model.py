@@ -1,14 +1,17 @@
 """A run that starts from, or evaluates, a saved model (``--model_name_or_path``): its task, flags and preset
 checked against what the saved model fixes, the model loaded for training, its tokenizer, and a checkpoint's
-configuration checked before resuming. Loading and checking the folder itself is :mod:`ode_transformer.loading`'s.
+configuration and tokenizer checked before resuming. Loading and checking the folder itself is
+:mod:`ode_transformer.loading`'s.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from modeling_ode import PRESETS, ODETransformerConfig, non_finite_message, non_finite_tensors
 from ode_transformer.loading import (
@@ -136,6 +139,8 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
         "_name_or_path",
         "dtype",
         "use_cache",
+        # an exported folder's, which a saved checkpoint does not carry
+        "weights_digest",
     }  # not the model
     fields = sorted(k for k in (saved.keys() | now.keys()) - bookkeeping if saved.get(k) != now.get(k))
     if fields:
@@ -144,6 +149,48 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
             f"{checkpoint} was trained with another model configuration ({detail}); resume with the checkpoint's "
             "settings, or start a new run in an empty --output_dir."
         )
+
+
+def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
+    """Refuse to resume ``checkpoint`` with a tokenizer other than the one it was trained with: every file the
+    tokenizer (as the run has fitted it) saves is compared, as JSON, with the checkpoint's own copy. A tokenizer of
+    ``folder`` edited between a kill and the resume (another BPE of the same size, a changed normalizer) had resumed
+    and trained another model; an edited ``eos_token`` was refused as "another model configuration", naming neither
+    the file nor the fix.
+
+    Raises:
+        ValueError: the files that differ, ``folder`` and the fix.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ode-tokenizer-") as scratch:
+        tokenizer.save_pretrained(scratch)
+        differing = [
+            path.name
+            for path in sorted(Path(scratch).iterdir())
+            if (Path(checkpoint) / path.name).is_file()
+            and _file_content(path) != _file_content(Path(checkpoint) / path.name)
+        ]
+    if differing:
+        raise ValueError(
+            f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {', '.join(differing)} "
+            f"differ from the checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or "
+            "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+        )
+
+
+# What transformers records in tokenizer_config.json about how a tokenizer was loaded, not what it does: a tokenizer
+# trained by the run and saved in its first checkpoint has none of them, the same one read back from disk has some.
+_LOADING_RECORD = ("is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir", "revision")
+
+
+def _file_content(path: Path) -> object:
+    """A JSON file's value (its formatting and :data:`_LOADING_RECORD` aside), else its bytes."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return path.read_bytes()
+    return {k: v for k, v in value.items() if k not in _LOADING_RECORD} if isinstance(value, dict) else value
 
 
 def load_state(model, state: dict, source) -> None:
