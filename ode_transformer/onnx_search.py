@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
+
 from .onnx_generation import (
     RUNTIME_PACKAGES,
     ONNXSeq2SeqGenerator,
@@ -96,7 +98,8 @@ _NEUTRAL = {
     "remove_invalid_values": False,
     "renormalize_logits": False,
 }
-# sampling's and assisted decoding's settings: inert without do_sample or an assistant model
+# sampling's and assisted decoding's settings (inert without do_sample or an assistant model), and what a saved
+# generation config records besides settings
 _INERT = (
     "temperature",
     "top_k",
@@ -111,6 +114,8 @@ _INERT = (
     "assistant_confidence_threshold",
     "max_matching_ngram_size",
     "transformers_version",
+    # not a setting: the digest of the weights an export records (`ode-export`), checked when it loads
+    WEIGHTS_DIGEST,
 )
 
 

@@ -173,12 +173,12 @@ def load_onnx_for_generation(
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
     folder = graphs if graphs is not None else model_name_or_path
-    config = GenerationConfig.from_pretrained(model_name_or_path)
+    generation = GenerationConfig.from_pretrained(model_name_or_path)
     search_graph = graphs_folder(folder) / search_graph_file(quantize)
     if search and search_graph.is_file():
-        model = ORTSearchModel(ONNXSearchGenerator(search_graph, config, session_options=options))
+        model = ORTSearchModel(ONNXSearchGenerator(search_graph, generation, session_options=options))
     else:
-        model = ONNXSeq2SeqGenerator(folder, config, session_options=options).model
+        model = ONNXSeq2SeqGenerator(folder, generation, session_options=options).model
     # generate_texts truncates inputs to the positions the model was built for, read from its config: the same
     # limit as the PyTorch path's, so that both decode the same ids
     model.config.max_position_embeddings = config.max_position_embeddings

@@ -371,20 +371,17 @@ def trained_length(task: str, data_args: DataArguments) -> int:
     return data_args.max_target_length if get_task(task).is_lm else data_args.max_source_length
 
 
-def fit_tokenizer_to_run(
-    tokenizer: PreTrainedTokenizerFast,
-    config,
-    task: str,
-    data_args: DataArguments,
-    trained_in: str | Path | None = None,
-):
+def fit_tokenizer_to_run(tokenizer: PreTrainedTokenizerFast, config, task: str, data_args: DataArguments):
     """The tokenizer saved with the model carries one length, the one the run trained on, as ``model_max_length``
-    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`). So does the folder it was
-    trained in (``trained_in``, the run's ``OUTPUT_DIR/tokenizer``), which kept transformers' no-limit 1e30."""
-    fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
-    if trained_in is not None:
-        resave_trained_tokenizer(tokenizer, trained_in)
-    return tokenizer
+    and as ``tokenizer.json``'s truncation (:func:`modeling_ode.fit_tokenizer_to_model`). The folder it was trained
+    in, which kept transformers' no-limit 1e30, is saved again with it by :func:`refit_trained_tokenizer`."""
+    return fit_tokenizer_to_model(tokenizer, config, trained_length(task, data_args))
+
+
+def refit_trained_tokenizer(tokenizer: PreTrainedTokenizerFast, training_args) -> None:
+    """Save the run's fitted ``tokenizer`` over the one it trained (:func:`own_tokenizer_folder`), so that the
+    folder and the model's tokenizer say one length; a folder it did not train is left as it is."""
+    resave_trained_tokenizer(tokenizer, own_tokenizer_folder(training_args))
 
 
 def own_tokenizer_folder(training_args) -> Path:

@@ -72,8 +72,8 @@ from .preparation import (
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
-    own_tokenizer_folder,
     prepare_tokenizer,
+    refit_trained_tokenizer,
     set_decoding_defaults,
     splits_to_use,
     tokenize_splits,
@@ -230,14 +230,7 @@ def _run(settings: Settings) -> dict:
         )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
-    trained_here = own_tokenizer is None and not model_args.tokenizer_name and training_args.should_save
-    fit_tokenizer_to_run(  # saved with the model, and where it was trained
-        tokenizer,
-        model.config,
-        run_args.task,
-        data_args,
-        own_tokenizer_folder(training_args) if trained_here else None,
-    )
+    fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
     if resume:  # the tokenizer first: an edited one changes the config too, and that message names neither
         folder = model_args.tokenizer_name or (
             model_args.model_name_or_path
@@ -246,6 +239,9 @@ def _run(settings: Settings) -> dict:
         )
         check_resume_tokenizer(resume, tokenizer, folder)
         check_resume_config(resume, model.config)
+    # and where it was trained: once a resume has accepted it, so that a refused one leaves the folder as it was
+    if own_tokenizer is None and not model_args.tokenizer_name and training_args.should_save:
+        refit_trained_tokenizer(tokenizer, training_args)
     decoding = set_decoding_defaults(model, run_args, data_args, saved=bool(model_args.model_name_or_path))
     # with the model, the collator adds decoder_input_ids: the Trainer's label smoother takes the labels away
     collator = PadCollator(tokenizer, model=model, word_dropout=data_args.word_dropout)
