@@ -34,7 +34,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.report import ALPHA, MAX_SEEDS, detectable_gap, holm, seeds_needed
+from experiments.significance import ALPHA, MAX_SEEDS, detectable_gap, holm, seeds_needed
 from experiments.studies import STUDIES, Metric, Study, size_and_batch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.report import ALPHA, comparable, holm, load_results
+from experiments.report import comparable, load_results
+from experiments.significance import ALPHA, holm
 from experiments.studies import (
     TATOEBA_DEPTH_ROWS,
     TATOEBA_FRESH_SEEDS,
@@ -46,7 +47,7 @@ Run = tuple[str, int]  # (variant, seed)
 def t_test_p(differences: list[float]) -> float | None:
     """Two-sided p-value of a one-sample t-test of the paired differences against 0 (Abramowitz and Stegun 26.7.3
     and 26.7.4: the t distribution's CDF for an integer number of degrees of freedom); None below two differences
-    or where they are all equal (no spread to test against), as ``experiments.report.paired_t_test``."""
+    or where they are all equal (no spread to test against), as ``experiments.significance.paired_t_test``."""
     n = len(differences)
     if n < 2 or max(differences) - min(differences) <= 1e-9 * max(1.0, abs(differences[0])):
         return None

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments import depth_gate
-from experiments.report import ALPHA, RESULTS, load_results
+from experiments.report import RESULTS, load_results
+from experiments.significance import ALPHA
 from experiments.studies import (
     STUDIES,
     TATOEBA_FRESH_SEEDS,
@@ -137,7 +138,7 @@ def reading(sd: float, n: int, tests: int, gaps: dict[str, float]) -> dict[str, 
     half-width, the gap detectable with 80% power at Holm's first step, and the power for each named gap."""
     from scipy.stats import t
 
-    from experiments.report import detectable_gap, t_test_power
+    from experiments.significance import detectable_gap, t_test_power
 
     first_step = ALPHA / tests
     return {
@@ -323,7 +324,7 @@ def _t_critical(n: int, alpha: float) -> float:
 
 
 def _detectable(sd: float, n: int, tests: int) -> float:
-    from experiments.report import detectable_gap
+    from experiments.significance import detectable_gap
 
     return detectable_gap(sd, n, ALPHA / tests)
 

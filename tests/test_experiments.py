@@ -12,6 +12,7 @@ import torch
 
 from experiments import report as report_module
 from experiments import run as runner
+from experiments import significance
 from experiments.studies import STUDIES, run_id, size_and_batch
 from ode_transformer.files import read_lines
 from ode_transformer.train.metrics import gleu_score
@@ -234,17 +235,17 @@ def test_command_resumes_from_a_complete_checkpoint_only(tmp_path):
 def test_paired_t_test_and_holm_by_hand():
     # diffs -2.0, -1.9, -2.1: t = -2 / (0.1 / sqrt(3)); with 2 degrees of freedom p = 1 - |t| / sqrt(t^2 + 2)
     t = -2 / (0.1 / math.sqrt(3))
-    p = report_module.paired_t_test([10.0, 10.2, 9.8], [12.0, 12.1, 11.9])
+    p = significance.paired_t_test([10.0, 10.2, 9.8], [12.0, 12.1, 11.9])
     assert p == pytest.approx(1 - abs(t) / math.sqrt(t * t + 2), rel=1e-9)
     # 1 degree of freedom (Cauchy): p = 1 - 2 atan(|t|) / pi; diffs 1, 2: t = 1.5 / (sqrt(0.5) / sqrt(2)) = 3
-    assert report_module.paired_t_test([28.0, 29.0], [27.0, 27.0]) == pytest.approx(
+    assert significance.paired_t_test([28.0, 29.0], [27.0, 27.0]) == pytest.approx(
         1 - 2 * math.atan(3) / math.pi
     )
-    assert report_module.paired_t_test([1.0], [0.0]) is None  # one pair: nothing to test
-    assert report_module.paired_t_test([2.0, 3.0], [1.0, 2.0]) is None  # the same gap twice: no variance
+    assert significance.paired_t_test([1.0], [0.0]) is None  # one pair: nothing to test
+    assert significance.paired_t_test([2.0, 3.0], [1.0, 2.0]) is None  # the same gap twice: no variance
     # Holm: sorted 0.01, 0.03, 0.04 times 3, 2, 1 -> 0.03, 0.06, 0.04 -> made non-decreasing: 0.03, 0.06, 0.06
-    assert report_module.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
-    assert report_module.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert significance.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
+    assert significance.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
 def fake_result(variant: str, seed: int, bleu: float, device: str = "AMD EPYC", commit: str = "abc") -> dict:
@@ -333,8 +334,8 @@ def test_the_interval_of_three_differences_by_hand():
     """Differences 1, 2, 3: mean 2, sd 1; with 2 degrees of freedom the t CDF is 1/2 + t / (2 sqrt(2 + t^2)), so its
     0.975 quantile is 0.95 sqrt(2 / (1 - 0.95^2)), and the interval is 2 +- that / sqrt(3)."""
     half = 0.95 * math.sqrt(2 / (1 - 0.95**2)) / math.sqrt(3)
-    assert report_module.confidence_interval([1.0, 2.0, 3.0]) == pytest.approx((2 - half, 2 + half))
-    assert report_module.confidence_interval([1.0]) is None
+    assert significance.confidence_interval([1.0, 2.0, 3.0]) == pytest.approx((2 - half, 2 + half))
+    assert significance.confidence_interval([1.0]) is None
     results = [fake_result("residual", s, 30.0) for s in range(3)]
     results += [fake_result("rk4", s, 30.0 + d) for s, d in enumerate((1.0, 2.0, 3.0))]
     rk4 = report_module.aggregate(STUDIES["multi30k"], results, references=None)[1]["BLEU"]["paired"]
@@ -353,18 +354,16 @@ def test_power_lines_by_hand_and_by_simulation():
     import numpy as np
     from scipy.stats import t
 
+    assert significance.seeds_needed(0.5, 1.0, 0.05) == 34 and significance.seeds_needed(0.8, 1.0, 0.05) == 15
+    n = significance.seeds_needed(1.14, 1.0, 0.05 / 2)
     assert (
-        report_module.seeds_needed(0.5, 1.0, 0.05) == 34 and report_module.seeds_needed(0.8, 1.0, 0.05) == 15
-    )
-    n = report_module.seeds_needed(1.14, 1.0, 0.05 / 2)
-    assert (
-        report_module.t_test_power(1.14, 1.0, n, 0.025)
+        significance.t_test_power(1.14, 1.0, n, 0.025)
         >= 0.8
-        > report_module.t_test_power(1.14, 1.0, n - 1, 0.025)
+        > significance.t_test_power(1.14, 1.0, n - 1, 0.025)
     )
-    assert report_module.seeds_needed(0.001, 1.0, 0.05) is None  # beyond MAX_SEEDS
-    gap = report_module.detectable_gap(0.45, 5, 0.05)
-    assert report_module.t_test_power(gap, 0.45, 5, 0.05) == pytest.approx(0.8)
+    assert significance.seeds_needed(0.001, 1.0, 0.05) is None  # beyond MAX_SEEDS
+    gap = significance.detectable_gap(0.45, 5, 0.05)
+    assert significance.t_test_power(gap, 0.45, 5, 0.05) == pytest.approx(0.8)
     differences = np.random.default_rng(0).normal(gap, 0.45, size=(40000, 5))
     statistic = differences.mean(1) / (differences.std(1, ddof=1) / math.sqrt(5))
     assert np.mean(np.abs(statistic) > t.ppf(0.975, 4)) == pytest.approx(0.8, abs=0.01)
@@ -377,13 +376,13 @@ def test_power_lines_by_hand_and_by_simulation():
     # two rows and the study's declared test of RK4 against RK2-gated: Holm's family has 3 tests
     assert power["holm_first_step_alpha"] == pytest.approx(0.05 / 3)
     assert power["detectable"]["alpha"] == pytest.approx(
-        report_module.detectable_gap(1 / math.sqrt(3), 3, 0.05)
+        significance.detectable_gap(1 / math.sqrt(3), 3, 0.05)
     )
     table = report_module.markdown(STUDIES["multi30k"], "cpu", rows)
     rk4 = rows[2]["BLEU"]["paired"]["power"]
-    detectable = [report_module.detectable_gap(1.0, 3, a) for a in (0.05, 0.05 / 3)]
-    paper = [report_module.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.05 / 3)]
-    observed = [report_module.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.05 / 3)]
+    detectable = [significance.detectable_gap(1.0, 3, a) for a in (0.05, 0.05 / 3)]
+    paper = [significance.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.05 / 3)]
+    observed = [significance.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.05 / 3)]
     assert list(rk4["detectable"].values()) == pytest.approx(detectable)
     assert list(rk4["seeds_for_paper_gap"].values()) == paper
     assert (
@@ -419,7 +418,7 @@ def test_holm_runs_across_the_rows_of_a_table():
         return {r["variant"]: r["BLEU"]["paired"] for r in rows if "paired" in r["BLEU"]}
 
     gaps = [31.0, 32.2, 32.9]  # diffs 1.0, 1.2, 0.9
-    raw = report_module.paired_t_test(gaps, [30.0, 31.0, 32.0])
+    raw = significance.paired_t_test(gaps, [30.0, 31.0, 32.0])
     two = row_p({"rk2": gaps, "rk4": gaps})
     assert two["rk2"]["p_holm"] == pytest.approx(2 * raw) and two["rk4"]["p_holm"] == pytest.approx(2 * raw)
     three = row_p({"rk2": gaps, "rk4": gaps, "rk2_gated": [31.0, 30.0, 33.0]})
@@ -448,7 +447,7 @@ def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_fami
     assert test["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))
     assert test["dropped"] == [{"seed": 3, "why": "device H200 here, AMD EPYC in rk2_gated's run"}]
     others = [rows[v]["BLEU"]["paired"]["p"] for v in ("rk2_gated", "rk4")]
-    assert test["p_holm"] == pytest.approx(report_module.holm([*others, test["p"]])[2])
+    assert test["p_holm"] == pytest.approx(significance.holm([*others, test["p"]])[2])
     assert "pairwise" not in rows["pc_rk4"] and "pairwise" not in rows["rk2_gated"]
     table = report_module.markdown(STUDIES["multi30k"], "cpu", list(rows.values()))
     assert (
