@@ -329,7 +329,7 @@ ABSENCE = (
     r"(?:does|do|did) not help|doesn't help|no loss|costs? nothing|on par"
 )
 COMPARISON = re.compile(rf"\b(?:(?P<order>{ORDER})|(?P<absence>{ABSENCE}))\b", re.IGNORECASE)
-# A figure in any format: 5.72, -12.24, +0.35, 79, 12%, 1,500; and fractions written out.
+# A figure in any format: 5.72, -12.24, +0.35, 79, a percentage, 1,500; and fractions written out.
 FIGURE = re.compile(
     r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?%?(?![\w])|\b(?:half|third|quarter|fifth|sixth|twice|double)s?\b",
     re.IGNORECASE,

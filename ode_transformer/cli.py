@@ -174,8 +174,8 @@ def go_offline_if_hub_unreachable(timeout: float = HUB_CHECK_SECONDS) -> bool:
     """Where neither ``HF_HUB_OFFLINE`` nor ``TRANSFORMERS_OFFLINE`` is set, try one TCP connection to the Hub
     (``HF_ENDPOINT``'s host, else huggingface.co); where it fails, set ``HF_HUB_OFFLINE=1`` for this process, before
     huggingface_hub, datasets and transformers read it, so that they answer from their local caches at once instead
-    of retrying each request (ode-train's Hub dataset fallback took 24 s of repeated warnings, offline, before its
-    one line). Returns whether it went offline."""
+    of retrying each request (offline, ode-train's Hub dataset fallback repeated its warnings for most of a minute
+    before its one line). Returns whether it went offline."""
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
         return False
     endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")

@@ -1,7 +1,7 @@
 """The console commands (ode_transformer/cli.py): what a user can fix ends in one line and exit code 2, checked
 before any work; a traceback is kept only for an unexpected error, and they do not pile up. They start fast:
 ``--help`` and a refused flag are answered from the kept flags (``ode_transformer/parsers.json``), before torch and
-transformers are imported (issue 64: ``ode-train --help`` took 15 s).
+transformers are imported (issue 64: ``ode-train --help`` imported both first).
 """
 
 from __future__ import annotations
@@ -308,8 +308,9 @@ def test_help_and_refused_flags_need_neither_torch_nor_transformers():
 
 @pytest.mark.skipif(not CURRENT, reason="parsers.json was written with another transformers version")
 def test_help_starts_within_three_seconds():
-    """The installed `ode-train --help`, timed: under 3 s (it took 15 s when torch and transformers loaded
-    first). Without them it needs a fraction of a second, so a loaded machine does not make this flaky."""
+    """The installed `ode-train --help`, timed, within the bound below (it took several times that when torch and
+    transformers loaded first). Without them it needs a fraction of it, so a loaded machine does not make this
+    flaky."""
     command = Path(sys.executable).with_name("ode-train")
     if not command.is_file():
         pytest.skip("no ode-train console command beside this interpreter (pip install -e .)")
@@ -343,7 +344,7 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 def test_offline_commands_end_in_a_few_lines(tmp_path):
     """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, and a
     Hub model id, each end with one error line naming the way forward: under 5 lines in all (issue 64: about 20
-    retry warnings over 24 s, and 25 lines over 57 s)."""
+    retry warnings, and 25 lines, each over most of a minute)."""
     import socket
 
     with socket.socket() as probe:  # a port nothing listens on
