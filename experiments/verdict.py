@@ -104,7 +104,8 @@ def progress(device: str, results: Path = RESULTS) -> list[tuple[Tier, list[dict
     for tier in TIERS:
         folder = tier.folder(device, results)
         done = load_results(folder) if folder.is_dir() else []
-        rows.append((tier, done, tier.pending(done)))
+        wanted = set(tier.wanted(done))  # a folder may hold several tiers' runs (ptb_paper's (a) and (c))
+        rows.append((tier, [r for r in done if (r["variant"], r["seed"]) in wanted], tier.pending(done)))
     return rows
 
 

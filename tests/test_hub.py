@@ -717,6 +717,25 @@ def test_a_saved_folder_carries_the_model_limits_and_loads_with_every_auto_class
         assert int(row[2]) == int(row[3]) == int(row[4])  # cut to the model's positions, no more
 
 
+def test_the_card_of_a_gated_rk2_model_says_what_the_projects_runs_show_about_it():
+    """Issue 61: the recipes' default block is the paper's gated RK2; its card says it is untried here and that its
+    gate saturated in every diagnostic (tests/test_lease.py checks that against the committed diagnostics)."""
+    from modeling_ode import ODETransformerConfig
+
+    DEFAULT_BLOCK_NOTE, describe_ode = model_card.DEFAULT_BLOCK_NOTE, model_card.describe_ode
+
+    assert DEFAULT_BLOCK_NOTE.removeprefix("**About the gated RK2 block**: ") in " ".join(
+        describe_ode(ODETransformerConfig())
+    )
+    for other in (
+        {"encoder_ode_method": "rk4"},
+        {"encoder_ode_coefficients": "tableau"},
+        {"encoder_ode_method": "euler"},
+        {"ode_gate_inputs": "layer_norm"},
+    ):
+        assert "About the gated RK2 block" not in " ".join(describe_ode(ODETransformerConfig(**other))), other
+
+
 @pytest.mark.both_cpus
 def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_path, capsys, refused):
     model_dir = tmp_path / "model"
