@@ -34,6 +34,9 @@ class Queue:
     worktree: str  # the worktree's folder, next to this checkout
     extra: tuple[str, ...] = ()  # flags every `experiments.run` call of the lanes passes (e.g. --source)
     batch: str | None = None  # experiments.run --batch: the runs go to results/<study>/cpu_<batch>
+    # The CPU the batch's runs need, (model name, flags), where the kernels it runs depend on them: one batch is one
+    # device, and checkpoints do not outlive a machine, so another CPU model starts a batch of its own.
+    cpu: tuple[str, tuple[str, ...]] | None = None
 
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
@@ -73,6 +76,7 @@ QUEUES = {
         ),
         worktree="exp_ptb_bf16",
         batch="bf16",
+        cpu=("AMD EPYC", ("avx512_bf16",)),
     ),
     # Issue 61: ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual
     # and RK4, seeds 0-2, first (each lane alternates them, so a pair of seed k lands together), then the gated
@@ -98,6 +102,7 @@ QUEUES = {
         ),
         worktree="exp_ptb_amx",
         batch="amx",
+        cpu=("Intel(R) Xeon(R) Processor", ("amx_bf16", "avx512_bf16")),
     ),
     # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
     # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
@@ -230,6 +235,29 @@ def gather_results(queue: Queue, tree: Path, repo: Path = REPO) -> list[Path]:
     return copied
 
 
+def this_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
+    """This machine's CPU model name and flags, as /proc/cpuinfo gives them."""
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    field = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in lines if ":" in line}
+    return field.get("model name", "unknown"), set(field.get("flags", "").split())
+
+
+def wrong_cpu(queue: Queue, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """Why this machine may not add runs to the queue's batch (another CPU model, or flags it lacks), or None."""
+    if queue.cpu is None:
+        return None
+    name, flags = this_cpu(cpuinfo)
+    wanted, needed = queue.cpu
+    missing = sorted(set(needed) - flags)
+    if name == wanted and not missing:
+        return None
+    lacks = f" without {', '.join(missing)}" if missing else ""
+    return (
+        f"batch cpu_{queue.batch} runs on {wanted} with {', '.join(needed)}; this machine is {name}{lacks}: "
+        "its runs would not pair with the batch's, so add a queue with a batch label of its own for this CPU"
+    )
+
+
 def running(study: str) -> bool:
     return subprocess.run(["pgrep", "-f", f"experiments.run {study} "], capture_output=True).returncode == 0
 
@@ -252,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         for index, command in enumerate(commands):
             print(f"lane {index}: {command}")
         return 0
+    if why := wrong_cpu(queue):
+        print(why, file=sys.stderr)
+        return 1
     if running(queue.study):
         print(f"a runner of {queue.study} is already running: not starting another", file=sys.stderr)
         return 1

@@ -196,3 +196,21 @@ def test_a_lane_lowers_its_own_sessions_priority():
         capture_output=True, text=True, start_new_session=True, check=True,
     )  # fmt: skip
     assert shown.stdout.rstrip().endswith("nice 19"), shown.stdout
+
+
+def test_a_queue_refuses_a_cpu_its_batch_did_not_run_on(tmp_path, capsys):
+    """A batch is one device: ptb_paper_amx's runs need an Intel Xeon with AMX, so a Zen 4 (no AMX) is refused with
+    the reason and the way out, before any worktree is made."""
+    q = queue.QUEUES["ptb_paper_amx"]
+    xeon = tmp_path / "xeon"
+    xeon.write_text(
+        "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    )
+    epyc = tmp_path / "epyc"
+    epyc.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16\n")
+    assert queue.wrong_cpu(q, xeon) is None
+    why = queue.wrong_cpu(q, epyc)
+    assert "this machine is AMD EPYC without amx_bf16" in why and "a batch label of its own" in why
+    assert "without" not in queue.wrong_cpu(queue.QUEUES["ptb_paper_bf16"], xeon)
+    assert queue.wrong_cpu(queue.QUEUES["ptb_paper_bf16"], epyc) is None
+    assert queue.wrong_cpu(queue.QUEUES["multi30k_paired"], epyc) is None  # a queue that names no CPU
