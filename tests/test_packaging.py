@@ -86,6 +86,12 @@ def test_non_editable_install_gives_console_commands(tmp_path, installed):
     )
     assert located.returncode == 0, located.stderr[-2000:]
     assert located.stdout.startswith(str(bin_dir.parent)), located.stdout
+    urls = call(
+        str(bin_dir / "python"),
+        "-c",
+        "from importlib.metadata import metadata as m; print(m('ode-transformer')['Project-URL'])",
+    )
+    assert urls.stdout.strip() == "Paper, https://aclanthology.org/2022.acl-long.571", urls.stderr[-2000:]
     for generic in ("train", "hub"):
         assert call(str(bin_dir / "python"), "-c", f"import {generic}").returncode != 0, (
             f"{generic} is importable"
