@@ -206,9 +206,10 @@ _GENERATION_FIELDS = {
 
 
 def check_generation_config(folder: str | Path) -> None:
-    """A local folder's ``generation_config.json``: one JSON object whose decoding fields are numbers in range
-    (``max_length`` -1, ``num_beams`` 0 or ``length_penalty`` "abc" gave transformers' message without the file,
-    or a raw ZeroDivisionError / TypeError from inside generation).
+    """A local folder's ``generation_config.json``: one JSON object whose decoding fields are numbers in
+    range, so that ``max_length`` -1, ``num_beams`` 0 or ``length_penalty`` "abc" is named with its file, not
+    left to transformers' message without the file or a raw ZeroDivisionError / TypeError from inside
+    generation.
 
     Raises:
         ValueError: the file, the field, what it must be and the fix.
@@ -368,9 +369,10 @@ _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_toke
 
 def check_tokenizer_shapes(folder: str | Path) -> None:
     """Tokenizer files that are JSON of the wrong shape (a list, a missing ``added_tokens``, a token that is a
-    number) are refused by name: transformers failed with long tracebacks (``'list' object has no attribute
-    'get'``, ``KeyError: 'added_tokens'``) naming neither file. ``tokenizer.json`` is parsed by the tokenizers
-    library itself; ``tokenizer_config.json``'s special tokens must be strings (or token objects).
+    number) are refused by name, before transformers fails on them with long tracebacks (``'list' object has
+    no attribute 'get'``, ``KeyError: 'added_tokens'``) naming neither file. ``tokenizer.json`` is parsed by
+    the tokenizers library itself; ``tokenizer_config.json``'s special tokens must be strings (or token
+    objects).
 
     Raises:
         ValueError: the file, what is wrong, and the fix.

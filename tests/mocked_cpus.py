@@ -18,7 +18,8 @@ SKYLAKE = {"architecture": "x86_64", "cpu_name": "Intel Xeon Gold", "avx512_f": 
 GRAVITON3 = {"architecture": "aarch64", "cpu_name": "Neoverse-V1", "bf16": True, "sve_bf16": True}
 GRAVITON2 = {"architecture": "aarch64", "cpu_name": "Neoverse-N1", "bf16": False}
 
-# name -> (flags, ATen capability): the two kinds every `both_cpus` test runs on, and the native machines of issue 52
+# name -> (flags, ATen capability): the two kinds every `both_cpus` test runs on, and two more with native
+# bf16
 CPUS = {
     "avx2": (ZEN3, "AVX2"),
     "native_bf16": (SAPPHIRE_RAPIDS, "AVX512"),

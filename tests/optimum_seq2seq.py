@@ -1,4 +1,4 @@
-"""Optimum's seq2seq input feeding, vendored for tests/test_onnx.py (issue 64).
+"""Optimum's seq2seq input feeding, vendored for tests/test_onnx.py.
 
 How 🤗 Optimum's `ORTModelForSeq2SeqLM` feeds a decoder's cache to the graphs and reorders it for beam search, copied
 from optimum-onnx 0.1.0 (`optimum/onnxruntime/modeling_seq2seq.py`, Apache-2.0, Copyright 2022 The HuggingFace

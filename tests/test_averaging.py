@@ -55,7 +55,7 @@ def test_last_checkpoints_sorted_by_step(tmp_path):
 
 
 def test_fewer_checkpoints_than_asked_are_named(tmp_path, caplog):
-    """`--last 5` over a folder with 3 checkpoints averaged 3 without a word."""
+    """`--last 5` over a folder with 3 checkpoints averages the 3 with a warning naming both counts."""
     write_run(tmp_path)
     with caplog.at_level(logging.WARNING, logger="ode_transformer.train.averaging"):
         assert len(last_checkpoints(tmp_path, 5)) == 3

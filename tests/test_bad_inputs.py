@@ -338,9 +338,9 @@ def test_missing_test_split_is_refused_before_training(tmp_path):
 
 
 def test_a_named_tokenizer_must_fit_the_task(tmp_path):
-    """--tokenizer_name with a language model's tokenizer (no </s> after a sequence) had trained a translation
-    model that never learns to stop; one without <s>/</s> failed at the first step; a tokenizer.json path failed
-    with 'Not a directory'."""
+    """--tokenizer_name is checked against the task before training: a language model's tokenizer (no </s>
+    after a sequence) for a translation model, which would never learn to stop, one without <s>/</s>, and a
+    tokenizer.json path for its folder are each refused by name."""
     from transformers import AutoTokenizer
 
     from ode_transformer.tokenizer import check_task_tokenizer, train_tokenizer
@@ -391,8 +391,9 @@ def test_a_named_tokenizer_must_fit_the_task(tmp_path):
     [("max_steps: ten", "int"), ('learning_rate: "fast"', "float"), ("eval_strategy: sometimes", "one of")],
 )
 def test_a_recipe_string_the_flag_does_not_take_names_the_recipe_and_its_key(tmp_path, line, takes):
-    """#56 row 11: `max_steps: "ten"` in a recipe gave argparse's `argument --max_steps/--max-steps: invalid int
-    value: 'ten'`, blaming a flag the user never typed and not naming the recipe."""
+    """A recipe's wrong-typed value (`max_steps: "ten"`, a word for a float or a choice) is refused in one
+    line naming the recipe, the key and what it takes, not argparse's message about a flag the user never
+    typed."""
     recipe = write(tmp_path / "recipe.yaml", f"{line}\n")
     key = line.split(":")[0]
     with pytest.raises(ValueError) as raised:

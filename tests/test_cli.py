@@ -1,7 +1,7 @@
 """The console commands (ode_transformer/cli.py): what a user can fix ends in one line and exit code 2, checked
 before any work; a traceback is kept only for an unexpected error, and they do not pile up. They start fast:
 ``--help`` and a refused flag are answered from the kept flags (``ode_transformer/parsers.json``), before torch and
-transformers are imported (issue 64: ``ode-train --help`` imported both first).
+transformers are imported, so that neither waits on loading them.
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ from ode_transformer.train.arguments import parse_arguments
 def test_counts_and_output_folders_are_checked_before_any_work(
     tmp_path, capsys, main, flags, fragment, refused
 ):
-    """--batch_size 0 put everything in one batch and --last 0 averaged every checkpoint; a missing output
-    folder failed only after all the decoding."""
+    """A --batch_size or --last below 1 (one batch of everything, every checkpoint averaged), a missing output
+    folder (a failure after all the decoding) and an unknown device are refused before any work."""
     assert fragment in refused(main, [str(tmp_path / "model"), *flags])
 
 
 @pytest.mark.both_cpus
 def test_an_output_over_an_input_or_a_folder_is_refused_before_any_work(tmp_path, capsys, refused):
-    """`--output` equal to `--input` replaced the source with hypotheses, ode-evaluate's `--output` equal to
-    `--ref` replaced the reference with JSON, and an existing folder failed only after all the decoding."""
+    """`--output` equal to `--input` (which would replace the source with hypotheses), ode-evaluate's
+    `--output` equal to `--ref` (which would replace the reference with JSON) and an `--output` that is a
+    folder are refused before any work, the files left as they were."""
     source = write(tmp_path / "in.txt", "a dog\n")
     reference = write(tmp_path / "ref.txt", "ein Hund\n")
     cases = [
@@ -85,15 +86,15 @@ def kept_traceback(error: str, line: str) -> Path:
 
 @pytest.mark.both_cpus
 def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, refused):
-    """ode-translate / ode-evaluate: what the user can fix is one line on stderr, exit code 2, the traceback kept in
-    a file it names (ODE_TRACEBACK=1 re-raises); before, ode-translate printed the traceback and ode-evaluate
-    exited 0 after its error line."""
+    """ode-translate, ode-evaluate and ode-train: what the user can fix is one line on stderr naming the
+    command and exit code 2, never a printed traceback nor exit code 0 after the error line; ODE_TRACEBACK=1
+    re-raises the error instead."""
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
     missing = tmp_path / "missing" / "model"
     monkeypatch.setattr(
         sys, "argv", ["ode-translate", str(missing), "--input", str(write(tmp_path / "in.txt", "a\n"))]
     )
-    assert refused(cli.translate) == (  # a refusal of the project's own: no traceback kept (issue 56 row 19)
+    assert refused(cli.translate) == (  # a refusal of the project's own: no traceback kept
         f"ode-translate: error: no model folder {missing}: give the folder ode_transformer.train.run wrote (its "
         "--output_dir) or a Hub id (USER/NAME)\n"
     )
@@ -109,7 +110,7 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
         cli.evaluate()
     monkeypatch.delenv("ODE_TRACEBACK")
 
-    # ode-train names itself too (it used to print a bare "error:" and exit 1), in its usage line as well
+    # ode-train names itself too, in its error line (not a bare "error:") and in its usage line
     argv = ["--dataset", "multi30k", "--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
     monkeypatch.setattr(sys, "argv", ["ode-train", *argv])
     last_line = refused(cli.train).splitlines()[-1]
@@ -142,7 +143,9 @@ def test_console_commands_end_bad_input_with_one_line_and_exit_code_2(tmp_path, 
     ids=["list for a number", "fraction for a count", "syntax error", "not a mapping"],
 )
 def test_a_bad_recipe_is_one_line_naming_it(tmp_path, capsys, monkeypatch, text, message, refused):
-    """#44 rows 13 and 14: a raw TypeError (from inside transformers) and a yaml.scanner.ScannerError traceback."""
+    """A recipe holding a list for a number, a fraction for a count, broken YAML or a list for a mapping is
+    refused in one line naming the recipe and what is wrong, by parse_arguments and by the command alike,
+    rather than by a TypeError from inside transformers or a YAML scanner's traceback."""
     recipe = write(tmp_path / "recipe.yaml", text)
     flags = [str(recipe), *TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b"]
     with pytest.raises(ValueError) as raised:
@@ -159,9 +162,9 @@ def test_a_bad_recipe_is_one_line_naming_it(tmp_path, capsys, monkeypatch, text,
 def test_tracebacks_are_kept_only_for_unexpected_errors_and_do_not_pile_up(
     tmp_path, monkeypatch, capsys, refused
 ):
-    """#56 row 19: every refusal, even "in use by another run", left a /tmp/ode-*.traceback file (50 in one round).
-    A refusal raised by the project's own checks keeps none; an error from inside a library keeps one, and only
-    the newest cli.KEPT_TRACEBACKS are kept."""
+    """A refusal raised by the project's own checks (even "in use by another run") keeps no traceback file; an
+    error from inside a library keeps one, and only the newest cli.KEPT_TRACEBACKS are kept, so that
+    /tmp/ode-*.traceback files do not pile up."""
     import tempfile
 
     temporary = tmp_path / "tmp"
@@ -342,9 +345,9 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 
 
 def test_offline_commands_end_in_a_few_lines(tmp_path):
-    """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, and a
-    Hub model id, each end with one error line naming the way forward: under 5 lines in all (issue 64: about 20
-    retry warnings, and 25 lines, each over most of a minute)."""
+    """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, and
+    a Hub model id, each end with exit code 2 and one error line naming the way forward: under 5 lines in all,
+    with no retry warnings before it."""
     import socket
 
     with socket.socket() as probe:  # a port nothing listens on

@@ -397,8 +397,9 @@ def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
 
 
 def test_what_is_no_checkpoint_file_is_named(tmp_path, capsys):
-    """A folder, a text file, an empty or truncated file: each refused as what it is, without advising
-    --trust-pickle (with it, a text file used to end in a raw UnpicklingError)."""
+    """A folder, a text file, an empty or truncated file: each refused as what it is, with --trust-pickle or
+    without and never advising it; the command exits 2 with no traceback, a text file under --trust-pickle
+    included (not a raw UnpicklingError)."""
     run = tmp_path / "run"
     run.mkdir()
     torch.save(make_checkpoint(2, "standard"), run / "checkpoint_best.pt")

@@ -159,8 +159,8 @@ def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, ca
 
 
 def test_language_model_training_file_drops_blank_lines(tmp_path, caplog):
-    """A blank line of a language model's training file had become a training example of <s> alone, silently; an
-    evaluation file keeps it (its perplexity is over every line)."""
+    """A blank line of a language model's training file is skipped with a warning, not made a training example
+    of <s> alone; an evaluation file keeps it (its perplexity is over every line)."""
     path = write_lines(tmp_path / "lm.txt", ["the dog runs", "", "  ", "a cat sleeps"])
     with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
         assert load_local_file(str(path), "lm")["text"] == ["the dog runs", "a cat sleeps"]
@@ -648,8 +648,8 @@ def test_real_libreoffice_corpus(tmp_path_factory):
 def test_every_corpus_reader_names_odes_data_dir_when_its_folder_is_missing(
     reader, folder, tmp_path, monkeypatch
 ):
-    """From an install (no ../shared beside the package), reading a corpus named a file under site-packages and no
-    fix; every reader now says which folder it looked for and how to point at the data."""
+    """From an install (no ../shared beside the package), every corpus reader says which folder it looked for
+    and how to point at the data (ODE_DATA_DIR, root=DIR), not a file under site-packages with no fix."""
     monkeypatch.setenv("ODE_DATA_DIR", str(tmp_path))
     with pytest.raises(data.MissingCorpusError) as error:
         reader()
@@ -660,8 +660,8 @@ def test_every_corpus_reader_names_odes_data_dir_when_its_folder_is_missing(
 
 def test_streamed_rows_are_the_whole_file_readers_rows_with_its_checks(tmp_path):
     """`--streaming true` reads local files line by line (iter_local_rows): the same rows as load_local_file, and
-    the same refusals, named, where its first version streamed zero rows from a wrong TSV column, trained a
-    language model on raw JSON, and failed on misaligned files with a bare zip() error."""
+    the same refusals, named: a missing TSV column, a JSONL field no row fills, JSON for a language model, and
+    files of different line counts, rather than zero rows, raw JSON as text, or a bare zip() error."""
     src, tgt = tmp_path / "a.en", tmp_path / "a.de"
     src.write_text("one\n\ntwo\nthree\n", encoding="utf-8")
     tgt.write_text("eins\nleer\nzwei\ndrei\n", encoding="utf-8")

@@ -60,8 +60,9 @@ def test_truncated_gz_and_comma_in_a_path_are_named(tmp_path):
 
 
 def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
-    """#56 row 6: `--output LINK` replaced the link by a regular file; its target kept the old content. Every
-    file writer (write_atomic, replacing) and folder writer (staged_folder) writes through the link."""
+    """`--output LINK` writes the link's target and keeps the link, rather than replace the link by a regular
+    file and leave its target as it was: every file writer (write_atomic, replacing) and folder writer
+    (staged_folder) writes through the link, a dangling one included."""
     from ode_transformer.files import staged_folder, write_atomic
 
     target = write(tmp_path / "real.txt", "old\n")
@@ -84,9 +85,9 @@ def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_written_files_get_the_modes_the_umask_gives(tmp_path, umask):
-    """#56 row 7: model.safetensors was written 0600 (safetensors' own temporary file) while every other file was
-    0644: another user could not read an exported model. Folders written whole and files written whole get the
-    modes open() and mkdir give under the umask."""
+    """Folders written whole and files written whole get the modes open() and mkdir give under the umask,
+    model.safetensors included (not the 0600 of safetensors' own temporary file), so that another user can
+    read an exported model."""
     from ode_transformer.files import replacing
 
     save_tiny_folder(tmp_path / "model")
@@ -114,10 +115,10 @@ def _version(folder: Path) -> str:
 def test_a_folder_is_replaced_whole_and_a_kill_at_any_step_leaves_one_version(
     tmp_path, monkeypatch, caplog, kill_at
 ):
-    """#56 rows 8 and 9: between the two renames of `ode-export --overwrite`, the folder was missing (a reader got
-    one export's config.json with the other's weights; a kill left no folder, and `OUT.incomplete.old`, which the
-    rerun neither named nor removed). Now the old and new folders swap in one rename: at every step the folder
-    is one version whole, a kill leaves one in place, and the next write removes and names what was left."""
+    """`ode-export --overwrite` swaps the old and new folders in one rename, never leaving the folder missing
+    between two renames: at every step a reader finds one version whole (not one export's config.json with the
+    other's weights), a kill leaves one in place, and the next write removes and names what was left
+    (`OUT.incomplete`, `OUT.incomplete.old`)."""
     import shutil
 
     from ode_transformer import files
@@ -162,8 +163,9 @@ def test_a_folder_is_replaced_whole_and_a_kill_at_any_step_leaves_one_version(
 
 
 def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
-    """#56 row 18: with 0 bytes free, the lock's pid file failed first, as a bare `[Errno 28] No space left on
-    device`: no path, no fix."""
+    """A full disk when the output's lock is taken (its pid file the first write) is named with the output's
+    path and the fix (free some space), not a bare `[Errno 28] No space left on device`; the output and its
+    folder are left as they were."""
     import errno
 
     from ode_transformer.files import claim_output

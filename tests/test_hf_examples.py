@@ -111,9 +111,9 @@ def test_the_users_output_length_caps_the_predictions(tmp_path, flag):
 
 
 def test_every_preset_takes_the_scripts_default_source_length():
-    """docs/training.md: `max_position_embeddings` bounds nothing and is the preset's 1024 (or more). The tiny
-    preset had 128, so run_translation.py's position check refused a tiny run's folder at its default
-    `--max_source_length 1024` (issue 64)."""
+    """docs/training.md: `max_position_embeddings` bounds nothing and is the preset's 1024 (or more), the tiny
+    preset's included, so that run_translation.py's position check accepts a tiny run's folder at its default
+    `--max_source_length 1024`."""
     from modeling_ode.configuration_ode_transformer import PRESETS, ODETransformerConfig
 
     for preset in PRESETS:

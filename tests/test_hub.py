@@ -161,8 +161,10 @@ def test_metrics_schema_errors_name_the_fields():
 
 
 def test_metrics_of_the_wrong_shape_are_schema_errors_naming_the_field(tmp_path):
-    """Each used to end deep inside the card's code (AttributeError, TypeError, a formatting crash) or, for
-    invalid JSON, in json's message that names no file."""
+    """Metrics of the wrong shape (a list at the top, a string for an object or a whole number) are schema
+    errors naming the field, and invalid JSON names its file and says to fix it, rather than end deep inside
+    the card's code (AttributeError, TypeError, a formatting crash) or in json's message that names no file;
+    no card is written half-way."""
     good = {
         "task": "translation",
         "dataset": {"name": "WMT14", "id": "wmt/wmt14", "split": "test", "rows": 3003},
@@ -392,8 +394,8 @@ def test_export_keeps_own_generation_config_and_tokenizer(tmp_path):
 
 
 def test_export_checks_every_input_before_writing(tmp_path):
-    """A bad --metrics or --tokenizer used to fail after the weights were written, leaving a folder that the
-    re-run refused as occupied."""
+    """ode-export checks every input (--metrics, --tokenizer, the folder's own hub_metrics.json) before it
+    writes, so that a bad one leaves no folder with the weights for the re-run to refuse as occupied."""
     folder = tmp_path / "trained"
     tiny_seq2seq().save_pretrained(folder)
     out = tmp_path / "out"
@@ -494,9 +496,9 @@ def test_describe_ode_speaks_the_catalogue():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
-    """The export's tokenizer_config.json is the model folder's, key for key, and the weights digest the export
-    records (issue 65): transformers' load put `is_local`, `local_files_only` and tokenizer.json's truncation
-    (`max_length`, `stride`, ...) into it (issue 64). The class it names is the one hub/README.md names, and the
+    """The export's tokenizer_config.json is the model folder's, key for key, plus the weights digest the
+    export records: none of what transformers' load adds (`is_local`, `local_files_only`, tokenizer.json's
+    truncation: `max_length`, `stride`, ...). The class it names is the one hub/README.md names, and the
     reloaded tokenizer truncates on the task's side."""
     from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, weights_digest
 
@@ -515,8 +517,8 @@ def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
     assert tokenizer.truncation_side == ("left" if causal else "right")
 
 
-# The card's formula of each kind of block, as a reader would write it by hand (issue 64: the default block's card
-# gave the fixed-weight Eq. (rk2) beside its learned gate).
+# The card's formula of each kind of block, as a reader would write it by hand: the default block's is its
+# learned gate's, not the fixed-weight Eq. (rk2).
 CARD_FORMULAS = {
     "gated RK2 (the default)": ({}, "y + g F1 + (1 - g) F2; F1 = F(y), F2 = F(y + F1)"),
     "RK2": ({"encoder_ode_coefficients": "tableau"}, "y + (F1 + F2) / 2; F1 = F(y), F2 = F(y + F1)"),
@@ -794,8 +796,9 @@ runpy.run_module(sys.argv[0], run_name="__main__")
 @pytest.mark.both_cpus
 @pytest.mark.parametrize("tool", list(KILL_DURING))
 def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool, refused):
-    """#44 rows 9 and 10: after a kill, `python -m ode_transformer.hub.export` / `python -m ode_transformer.train.averaging` again gave a raw
-    FileExistsError traceback, and nothing marked the folder left behind as incomplete."""
+    """A kill of `python -m ode_transformer.hub.export` or `python -m ode_transformer.train.averaging` leaves
+    OUT.incomplete, named for what it is; the rerun writes OUT and removes it, rather than stop on a
+    FileExistsError traceback; a third run is refused in one line: the folder is occupied."""
     from ode_transformer.hub import export
 
     target, argv = KILL_DURING[tool]
@@ -821,7 +824,9 @@ def test_export_and_averaging_rerun_after_a_kill(tmp_path, capsys, tool, refused
 
 
 def test_an_exported_card_names_neither_the_staging_folder_nor_a_local_path(tmp_path):
-    """#56 row 4: without --repo-id the card said `name: OUT.incomplete` and from_pretrained("path/to/OUT.incomplete")."""
+    """Without --repo-id an exported card names neither the staging folder (`OUT.incomplete`) nor a local
+    path, but `path/to/OUT`; no scratch folder is left, and the card and tokenizer.json keep the trained input
+    length."""
     save_tiny_folder(tmp_path / "model")
     (tmp_path / "model" / "README.md").unlink(missing_ok=True)
     out = export_for_hub(tmp_path / "model", tmp_path / "my-model")
@@ -850,8 +855,9 @@ def _training_folder(folder: Path) -> Path:
 def test_push_refuses_a_training_folder_naming_what_would_leave(
     tmp_path, monkeypatch, capsys, dry_run, refused
 ):
-    """#56 row 5: ode-push of a training folder listed (and would upload) its checkpoints, optimizer states and
-    pickled training arguments, with no warning."""
+    """ode-push of a training folder (checkpoints, optimizer states, pickled training arguments), --dry-run
+    too, is refused naming the files of training state that would leave the machine and saying to export it
+    first; nothing reaches the network code. The export it names lists no checkpoint."""
     import huggingface_hub
 
     folder = _training_folder(tmp_path / "run")
@@ -878,8 +884,9 @@ class ConnectError(Exception):
 
 
 def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, refused):
-    """#56 row 17, #55 item 8: no network and HF_HUB_OFFLINE unset gave a 60-line httpx ConnectError traceback
-    and exit code 1. (The Hub client is patched to fail as it does offline: no real network.)"""
+    """ode-push with no network and HF_HUB_OFFLINE unset ends in exit code 2 and one line saying to check the
+    network or use --dry-run, not an httpx ConnectError traceback. (The Hub client is patched to fail as it
+    does offline: no real network.)"""
     import huggingface_hub
 
     class OfflineApi:
@@ -903,7 +910,7 @@ def test_push_without_network_is_one_line_and_exit_code_2(tmp_path, monkeypatch,
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Issue 65: one lock per real folder, exports that cannot eat their source or a run, a full disk while quantising
+# One lock per real folder, exports that cannot eat their source or a run, a full disk while quantising
 
 
 EXPORTED = sorted(
@@ -925,9 +932,9 @@ EXPORTED = sorted(
 
 
 def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
-    """#65 row 1: `ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to
-    E9) took two locks and wrote one staging folder, each deleting the other's: one exited 0 leaving a folder of
-    README.md and tokenizer.json only. Every lock derives from the resolved path: one writer at a time."""
+    """`ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to E9) take
+    one lock, since every lock derives from the resolved path: one writer at a time, the other waiting or
+    refused, so that the folder holds every file of one export and no staging folder or lock is left."""
     from modeling_ode.modeling_ode_transformer import weights_digest
     from ode_transformer.files import claim_output
 
@@ -983,8 +990,9 @@ def _finished_run(run: Path) -> None:
 
 @pytest.mark.both_cpus
 def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, monkeypatch):
-    """#65 row 2: `ode-export RUN/checkpoint-40 RUN --overwrite` exited 0 and deleted the whole run. No writer
-    replaces a folder that holds its input, or a run's checkpoints, by any name and whatever --overwrite says."""
+    """No writer replaces a folder that holds its input, or a run's checkpoints, by any name and whatever
+    --overwrite says: `ode-export RUN/checkpoint-40 RUN --overwrite` is refused with exit code 2, the run left
+    whole."""
     from ode_transformer.hub.convert_fairseq import convert_fairseq_checkpoint
     from ode_transformer.hub.upcycle import upcycle_folder
 
@@ -1031,10 +1039,11 @@ def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, 
 
 
 def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
-    """#65 row 11: a full disk during `ode-export --onnx --quantize int8` gave a 56-76-line protobuf "Wire format
-    was corrupt" traceback: onnxruntime writes a shape-inferred copy of each graph, cut off by the full disk, and
-    reads it back. Under a file-size limit, set as the first graph is quantised, that the graph fits but its copy
-    with shapes does not: one line. (The exporter's unfused graphs, written before, are larger than any copy.)"""
+    """A full disk during `ode-export --onnx --quantize int8` ends in exit code 2 and one line naming the
+    output and the fix, nothing half-written, not a protobuf "Wire format was corrupt" traceback: onnxruntime
+    writes a shape-inferred copy of each graph, cut off by the full disk, and reads it back. Tested under a
+    file-size limit, set as the first graph is quantised, that the graph fits but its copy with shapes does
+    not. (The exporter's unfused graphs, written before, are larger than any copy.)"""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     save_tiny_folder(tmp_path / "model", weight_scale=3)

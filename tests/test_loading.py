@@ -96,8 +96,9 @@ def test_a_folder_of_another_model_or_with_unfitting_weights_is_refused(tmp_path
 
 @pytest.mark.both_cpus
 def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
-    """#44 row 2: --d_model 64 --encoder_layers 2 with --model_name_or_path trained the saved 16-wide model, without
-    a word. Flags equal to the saved config pass; dropout and label smoothing are the run's and are applied."""
+    """Model flags that differ from a saved model's config (--d_model 64 --encoder_layers 3 with
+    --model_name_or_path) are refused, each beside its saved value, rather than train the saved model as it
+    is. Flags equal to the saved config pass; dropout and label smoothing are the run's and are applied."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     flags = [*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
@@ -119,8 +120,8 @@ def test_model_flags_with_a_saved_model_are_refused_by_name(tmp_path):
 
 @pytest.mark.both_cpus
 def test_a_preset_with_a_saved_model_is_refused_where_it_would_be_ignored(tmp_path):
-    """#44: --preset with --model_name_or_path was neither read nor refused. A preset that matches the saved model
-    (or whose differing fields the flags set) passes; one that does not is refused, its fields named."""
+    """--preset with --model_name_or_path is checked, not ignored: a preset that matches the saved model (or
+    whose differing fields the flags set) passes; one that does not is refused, its fields named."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)  # the tiny preset with an RK2 encoder
     flags = [*TINY_RUN, "--output_dir", str(tmp_path / "out"), "--train_file", "a,b",
@@ -171,9 +172,10 @@ def _assert_own_entries_only(folder: Path, marker: Path) -> None:
 
 @pytest.mark.both_cpus
 def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
-    """#44 row 4: ode-export and ode-train copied auto_map {AutoTokenizer: evil.Evil}, trust_remote_code and an
-    unknown key into the new folder, whose own card's AutoTokenizer.from_pretrained(trust_remote_code=True) then
-    failed (and had run evil.py, were it there)."""
+    """Another project's auto_map entry (AutoTokenizer: evil.Evil), trust_remote_code and an unknown key in a
+    saved config.json stay out of the folder ode-export (with a warning naming them) or ode-train writes, so
+    that its card's AutoTokenizer.from_pretrained(trust_remote_code=True) works and never runs an evil.py
+    beside it."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     marker = _foreign_entries(folder)
@@ -197,8 +199,9 @@ def test_foreign_config_entries_are_not_carried_into_exported_or_trained_folders
     ids=["truncated tokenizer.json", "garbage tokenizer_config.json"],
 )
 def test_a_damaged_tokenizer_file_is_named_with_the_fix(tmp_path, name, damage, what):
-    """#44 row 11: "Expecting ',' delimiter: line 267 column 15" or "'utf-8' codec can't decode byte 0xe8", naming
-    neither the file nor a fix."""
+    """A truncated tokenizer.json or a tokenizer_config.json that is not UTF-8 is refused by ode-translate,
+    ode-train and ode-export naming the file, what is wrong with it and the fix (copy it again), not by a bare
+    JSON or codec error; nothing is written."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     path = folder / name
@@ -213,8 +216,8 @@ def test_a_damaged_tokenizer_file_is_named_with_the_fix(tmp_path, name, damage, 
 
 @pytest.mark.both_cpus
 def test_a_saved_model_with_non_finite_weights_is_refused_before_training(tmp_path):
-    """#44 row 12: it trained, then stopped with a FloatingPointError advising a lower learning rate; the
-    weights were NaN before training."""
+    """A saved model with NaN weights is refused before training, naming the folder and the tensor, rather
+    than trained until a FloatingPointError advises a lower learning rate; nothing is written."""
     folder = tmp_path / "model"
     model, _ = save_tiny_folder(folder)
     with torch.no_grad():
@@ -232,8 +235,9 @@ def test_a_saved_model_with_non_finite_weights_is_refused_before_training(tmp_pa
 
 @pytest.mark.both_cpus
 def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
-    """#44 row 16: a pickle pytorch_model.bin as the only weights: the payload did not run (torch's weights_only
-    load), but the result was a raw UnpicklingError traceback."""
+    """A pickle pytorch_model.bin as the only weights is refused by ode-translate and ode-train naming the
+    file and saying to convert weights you trust, not by a raw UnpicklingError traceback; it is not unpickled,
+    so its payload never runs."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     state = load_file(folder / "model.safetensors")
@@ -252,8 +256,9 @@ def test_a_pickle_payload_in_the_weights_is_refused_by_name(tmp_path):
 def test_a_config_json_of_a_hostile_size_or_the_wrong_shape_is_refused_before_allocating(
     tmp_path, monkeypatch
 ):
-    """#56 row 15: `vocab_size` 2e8 in config.json allocated its embeddings before any check; a JSON list gave a raw
-    TypeError from inside transformers. Both are now refused by name before the model is built."""
+    """A config.json asking for a hostile size (`vocab_size` 2e8) is refused before its embeddings are
+    allocated, as not describing the weights beside it; one holding a JSON list is refused by name, not by a
+    TypeError from inside transformers. Neither builds the model."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     config_path = folder / "config.json"
@@ -310,9 +315,10 @@ def _assert_standard_tokenizer(folder: Path, marker: Path) -> None:
 
 @pytest.mark.both_cpus
 def test_a_foreign_tokenizer_auto_map_is_not_carried_into_exported_or_trained_folders(tmp_path, caplog):
-    """#56 row 3: tokenizer_config.json's auto_map (another project's tokenizer code) was copied by
-    ode-export and ode-train; the card's own AutoTokenizer.from_pretrained(trust_remote_code=True) then ran it.
-    A saved tokenizer names transformers' own fast class and carries no auto_map."""
+    """Another project's auto_map in tokenizer_config.json (its tokenizer code beside it) stays out of the
+    folder ode-export (with a warning) or ode-train writes, so that the card's own
+    AutoTokenizer.from_pretrained(trust_remote_code=True) never runs that code: a saved tokenizer names
+    transformers' own fast class and carries no auto_map."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     marker = _foreign_tokenizer(folder, "EvilTokenizer")
@@ -321,7 +327,7 @@ def test_a_foreign_tokenizer_auto_map_is_not_carried_into_exported_or_trained_fo
     assert "tokenizer_config.json: dropped auto_map" in caplog.text and "'EvilTokenizer'" in caplog.text
     _assert_standard_tokenizer(tmp_path / "exported", marker)
     # ode-train loads a tokenizer of transformers' own class (another one needs the remote code: refused there),
-    # and saved its auto_map with it
+    # and saves it without the auto_map
     _foreign_tokenizer(folder, "PreTrainedTokenizerFast")
     src, tgt = corpus(tmp_path / "data")
     train_run(tmp_path / "trained", "--model_name_or_path", str(folder), "--train_file", f"{src},{tgt}",
@@ -348,9 +354,10 @@ def test_a_foreign_tokenizer_auto_map_is_not_carried_into_exported_or_trained_fo
          "tokenizer.json without added_tokens", "tokenizer.json model of another shape", "tokenizer.json list"],
 )  # fmt: skip
 def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_path, name, change, said):
-    """#56 rows 10 and 14: valid JSON of the wrong shape gave ~40-line tracebacks (`'list' object has no attribute
-    'get'`, `KeyError: 'added_tokens'`, a raw ZeroDivisionError or TypeError) or transformers' message, the file
-    not named."""
+    """Valid JSON of the wrong shape in generation_config.json, tokenizer_config.json or tokenizer.json is
+    refused by ode-translate and ode-train naming the file and what is wrong, not by a traceback from deep
+    inside (`'list' object has no attribute 'get'`, `KeyError: 'added_tokens'`) nor by a message that names no
+    file."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     path = folder / name
@@ -369,8 +376,9 @@ def test_a_generation_config_or_tokenizer_file_of_the_wrong_shape_is_named(tmp_p
 
 @pytest.mark.parametrize("beams", [-3, "4", [4]], ids=["negative", "string", "list"])
 def test_a_bad_num_beams_is_named_before_it_chooses_a_backend(tmp_path, capsys, monkeypatch, beams):
-    """#65 row 9: num_beams -3, "4" or [4] in generation_config.json gave "math domain error" or a 26-line TypeError
-    from plain ode-translate: the backend choice took log2 of it before the config was checked."""
+    """num_beams -3, "4" or [4] in generation_config.json is refused with exit code 2 in one line naming the
+    file and the fix, by ode-translate and ode-export alike: the config is checked before the backend choice
+    takes log2 of it (a "math domain error" or a TypeError)."""
     folder = tmp_path / "model"
     save_tiny_folder(folder)
     path = folder / "generation_config.json"
@@ -396,10 +404,10 @@ def test_a_bad_num_beams_is_named_before_it_chooses_a_backend(tmp_path, capsys, 
 def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refused(
     tmp_path, caplog, monkeypatch
 ):
-    """#65 row 3: a reader loading while `ode-export --overwrite` replaced the folder could take one export's
-    config with another's weights (135 of 765 in-process loads), silently. An export records the digest of its
-    weights in model.safetensors' metadata and in config.json, generation_config.json and tokenizer_config.json;
-    the model's own from_pretrained (remote code too) checks it, loads again once, then refuses in one line."""
+    """A reader loading while `ode-export --overwrite` replaces the folder can take one export's config with
+    another's weights. An export records the digest of its weights in model.safetensors' metadata and in
+    config.json, generation_config.json and tokenizer_config.json; the model's own from_pretrained (remote
+    code too) checks it, loads again once, then refuses in one line."""
     import shutil
 
     from transformers import PreTrainedModel

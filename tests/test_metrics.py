@@ -584,10 +584,11 @@ def test_cli_gleu_summarization_and_usage_errors(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "empty.txt").write_bytes(b"")
     empty = str(tmp_path / "empty.txt")
-    for task in ("summarization", "translation"):  # ROUGE scored it 0 and exited 0; sacrebleu: an IndexError
+    # refused: not scored 0 by ROUGE, nor an IndexError in sacrebleu
+    for task in ("summarization", "translation"):
         assert main(["--task", task, "--hyp", empty, "--ref", empty]) == 2
         assert f"{empty} has no lines: nothing to score" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # a KeyError from sacrebleu before
+    with pytest.raises(SystemExit):  # argparse's choices, not a KeyError from sacrebleu
         main(["--task", "translation", "--hyp", hyp, "--ref", ref, "--tokenize", "foo"])
     assert "argument --tokenize: invalid choice: 'foo'" in capsys.readouterr().err
 

@@ -269,7 +269,7 @@ def test_a_saved_config_with_the_old_label_smoothing_field_loads_with_a_note(tmp
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
 def test_a_method_without_coefficients_builds_the_papers_block(side):
-    """Issue 55: given no coefficients, RK2 is the paper's learnable gate (Eq. (learnable)) and RK4, like every other
+    """Given no coefficients, RK2 is the paper's learnable gate (Eq. (learnable)) and RK4, like every other
     method and a user tableau, its fixed tableau (Eq. (rk4)); the config holds the mode it built."""
     from modeling_ode.ode import ODE_METHODS
 
@@ -615,7 +615,7 @@ def test_encoder_decoder_refuses_a_decoder_only_config(tmp_path):
 
 def test_max_new_tokens_over_a_saved_max_length_does_not_warn(tmp_path):
     """A saved folder's generation config holds its output length as max_length; `generate(max_new_tokens=N)`
-    replaces it without transformers' warning that both were set (issue 64: it warned on every call). A caller who
+    replaces it without transformers' warning that both are set, which would come on every call. A caller who
     sets both is still warned."""
     from tiny_folder import save_tiny_folder
 
@@ -656,8 +656,8 @@ def test_max_new_tokens_over_a_saved_max_length_does_not_warn(tmp_path):
 )
 def test_every_parameter_takes_part_in_a_training_step(fields):
     """Each parameter gets a gradient from one loss: what lets `ode-train` give DDP
-    `find_unused_parameters=False` (issue 64: transformers' True cost an extra pass per step and warned it found
-    nothing unused)."""
+    `find_unused_parameters=False`, not transformers' True, which costs an extra pass per step and warns that
+    it found nothing unused."""
     from ode_transformer.train.arguments import parse_arguments
 
     assert parse_arguments(["--use_cpu", "true"])[3].ddp_find_unused_parameters is False

@@ -203,8 +203,8 @@ def exported(trained, tmp_path_factory):
 
 @pytest.mark.xdist_group("onnx_trained")
 def test_the_torchscript_export_prints_no_tracer_warning(exported):
-    """Issue 55 item 6: the TorchScript export printed about ten TracerWarnings, one per Python check on a tensor,
-    which hold for any input (the graphs match the eager model: the tests below)."""
+    """The TorchScript export prints no TracerWarning: the tracer warns at each Python check on a tensor, and
+    each holds for any input (the graphs match the eager model: the tests below)."""
     exported("torchscript")
     assert [str(w.message)[:80] for w in exported.tracer_warnings["torchscript"]] == []
 
@@ -221,7 +221,7 @@ def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
-    """Two decoder layers of two stages, under Optimum's names and in its order (issue 64): per layer, stage 0's
+    """Two decoder layers of two stages, under Optimum's names and in its order: per layer, stage 0's
     past_key_values.{layer}.decoder.{key,value} then the cross-attention's past_key_values.{layer}.encoder.{key,value};
     then the later stages' past_key_values.{layer}.decoder_stage1.{key,value}; every batch and length axis named, not
     fixed."""
@@ -340,7 +340,7 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
 )
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_optimums_own_feeding_decodes_the_graphs_as_generate_does(exported, trained, exporter, settings):
-    """Issue 64: the graphs driven by Optimum's `ORTModelForSeq2SeqLM` input feeding (tests/optimum_seq2seq.py,
+    """The graphs driven by Optimum's `ORTModelForSeq2SeqLM` input feeding (tests/optimum_seq2seq.py,
     vendored: the cache fed by position, regrouped per layer as `self[i:i+2] + cross[i:i+2]`, and reordered for beam
     search as `layer_past[:2]`) give the tokens of `generate`, for an RK2 decoder whose stage-1 cache rides after
     every layer's pairs."""
@@ -363,7 +363,7 @@ def test_optimums_own_feeding_decodes_the_graphs_as_generate_does(exported, trai
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("beams", [1, 3])
 def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, trained, beams):
-    """Issue 55: `ONNXSeq2SeqGenerator.generate(ids, mask, max_length=5)`, as `model.generate` takes it: 5 tokens,
+    """`ONNXSeq2SeqGenerator.generate(ids, mask, max_length=5)`, as `model.generate` takes it: 5 tokens,
     the decoder start included, and `generate`'s."""
     folder = exported("torchscript")
     ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
@@ -664,8 +664,8 @@ def test_a_causal_lm_and_a_folder_without_graphs_are_refused_by_name(tmp_path):
 
 
 def test_export_is_of_eval_mode_graphs_and_says_nothing(tmp_path, capfd):
-    """The graph wrappers are exported in eval mode: torch.onnx warned "exporting a model while it is in training
-    mode" for each, and the dynamo exporter's progress and notes came to about 20 lines per graph (issue 64)."""
+    """The graph wrappers are exported in eval mode, and the export prints nothing: no torch.onnx warning of
+    "exporting a model while it is in training mode", none of the exporter's progress and notes."""
     from ode_transformer.hub.onnx_export import ENCODER, export_onnx
 
     torch.manual_seed(0)

@@ -306,7 +306,8 @@ def test_full_disk_during_a_save_is_named_and_the_advice_leads_somewhere(tmp_pat
 
 @pytest.mark.both_cpus
 def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, capsys, refused):
-    """#44 row 5: the refusal was right, but a RuntimeError traceback with exit code 1, even from ode-train."""
+    """A second ode-train into a folder another run holds is refused with exit code 2 and one line naming the
+    folder, the other run's pid and the way forward, not a RuntimeError traceback."""
     from ode_transformer.checkpoints import lock_output_dir
 
     out = tmp_path / "out"
@@ -333,7 +334,9 @@ INTERRUPTED_PHASES = {  # phase: (flags, the marker that the phase has begun, th
 
 @pytest.mark.parametrize("phase", list(INTERRUPTED_PHASES))
 def test_ctrl_c_in_ode_train_says_how_to_go_on(tmp_path, phase):
-    """#44 rows 6 and 7: Ctrl-C during training or the test decoding printed a KeyboardInterrupt traceback."""
+    """Ctrl-C during training or the test decoding ends ode-train with exit code 130 and one line saying how
+    to go on (resume from the newest checkpoint, or test the saved model), not a KeyboardInterrupt traceback;
+    the lock is released and no hub_metrics.json is written."""
     flags, marker, advice = INTERRUPTED_PHASES[phase]
     src, tgt = corpus(tmp_path / "data")
     test_src = write(
@@ -377,8 +380,9 @@ with saving(path):
 
 
 def test_a_full_disk_while_optimizer_pt_is_written_is_named(tmp_path):
-    """#44 row 15: 'RuntimeError: basic_ios::clear: iostream error' (torch.save's zip writer failing at its final
-    flush), not named as a full disk."""
+    """A disk that fills while optimizer.pt is written (torch.save's zip writer failing at its final flush
+    with 'basic_ios::clear: iostream error') is named as a full disk: [Errno 28] with the file, and to free
+    some space."""
     path = tmp_path / "optimizer.pt"
     result = subprocess.run([sys.executable, "-c", FULL_DISK_OPTIMIZER, str(path)], cwd=ROOT, capture_output=True,
                             text=True)  # fmt: skip
@@ -391,9 +395,9 @@ def test_a_full_disk_while_optimizer_pt_is_written_is_named(tmp_path):
 
 @pytest.mark.both_cpus
 def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
-    """#44 row 17: a payload in a checkpoint's rng_state, optimizer or scheduler stopped the resumed run with a raw
-    UnpicklingError traceback (not running it). Now refused before anything else, naming the file; training_args.bin
-    is not read back, so the run resumes without running its payload."""
+    """A pickle payload in a checkpoint's rng_state, optimizer or scheduler is refused before anything else,
+    without running it, naming the file and the way forward (not a raw UnpicklingError traceback);
+    training_args.bin is not read back, so the run resumes without running its payload."""
     data = ",".join(corpus(tmp_path / "data"))
     out = tmp_path / "out"
     flags = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
@@ -420,8 +424,10 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_by_name(tmp_path):
 def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
     tmp_path, monkeypatch, capsys, refused
 ):
-    """#56 row 1: `ode-train --do_train false --do_predict true --model_name_or_path RUN --output_dir RUN` replaced
-    the run's hub_metrics.json (its training section gone), hypotheses and scores, rc 0, with no lock."""
+    """`ode-train --do_train false --do_predict true --model_name_or_path RUN --output_dir RUN` is refused,
+    the folder untouched, rather than replace a finished run's hub_metrics.json (and its training section),
+    hypotheses and scores; an evaluation holds the folder's lock as a training run does; with
+    --overwrite_output_dir true it replaces the results and keeps the weights."""
     from ode_transformer.checkpoints import lock_output_dir
     from ode_transformer.files import InUseError
 
@@ -456,7 +462,7 @@ def test_an_evaluation_into_a_finished_run_keeps_its_results_and_holds_the_lock(
 
     train_run(
         finished, *evaluate, "--overwrite_output_dir", "true"
-    )  # asked for: replaced, nothing else deleted (what training wrote stays: #65 row 8)
+    )  # asked for: replaced, nothing else deleted (what training wrote stays)
     assert (finished / "model.safetensors").read_bytes() == before["model.safetensors"][0]
 
 
@@ -486,10 +492,10 @@ CHECKPOINT_DAMAGE = {  # file, damage, the start of what is said about it
 
 @pytest.mark.both_cpus
 def test_a_checkpoint_file_in_any_pickle_format_or_cut_off_is_refused_by_name(tmp_path):
-    """#56 rows 12 and 13: a payload in a raw-pickle or legacy (non-zip) torch file passed the up-front check (it
-    skipped non-zip files) and stopped the run with a 43-line UnpicklingError suggesting weights_only=False; a
-    cut-off optimizer.pt or model.safetensors gave `[Errno 22] Invalid argument` or `incomplete metadata`, the
-    file not named. Now each is refused before anything runs, by name, with the fix; nothing is unpickled."""
+    """A payload in a raw-pickle or legacy (non-zip) torch file, and a cut-off or empty optimizer.pt,
+    rng_state.pth or model.safetensors, are each refused before anything runs, in one line naming the file and
+    the fix, and nothing is unpickled: the up-front check reads non-zip files too, and no message suggests
+    weights_only=False or leaves the file unnamed (`[Errno 22] Invalid argument`, `incomplete metadata`)."""
     data = ",".join(corpus(tmp_path / "data"))
     out = tmp_path / "out"
     flags = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
@@ -515,7 +521,8 @@ def test_a_checkpoint_file_in_any_pickle_format_or_cut_off_is_refused_by_name(tm
 
 
 def test_a_trained_runs_final_model_gets_the_umask_modes(end_phase_run):
-    """#56 row 7 for ode-train: its final model.safetensors was 0600 while config.json was 0644."""
+    """ode-train's final model.safetensors gets the umask's mode, as config.json does, not safetensors' own
+    0600."""
     folder, _ = end_phase_run
     mask = os.umask(0)
     os.umask(mask)
@@ -527,8 +534,9 @@ def test_a_trained_runs_final_model_gets_the_umask_modes(end_phase_run):
 def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_the_learning_rate(
     tmp_path, monkeypatch, capsys, refused
 ):
-    """#56 row 16: divergence printed a 37-line traceback before the clear "training diverged at step 2" line, and
-    resuming from a checkpoint with NaN weights blamed the learning rate."""
+    """Divergence ends in one line, "training diverged at step 2", with no traceback before it; resuming from
+    a checkpoint with NaN weights is refused as a run that diverged before that checkpoint, pointing to an
+    earlier one, without blaming the learning rate."""
     data = ",".join(corpus(tmp_path / "data"))
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
     diverging = [
@@ -567,8 +575,9 @@ def test_divergence_is_one_line_and_a_nan_checkpoint_is_refused_without_blaming_
 
 
 def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_path):
-    """#65 row 8: `--do_train false --overwrite_output_dir true` into a finished run's folder dropped the training
-    section from hub_metrics.json, while the run's README.md still showed the old results."""
+    """`--do_train false --overwrite_output_dir true` into a finished run's folder keeps the training section
+    of hub_metrics.json and the loss curves, and the run's README.md shows the new scores beside how the model
+    was trained; another model's evaluation written into the folder takes no training section from it."""
     data = ",".join(corpus(tmp_path / "data"))
     finished = tmp_path / "run"
     train_run(finished, "--train_file", data, "--test_file", data, *EVALUATE[2:])
@@ -594,9 +603,9 @@ def test_an_evaluation_replacing_a_runs_results_keeps_what_training_wrote(tmp_pa
 
 
 def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fix(tmp_path):
-    """#65 row 5: a tokenizer edited between a kill and the resume (another 300-token BPE, a changed normalizer)
-    resumed with exit 0 and trained another model; an edited eos_token was refused as "another model
-    configuration", naming neither the file nor the fix."""
+    """A tokenizer edited between a kill and the resume (another BPE as large, a changed normalizer, an edited
+    eos_token) is refused, the run's folder untouched, naming the tokenizer's folder, the files that differ
+    from the checkpoint's copies and the fix, rather than resuming to train another model."""
     data = ",".join(corpus(tmp_path / "data"))
     shared = Path(tokenizer_folder(tmp_path / "shared"))
     steps = ["--train_file", data, "--save_strategy", "steps", "--save_steps", "2"]

@@ -293,8 +293,8 @@ def _user_facing_strings(path: Path) -> list[tuple[int, str]]:
 
 
 def test_messages_name_no_repository_file_the_wheel_lacks():
-    """What the installed commands print names no file of the repository that the wheel does not ship (issue 64:
-    messages pointed to docs/data-and-tests.md and benchmarks/results/); a guide is named by
+    """What the installed commands print names no file of the repository that the wheel does not ship (no
+    docs/*.md path, no benchmarks/results); a guide is named by
     `ode_transformer.cli.guide`, which finds it in a clone or in the install, where pyproject ships the guides."""
     import tomllib
 
@@ -318,7 +318,7 @@ def test_messages_name_no_repository_file_the_wheel_lacks():
 
 def test_an_install_looks_for_no_data_folder_beside_site_packages(tmp_path, monkeypatch):
     """A clone's shared corpora are beside it; an installed package has no such neighbour, and a missing corpus
-    says to pass --data_dir, not that site-packages/shared/data/multi30k is missing (issue 64)."""
+    says to pass --data_dir, not that site-packages/shared/data/multi30k is missing."""
     from ode_transformer.train import data
 
     installed = tmp_path / "site-packages" / "ode_transformer" / "train"

@@ -72,9 +72,10 @@ def test_lora_on_the_documented_modules_trains_reloads_and_merges(tmp_path):
 
 
 def test_lora_defaults_and_bart_names_on_the_fused_attention():
-    """Issue 64: BART's target names `q_proj`/`v_proj` silently adapted cross-attention's queries alone (self-attention
-    is a fused `qkv_proj`). A model built after `import peft` gives PEFT its defaults, every attention projection on
-    both sides; adapters on cross-attention alone warn once, at the first forward, naming `qkv_proj`."""
+    """A model built after `import peft` gives PEFT its defaults, every attention projection on both sides.
+    BART's target names `q_proj`/`v_proj` adapt cross-attention's queries alone (self-attention is a fused
+    `qkv_proj`): adapters on cross-attention alone warn once, at the first forward, naming `qkv_proj`; the
+    documented target modules warn of nothing."""
     import warnings
 
     config = ODETransformerConfig.from_preset("tiny")

@@ -137,7 +137,7 @@ def test_an_architecture_without_known_bf16_flags_gets_fp32(cpu):
 
 
 # --------------------------------------------------------------------------------------------
-# Issue 52: on a CPU with native bf16 and no GPU, ode-train with no precision flags trains (in bf16): transformers
+# On a CPU with native bf16 and no GPU, ode-train with no precision flags trains (in bf16): transformers
 # refuses bf16 without a GPU unless use_cpu is set, so ode-train sets it where there is no accelerator.
 
 TINY_RUN = ["--task", "translation", "--preset", "tiny", "--vocab_size", "300", "--max_steps", "2",

@@ -64,8 +64,9 @@ def test_gec_m2_file_of_another_test_set_is_refused_before_training(tmp_path):
 
 
 def test_streaming_warns_about_records_it_skips_as_the_whole_file_reader_does(tmp_path, caplog, monkeypatch):
-    """#65 row 6: a streamed JSONL file whose records mostly use other keys (2,970 of 3,000 `src`/`tgt`) trained on
-    30 rows without a warning; read whole, the same file is warned about."""
+    """A streamed JSONL file whose records mostly use other keys (2,970 of 3,000 `src`/`tgt`) is warned about
+    as the whole-file reader warns: read ahead before training starts, and again at the end of every pass; a
+    file longer than the read-ahead is warned about for the rows read ahead."""
     from ode_transformer.train import preparation
 
     path = tmp_path / "mixed.jsonl"
@@ -116,8 +117,9 @@ def _hub_style_folder(folder: Path, renamed: str) -> Path:
 def test_a_split_with_a_renamed_column_is_one_line_naming_split_file_and_columns(
     tmp_path, streaming, renamed
 ):
-    """#65 row 10: a split with a renamed column gave a 65-82-line DatasetGenerationError; streamed, a 9-line
-    "Couldn't cast" naming no file, split or fix."""
+    """A split with a renamed column, read whole or streamed, is refused in one line naming the split, its
+    file, its columns, the other splits' columns and the fix, not a DatasetGenerationError or a "Couldn't
+    cast" that names no file, split or fix; nothing is written."""
     folder = _hub_style_folder(tmp_path / "data", renamed)
     message = (
         f"dataset '{folder}': the {renamed} split ({folder / f'{renamed}.jsonl'}) has the columns ['src', 'target'], "
@@ -131,8 +133,9 @@ def test_a_split_with_a_renamed_column_is_one_line_naming_split_file_and_columns
 
 @pytest.mark.parametrize("source", ["validation_file", "hub_folder"])
 def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, caplog, source):
-    """#65 row 4: a Hub-style folder without a test split, or --validation_file without --test_file, scored the
-    validation split, and hub_metrics.json and the card called it "test", without a word."""
+    """A Hub-style folder without a test split, or --validation_file without --test_file, scores the
+    validation split with a warning saying so, and hub_metrics.json, test_results.json and the card name it
+    "validation", never "test"."""
     if source == "validation_file":
         data = ",".join(corpus(tmp_path / "data"))
         flags = ["--train_file", data, "--validation_file", data]

@@ -26,7 +26,7 @@ def test_readme_quickstart_runs():
 
 
 def test_readme_starts_with_the_two_commands():
-    """#55 item 11: the first lines are the two commands, one short sentence each; their figures and history
+    """The README's first lines are the two commands, one short sentence each; their figures and history
     (commit hashes, test counts, "failing there and fixed since") live in the docs."""
     lines = README.read_text().splitlines()
     assert lines[:3] == ["# ode-transformer", "", "```bash"] and lines[5] == "```"
@@ -43,8 +43,9 @@ def _install_block() -> str:
 
 
 def test_readme_installs_what_its_commands_need():
-    """#55 items 4 and 5: `python -m build --wheel` failed with "No module named build" (never installed), and the
-    Share section's `ode-export --onnx` needs the [onnx] extra, which the install block did not list."""
+    """The README's install block installs what its commands need: `pip install build` before every `python -m
+    build`, and the extra of each command it shows (the Share section's `ode-export --onnx` needs the [onnx]
+    one)."""
     text = README.read_text()
     for match in re.finditer(r"python -m build", text):
         assert "pip install build" in text[: match.start()], text[match.start() - 200 : match.end()]
@@ -121,7 +122,7 @@ def test_readme_result_tables_are_the_result_files_tables():
     are those of its `summary.json` (the mean over seeds of each variant)."""
     text = STUDY_DOC.read_text()
     cited = re.findall(r"table: `(results/[\w.]+/\w+)/README\.md`", text)
-    # every study with results has its table in the README (an edit once dropped two sections unnoticed)
+    # every study with results has its table in the study document: no edit drops one unnoticed
     reported = sorted(str(path.parent.relative_to(REPO)) for path in REPO.glob("results/*/*/README.md"))
     assert sorted(cited) == reported
     for folder in cited:
@@ -236,8 +237,7 @@ def test_each_study_readme_is_what_the_report_writes_from_its_json(tmp_path):
 @pytest.mark.both_cpus
 def test_the_documented_fsdp_flags_parse(tmp_path):
     """docs/distributed.md's Trainer route (`--fsdp --fsdp_config fsdp.json`, the JSON as printed there) parses
-    into an FSDP1 config that wraps the model's layers (`--fsdp true` had been documented, which transformers
-    refuses)."""
+    into an FSDP1 config that wraps the model's layers (not `--fsdp true`, which transformers refuses)."""
     from ode_transformer.train.arguments import parse_arguments
 
     text = (REPO / "docs" / "distributed.md").read_text(encoding="utf-8")
@@ -261,7 +261,7 @@ def test_the_demo_figures_are_those_of_its_committed_runs():
     runs = {path.name: json.loads(path.read_text()) for path in (REPO / "results" / "demo").glob("*.json")}
     for name, run in runs.items():  # each file is what its own command wrote, from a clean checkout
         provenance = run["provenance"]
-        # runs made before the tools' one import name (issue 53) record `python -m train.demo`
+        # runs made before the tools moved under ode_transformer record `python -m train.demo`
         assert provenance["command"] in (
             f"python -m {module} --results results/demo/{name}"
             for module in ("ode_transformer.train.demo", "train.demo")
@@ -285,8 +285,8 @@ def test_the_demo_figures_are_those_of_its_committed_runs():
     assert f"{bf16['bleu']:.2f}" in training and f"{bf16['wall_seconds'] / 60:.1f} min" in training
 
 
-# The sentences issue 62 found claiming more, or less, than their tests allow, each with the figures it stood beside,
-# and rewordings of them: the check fails on every one, in whichever document it stands.
+# Sentences claiming more, or less, than their tests allow, each with the figures it stood beside, and
+# rewordings of them: the check fails on every one, in whichever document it stands.
 LISTED = [
     "| [PTB LM, 1 layer](x) | residual 167.78 -> RK4 182.11 | 142.33 | reversed: every RK block behind after 2 epochs, "
     "RK4 +14.33 |",
@@ -480,7 +480,7 @@ def test_the_pitman_morgan_test_by_hand():
 def test_readme_formulas_are_what_each_config_line_builds():
     """Each formula of the README's first code block is the block its config line builds (the method's tableau
     equation, or the gate's), and every method the Quickstart names has its line: a config that names only a
-    method builds the paper's block (issue 55: `encoder_ode_method="rk4"` is the tableau RK4, not a gated one)."""
+    method builds the paper's block (`encoder_ode_method="rk4"` is the tableau RK4, not a gated one)."""
     from modeling_ode import ODETransformerConfig
     from modeling_ode.ode import COEFFICIENT_MODES, ODE_METHODS
 
@@ -514,7 +514,7 @@ def test_readme_formulas_are_what_each_config_line_builds():
 
 def test_the_suites_counts_are_quoted_in_one_place():
     """The suite's pass counts live in docs/data-and-tests.md (the last full run, with its commit); another page
-    quoting its own went stale (issue 64: docs/install.md quoted a count from many commits ago)."""
+    quoting its own would go stale unseen."""
     home = REPO / "docs" / "data-and-tests.md"
     pages = [README, REPO / "hub" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     quoting = [

@@ -312,8 +312,8 @@ def test_lm_ptb_perplexity(tmp_path):
 @pytest.mark.both_cpus
 @needs_data
 def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
-    """Every evaluation logs the token-weighted validation NLL and perplexity (issue 11.8), and
-    load_best_model_at_end restores the epoch with the lowest one, which the test split then uses."""
+    """Every evaluation logs the token-weighted validation NLL and perplexity, and load_best_model_at_end
+    restores the epoch with the lowest one, which the test split then uses."""
     document = train_and_test(
         tmp_path, "--task", "lm", "--dataset", "ptb", "--tokenizer_type", "word", "--vocab_size", "2000",
         "--max_train_samples", "200", "--max_eval_samples", "40", "--max_test_samples", "40", "--max_tokens", "1024",
@@ -447,7 +447,7 @@ CPU_RECIPES = ("libreoffice_demo.yaml", "multi30k_en_de_cpu.yaml")
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_a_recipes_block_is_the_papers_and_a_method_flag_alone_changes_it(recipe):
-    """Issue 55: a recipe names the method, not the coefficients, so it builds the paper's block (RK2: the learnable
+    """A recipe names the method, not the coefficients, so it builds the paper's block (RK2: the learnable
     gate) and `--encoder_ode_method rk4` on top of it builds the paper's RK4 (its tableau), not a gated RK4."""
     side = "decoder" if recipe == "ptb_lm.yaml" else "encoder"
 
@@ -499,7 +499,7 @@ def test_cli_overrides_recipe():
     for flag in (
         "--max_tokens",
         "--max_train_samples",
-    ):  # silently ignored by a stream, and on the card, before
+    ):  # a stream ignores them, with a warning, and unsets them: the card does not claim them
         _, data_args, _, _ = parse_arguments(
             ["--streaming", "true", "--max_steps", "4", flag, "100", "--use_cpu", "true"]
         )
@@ -643,7 +643,7 @@ def test_a_missing_corpus_is_one_line_naming_the_flag_the_variable_and_the_path(
 
 def test_only_the_main_process_counts_truncated_lines(tmp_path, caplog):
     """Every process of a distributed run tokenises the same splits; one warning of the cut lines, not one per
-    process (issue 64)."""
+    process."""
     from ode_transformer.train.arguments import DataArguments
     from ode_transformer.train.preparation import tokenize_splits
 
@@ -659,9 +659,9 @@ def test_only_the_main_process_counts_truncated_lines(tmp_path, caplog):
 
 
 def test_a_run_without_recipe_trains_with_the_papers_optimiser():
-    """Own files without a recipe train as the translation recipes do (issue 64: transformers' lr 5e-5 without
-    warm-up left a short run with empty hypotheses), with the warm-up a ratio of the run's steps; `--help` shows
-    the defaults a run uses, label smoothing's included."""
+    """Own files without a recipe train with the translation recipes' optimiser, not transformers' defaults
+    (lr 5e-5 without warm-up, which leaves a short run with empty hypotheses), the warm-up a ratio of the
+    run's steps; `--help` shows the defaults a run uses, label smoothing's included."""
     recipe = yaml.safe_load((RECIPES / "wmt14_en_de_base.yaml").read_text())
     training_args = parse_arguments(["--train_file", "a.en,a.de", "--use_cpu", "true"])[3]
     for key in ("adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "learning_rate"):
@@ -693,8 +693,8 @@ def test_label_smoothing_is_the_trainers_flag_with_the_papers_default():
 
 def test_a_smoothed_training_step_gives_the_loss_and_gradients_of_the_former_in_model_smoothing(tmp_path):
     """One training step through Seq2SeqTrainer with label_smoothing_factor 0.1 (the collator adds the decoder
-    inputs, since the label smoother takes the labels away) gives the loss and the gradients of the loss the model
-    used to compute itself: torch's label-smoothed cross entropy (0.1) over the non-padding targets."""
+    inputs, since the label smoother takes the labels away) gives the loss and the gradients of torch's
+    label-smoothed cross entropy (0.1) of the model's logits over the non-padding targets."""
     model, tokenizer = save_tiny_folder(
         tmp_path / "model", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0
     )
@@ -847,10 +847,10 @@ def test_pad_collator_pads_like_fairseq_and_drops_words_only_in_training():
 
 @pytest.mark.parametrize("task", ["translation", "lm"])
 def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_path, task):
-    """#55 item 1: after a run with --max_source_length 64 the card said "trained on inputs of up to 1024 tokens"
-    (max_position_embeddings), while tokenizer_config.json had model_max_length 64, and tokenizer.json kept the
-    truncation of the last tokenizer call (the target length where the two differ). All now say the length the run
-    trained on: --max_source_length, a language model's --max_target_length."""
+    """The card, tokenizer_config.json's model_max_length and tokenizer.json's truncation all state the length
+    the run trained on (--max_source_length, a language model's --max_target_length), not
+    max_position_embeddings nor the truncation of the last tokenizer call (the target length where the two
+    differ)."""
     lines = [f"the dog {'runs ' * (i % 9)}in the park {i}" for i in range(60)]
     source, target = tmp_path / "train.en", tmp_path / "train.de"
     source.write_text("\n".join(lines) + "\n")
@@ -861,7 +861,7 @@ def test_the_card_the_tokenizer_and_its_truncation_state_one_trained_length(tmp_
     train_and_test(out, "--task", task, "--train_file", *data, *lengths, "--max_steps", "2", "--max_tokens", "256",
                    "--do_predict", "false")  # fmt: skip
     trained = 20 if task == "lm" else 12
-    # the folder the run trained its tokenizer in says so too (issue 64: it kept transformers' 1e30)
+    # the folder the run trained its tokenizer in says so too, not transformers' 1e30
     for folder in (out, out / "tokenizer"):
         assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == trained
         assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == trained
@@ -886,9 +886,9 @@ def _multi30k_hub_layout(folder: Path, rows: int = 40) -> Path:
 
 @pytest.mark.both_cpus
 def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monkeypatch, capsys):
-    """#55 item 2: from an install (no ../shared) `ode-train multi30k_en_de_cpu` failed: "shared corpus 'multi30k'
-    not found". A recipe now takes the local folder when there is one (--data_dir), else the Hub dataset it names,
-    through datasets; offline it fails in one line naming --data_dir and the dataset id."""
+    """From an install (no ../shared), `ode-train multi30k_en_de_cpu` finds its data: a recipe takes the local
+    folder when there is one (--data_dir), else the Hub dataset it names, through datasets; offline it fails
+    in one line naming --data_dir and the dataset id."""
     from ode_transformer.train.preparation import load_raw_data
 
     monkeypatch.setenv("ODE_DATA_DIR", str(tmp_path / "no_clone"))  # as from an install: no shared data
@@ -941,8 +941,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 
 @pytest.mark.slow
 def test_local_training_files_stream_in_bounded_memory(tmp_path):
-    """#56 row 2: `--train_file big.en,big.de --streaming true` read a large pair whole (its peak RSS grew with the files); a
-    local file now streams line by line: the peak is that of a small file, whatever the file's size."""
+    """`--train_file big.en,big.de --streaming true` streams a local pair line by line rather than read it
+    whole: the peak memory is that of a small file, whatever the file's size."""
     peaks = {}
     for name, lines in (("small", 2_000), ("big", 5_000_000)):
         source, target = tmp_path / f"{name}.en", tmp_path / f"{name}.de"

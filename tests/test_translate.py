@@ -49,7 +49,7 @@ def test_stdin_to_stdout_in_input_order(tmp_path, monkeypatch, capsys):
             for s in SOURCES
         ]
     expected = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in one_by_one]
-    expected[SOURCES.index("")] = ""  # an empty input line gets an empty output line (#65 row 7)
+    expected[SOURCES.index("")] = ""  # an empty input line gets an empty output line
     assert len(set(expected)) > 1
     assert capsys.readouterr().out.split("\n") == [*expected, ""]
 
@@ -113,7 +113,8 @@ def test_api_input_mistakes_are_named(tmp_path):
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_input(tmp_path, capsys):
-    """Windows editors start UTF-8 files with a byte-order mark; it had been tokenized into the first line."""
+    """Windows editors start UTF-8 files with a byte-order mark; it is not tokenized into the first line: a
+    marked file translates as the plain one does."""
     save_tiny_folder(tmp_path / "model", weight_scale=3)
     plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
     plain.write_text("the dog runs\nzwei Hunde\n", encoding="utf-8")
@@ -145,7 +146,7 @@ def test_a_hypothesis_with_a_line_break_stays_on_one_line(tmp_path):
     ],
 )
 def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, fragment):
-    """A GPU index past the count, or mps on a machine without it, failed only when the model was moved."""
+    """A GPU index past the count, or mps on a machine without it, is named before the model is moved."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
@@ -197,7 +198,7 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
     with pytest.raises(FileNotFoundError, match=f"^{folder} holds no tokenizer .*: copy tokenizer.json"):
         translate.main([str(folder), "--input", str(empty)])
 
-    # a run that has not finished: checkpoints, no final model (it had been called a folder without a tokenizer)
+    # a run that has not finished: checkpoints, no final model (named so, not as a folder without a tokenizer)
     run_folder = tmp_path / "run"
     save_tiny_folder(run_folder / "checkpoint-4")
     (run_folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
@@ -215,7 +216,8 @@ def test_translate_empty_input_overlong_line_and_bad_folders(tmp_path, caplog, m
 
 
 def test_translate_on_a_full_disk_keeps_the_old_output(tmp_path):
-    """#44 row 1: the output was truncated, then cut off mid-word by the full disk (59 of 80 lines kept)."""
+    """On a full disk ode-translate exits 2 with one line naming the output and to free some space; the old
+    output stays whole, neither truncated nor cut off mid-word, and no temporary file is left."""
     save_tiny_folder(tmp_path / "model", weight_scale=3)
     source = write(tmp_path / "in.txt", "".join(f"the dog number {i} runs in the park\n" for i in range(80)))
     output = write(tmp_path / "out.txt", "".join(f"old line {i}\n" for i in range(80)))
@@ -235,8 +237,10 @@ def test_translate_on_a_full_disk_keeps_the_old_output(tmp_path):
 def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(
     tmp_path, monkeypatch, capsys, refused
 ):
-    """#44 rows 3 and 8: two ode-translate into one --output both exited 0 (the first one's output lost), and
-    Ctrl-C printed a KeyboardInterrupt traceback."""
+    """A second ode-translate into the --output another one is writing is refused in one line naming the first
+    one's pid, rather than both exiting 0 and one output lost; Ctrl-C ends the first with exit code 130 and
+    one line saying the output keeps its old content, not a KeyboardInterrupt traceback; the lock files are
+    gone."""
     save_tiny_folder(tmp_path / "model", weight_scale=3)
     source = write(tmp_path / "in.txt", "the dog runs in the park\n" * 20000)  # minutes of decoding
     output = write(tmp_path / "out.txt", "old\n")
@@ -264,8 +268,9 @@ def test_translate_a_second_writer_is_refused_and_ctrl_c_keeps_the_old_output(
 
 
 def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, monkeypatch):
-    """#55 item 10: `ode-translate MODEL --max_new_tokens 20` made transformers warn that both max_new_tokens and
-    max_length (the saved generation config's) were set."""
+    """`--max_new_tokens N` caps the new tokens at N, and `ode-translate MODEL --max_new_tokens N` does so
+    without transformers' warning that both max_new_tokens and max_length (the saved generation config's) are
+    set."""
     import transformers.generation.utils
 
     save_tiny_folder(tmp_path / "model", weight_scale=3)  # its generation config has max_length 9
@@ -288,7 +293,8 @@ def test_translate_max_new_tokens_caps_without_the_both_set_warning(tmp_path, mo
 
 
 def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
-    """#65 row 1: two ode-translate writing one file by two names (a link, `dir/../file`) both exited 0, the last
+    """Two ode-translate writing one file by two names (a link, `dir/../file`) take one lock: the second is
+    refused with exit code 2, naming the holder's pid, and the file keeps its content, rather than the last
     writer winning."""
     from ode_transformer.files import claim_output
 
@@ -311,7 +317,8 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
 
 @pytest.mark.both_cpus
 def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, caplog):
-    """#65 row 7: an empty input line to ode-translate got a generated sentence, with no warning."""
+    """An empty (or blank) input line to ode-translate gets an empty output line, not a generated sentence,
+    and a warning names the empty lines."""
     folder = tmp_path / "model"
     save_tiny_folder(folder, weight_scale=3)
     alone = tmp_path / "alone.txt"

@@ -96,7 +96,7 @@ def test_auto_picks_the_tables_backend_and_says_why(folders, capsys, caplog, mon
             outputs = run(folders["fp32"], capsys, "--num_beams", beams, "--max_new_tokens", "4")
         assert len(outputs) == len(SOURCES)
         lines = [r.getMessage() for r in caplog.records]
-        assert lines[1:] == [  # SOURCES' empty line (#65 row 7)
+        assert lines[1:] == [  # SOURCES' empty line, warned of
             "1 of 6 input line(s) are empty (line numbers 4): each gets an empty output line, not a translation"
         ]
         assert lines[0].startswith(f"backend {expected}: fastest in float32 at batch ")

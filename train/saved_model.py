@@ -153,10 +153,10 @@ def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
 
 def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
     """Refuse to resume ``checkpoint`` with a tokenizer other than the one it was trained with: every file the
-    tokenizer (as the run has fitted it) saves is compared, as JSON, with the checkpoint's own copy. A tokenizer of
-    ``folder`` edited between a kill and the resume (another BPE of the same size, a changed normalizer) had resumed
-    and trained another model; an edited ``eos_token`` was refused as "another model configuration", naming neither
-    the file nor the fix.
+    tokenizer (as the run has fitted it) saves is compared, as JSON, with the checkpoint's own copy. A
+    tokenizer of ``folder`` edited between a kill and the resume (another BPE of the same size, a changed
+    normalizer, an edited ``eos_token``) would otherwise resume and train another model, or be refused as
+    "another model configuration", naming neither the file nor the fix.
 
     Raises:
         ValueError: the files that differ, ``folder`` and the fix.
