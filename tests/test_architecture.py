@@ -1,5 +1,6 @@
-"""The code's shape: no measured figures in comments, the formatter followed, docs/architecture.md's map true to
-the tree, and its import layers kept (import-linter's contracts in pyproject.toml)."""
+"""The code's shape: no measured figures in comments, no history in docstrings, the formatter followed,
+docs/architecture.md's map true to the tree, and its import layers kept (import-linter's contracts in
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,61 @@ def test_no_comment_or_docstring_quotes_a_measured_figure():
         for line, figure in figures(path.read_text(encoding="utf-8"))
     ]
     assert found == [], "measured figures belong in results files and the docs:\n" + "\n".join(found)
+
+
+# --- no history in comments -------------------------------------------------------------------------------------------
+# A comment or docstring states what the code does now; how it behaved before, and which report's row found
+# it, is history, and history goes in commit messages. Narrow on purpose: a review's row or item
+# ("#56 row 11", "issue 56 row 19", "#55 item 2") and three phrases of a past behaviour ("used to",
+# "had been", "now refused"). "used to" after a form of "be" is the passive ("is used to pick"), and an issue
+# named alone may cite the design it decided ("issue 61's tiers").
+HISTORY = re.compile(
+    r"#\d+,? (?:rows?|items?) \d"
+    r"|\bissue #?\d+,? (?:rows?|items?) \d"
+    r"|(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )(?<!\bbeing )(?<!\bwas )(?<!\bwere )\bused to "
+    r"|\bhad been "
+    r"|\bnow refused\b",
+    re.IGNORECASE,
+)
+
+
+def history(source: str) -> list[tuple[int, str]]:
+    return sorted(
+        (line + text[: match.start()].count("\n"), match.group(0))
+        for line, text in comments(source)
+        for match in HISTORY.finditer(text)
+    )
+
+
+def test_the_history_check_catches_narration_and_passes_behaviour():
+    caught = '''"""#56 row 11: max_steps: "ten" in a recipe gave argparse's message."""
+x = 1  # issue 56 row 19: every refusal left a traceback file
+y = 2  # ode-train names itself (it used to print a bare "error:")
+z = 3  # a BOM had been tokenized into the first line
+w = 4  # #44 rows 13 and 14; #55 item 2
+def f():
+    """A wrong shape is now refused by name."""
+'''
+    assert [line for line, _ in history(caught)] == [1, 2, 3, 4, 5, 5, 7]
+    passed = '''"""The default block is the one issue 61's tiers test; row 0 of the tableau is empty."""
+x = 1  # the seed is used to pick the batches; the bound was used to size the cache
+y = "it used to print a bare error"  # a string is not a comment
+z = 3  # flags the study no longer sets are named; the issue 45 study starts from residual seeds
+'''
+    assert history(passed) == []
+
+
+def test_no_comment_or_docstring_narrates_history():
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {phrase}"
+        for path in python_files(*CODE_FOLDERS)
+        if path.name != "test_architecture.py"
+        for line, phrase in history(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], (
+        "state the behaviour pinned in the present tense; history belongs in commit messages:\n"
+        + "\n".join(found)
+    )
 
 
 # --- the cache in its own file ---------------------------------------------------------------------------------------
