@@ -216,6 +216,7 @@ def test_each_readme_summary_figure_is_in_its_own_row_of_its_study_table():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_data")  # the per-seed bootstrap reads the test references
 def test_each_study_readme_is_what_the_report_writes_from_its_json(tmp_path):
     """Every committed results/<study>/<size>/README.md and summary.json is exactly what ``experiments.report``
     writes from the result files beside it (the per-seed bootstrap included)."""

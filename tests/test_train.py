@@ -99,7 +99,7 @@ def multi30k_run(tmp_path_factory, shared_data) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def multi30k_test_files(tmp_path_factory) -> tuple[Path, Path]:
+def multi30k_test_files(tmp_path_factory, shared_data) -> tuple[Path, Path]:
     """The 16 test pairs of ``multi30k_run`` as source and reference text files."""
     test = multi30k("test")
     folder = tmp_path_factory.mktemp("multi30k_test")
