@@ -281,3 +281,14 @@ def test_the_pinned_commit_knows_every_tier_and_flag_the_lease_uses():
         for variant in tier.variants:
             assert f'"{variant}"' in shown.stdout, variant
     assert "def tatoeba_variant" in shown.stdout
+
+
+def test_the_lease_runs_on_a_python_with_the_standard_library_alone():
+    """The device's Python has torch and the carried wheels, not necessarily scipy: the lease, its tiers and the depth
+    probe's reading import nothing beyond the standard library (scipy only where a document is written here)."""
+    probe = (
+        f"import sys; sys.path.insert(0, {str(lease.REPO)!r}); import experiments.lease, experiments.depth_gate; "
+        "print(sorted(m for m in ('scipy', 'numpy', 'torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
