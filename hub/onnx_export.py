@@ -526,6 +526,9 @@ def _export_graph(spec: _GraphSpec, path: Path, dynamo: bool, opset: int) -> Non
             # input checks): each holds for the example inputs and for any other, and the graphs are checked
             # against the eager model at several lengths (tests/test_onnx.py), so the warnings would only alarm.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            # Its note on advanced indexing (wrong results with negative indices) is about transformers' padding
+            # mask, which indexes by aranges: never negative.
+            warnings.filterwarnings("ignore", message="Exporting aten::index operator", category=UserWarning)
             torch.onnx.export(
                 spec.module, spec.inputs, str(path), dynamo=False, dynamic_axes=spec.axes, **names
             )
