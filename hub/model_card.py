@@ -62,7 +62,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from ode_transformer.cli import program_name
 from ode_transformer.files import replacing
-from ode_transformer.wording import counted
+from ode_transformer.wording import GATED_RK2_FINDING, counted, gated_rk2_sides
 
 __all__ = [
     "CITATION",
@@ -294,12 +294,7 @@ def _coefficients_in_words(
 
 # What the project's own runs show about the block the recipes build by default (issue 61); the figures, generated
 # from the results with their tests, are in the repository's results/verdict.md.
-DEFAULT_BLOCK_NOTE = (
-    "**About the gated RK2 block**: it is the paper's choice and every recipe's default, not yet put on trial "
-    "against residual and RK4 in a paired batch of this project's. In every gate diagnostic of the project's runs "
-    "so far the gate was saturated on all tokens of every block (g near 0 or 1), so each block acted as a residual "
-    "step that still computes F2, or as y + F(y + F(y)). See results/verdict.md in the ode-transformer repository."
-)
+DEFAULT_BLOCK_NOTE = f"**About the gated RK2 block**: {GATED_RK2_FINDING}"
 
 
 def describe_ode(config) -> list[str]:
@@ -337,7 +332,7 @@ def describe_ode(config) -> list[str]:
         connections = LAYER_CONNECTIONS[getattr(config, f"{side}_layer_connections")]
         text += f"; blocks are stacked with {connections}."
         lines.append(f"- {text}")
-        if (method, mode, config.ode_gate_inputs) == ("rk2", "gated", "stages"):
+        if side in gated_rk2_sides(config):
             lines.append(f"- {DEFAULT_BLOCK_NOTE}")
     width = (
         f"- **Width**: d_model {config.d_model}, feed-forward {config.encoder_ffn_dim}/{config.decoder_ffn_dim} "

@@ -452,10 +452,9 @@ def test_translate_benchmark_rotates_the_systems_and_flags_rk_rows_beyond_the_sp
 
 
 def test_rk_prediction_scales_only_the_residual_encoders_measured_time():
-    """Residual int8 decodes a call set in 10 s (best round), its encoder alone takes 2 s; RK4's encoder does 4x the
-    encoder FLOPs and the same decoder work, so it should take 10 + 3 * 2 = 16 s: a ratio of 0.625, where the
-    FLOP-only ratio (decoder FLOPs 30, encoder 10) would be 40 / 70. The search graph's prediction uses the ONNX int8
-    encoder's time."""
+    """Residual int8's best round T = 10, its encoder alone E = 2; RK4's encoder does four times the encoder FLOPs
+    and the same decoder work, so it should take T + 3E = 16: a ratio of 10/16, where the FLOP-only ratio (decoder
+    FLOPs 30, encoder 10) would be 40/70. The search graph's prediction uses the ONNX int8 encoder's time."""
     from benchmarks.bench_translate import predict_from_encoder
 
     seconds = {

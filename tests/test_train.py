@@ -960,3 +960,23 @@ def test_local_training_files_stream_in_bounded_memory(tmp_path):
         peaks[name] = int(result.stdout.split()[-1])
     assert (tmp_path / "big.en").stat().st_size + (tmp_path / "big.de").stat().st_size > 250_000_000
     assert peaks["big"] < peaks["small"] + 100, peaks  # MB: no more than a small file's, give or take
+
+
+def test_a_run_that_trains_the_gated_rk2_block_says_what_the_projects_runs_show(tmp_path, caplog):
+    """Issue 61: the recipes' default block is the paper's gated RK2, whose gate saturated in every diagnostic of
+    this project's; a run that trains it says so in its log, with the flag that trains another block, and a run of
+    another block says nothing of it. The model card says the same (tests/test_hub.py)."""
+    from tiny_run import corpus, train_run
+
+    from ode_transformer.wording import GATED_RK2_FINDING
+
+    src, tgt = corpus(tmp_path / "data")
+    for block, said in ((("--encoder_ode_method", "rk2"), True), (("--encoder_ode_method", "rk4"), False)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ode_transformer.train.preparation"):
+            train_run(tmp_path / block[1], "--train_file", f"{src},{tgt}", *block)
+        notes = [r.getMessage() for r in caplog.records if "gated RK2" in r.getMessage()]
+        assert len(notes) == int(said), notes
+        if said:
+            assert notes[0].startswith("encoder blocks: gated RK2") and GATED_RK2_FINDING in notes[0]
+            assert "--encoder_ode_method rk4" in notes[0]

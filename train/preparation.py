@@ -29,6 +29,7 @@ from ode_transformer.tokenizer import (
     resave_trained_tokenizer,
     truncated_rows,
 )
+from ode_transformer.wording import GATED_RK2_FINDING, gated_rk2_sides
 
 from . import metrics
 from .arguments import DataArguments, ModelArguments, RunArguments, Settings
@@ -444,6 +445,19 @@ def build_model(
         **overrides,
     )
     return model_class(config)
+
+
+def note_gated_rk2(config) -> None:
+    """Say, in the log of a run that trains it, what this project's runs show about the paper's gated RK2 block
+    (every recipe's default), and how to train another block."""
+    for side in gated_rk2_sides(config):
+        logger.info(
+            "%s blocks: gated RK2 (the paper's learnable gate): %s To train another block, pass e.g. "
+            "--%s_ode_method rk4 (docs/model.md lists the blocks).",
+            side,
+            GATED_RK2_FINDING,
+            side,
+        )
 
 
 def set_decoding_defaults(model, run_args: RunArguments, data_args: DataArguments, saved: bool) -> dict:

@@ -72,6 +72,7 @@ from .preparation import (
     drop_long_training_pairs,
     fit_tokenizer_to_run,
     load_raw_data,
+    note_gated_rk2,
     prepare_tokenizer,
     refit_trained_tokenizer,
     set_decoding_defaults,
@@ -230,6 +231,8 @@ def _run(settings: Settings) -> dict:
         )
         splits = drop_long_training_pairs(splits, data_args.max_train_tokens)
     model = build_model(model_args, data_args, run_args.task, tokenizer, saved_model)
+    if training_args.do_train and training_args.process_index == 0:
+        note_gated_rk2(model.config)
     fit_tokenizer_to_run(tokenizer, model.config, run_args.task, data_args)  # saved with the model
     if resume:  # the tokenizer first: an edited one changes the config too, and that message names neither
         folder = model_args.tokenizer_name or (
