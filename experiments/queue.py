@@ -1,6 +1,7 @@
 """Resume a long study in the background from the commit its runs started on: a detached git worktree of that
-commit, and one low-priority runner per core (a lane) that works through its steps in order. Each run resumes
-from its last checkpoint, so starting a queue again after an interruption loses at most the epoch in flight.
+commit, and low-priority runners (lanes; one per core, or one on every core with `threads`) that each work
+through their steps in order. Each run resumes from its last checkpoint, so starting a queue again after an
+interruption loses at most the epoch in flight.
 
     python -m experiments.queue ptb_paper             # start (or resume) the lanes in the background
     python -m experiments.queue ptb_paper --dry-run   # print the worktree and each lane's commands
@@ -30,13 +31,16 @@ Step = tuple[tuple[int, ...], tuple[str, ...]]
 class Queue:
     study: str
     commit: str  # every run of the study so far trained from this commit; the rest must too
-    lanes: tuple[tuple[Step, ...], ...]  # one runner per lane, one thread each
+    lanes: tuple[tuple[Step, ...], ...]  # one runner per lane
     worktree: str  # the worktree's folder, next to this checkout
     extra: tuple[str, ...] = ()  # flags every `experiments.run` call of the lanes passes (e.g. --source)
     batch: str | None = None  # experiments.run --batch: the runs go to results/<study>/cpu_<batch>
     # The CPU the batch's runs need, (model name, flags), where the kernels it runs depend on them: one batch is one
     # device, and checkpoints do not outlive a machine, so another CPU model starts a batch of its own.
     cpu: tuple[str, tuple[str, ...]] | None = None
+    # torch threads per lane: one lane on both cores finishes a long run in about half the time two lanes take,
+    # which decides whether it finishes before the machine goes away
+    threads: int = 1
 
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
@@ -80,30 +84,26 @@ QUEUES = {
     ),
     # Issue 61: ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual
     # and RK4, seeds 0-2, first, then the gated RK2 block (the recipes' default kind of block), then the other two
-    # RK2 rows. The residual runs lead both lanes: one fits in a session, an RK4 run (several times longer) only
-    # in a session that long, and checkpoints do not outlive the machine. A batch whose lanes cannot finish on
-    # this CPU model is continued only on the same model.
+    # RK2 rows. One lane on both cores: checkpoints do not outlive the machine, and a session here lasts about
+    # three hours, which an RK4 run on one core outlasts (results/README.md, "What runs next").
     "ptb_paper_amx": Queue(
         study="ptb_paper",
         commit="ccb31fa",
         lanes=(
             (
-                ((1,), ("residual",)),
+                ((0, 1, 2), ("residual",)),
                 ((0,), ("rk4",)),
+                ((1,), ("rk4",)),
                 ((2,), ("rk4",)),
                 ((0, 1, 2), ("rk2_gated",)),
                 ((0, 1, 2), ("rk2",)),
-            ),
-            (
-                ((0,), ("residual",)),
-                ((2,), ("residual",)),
-                ((1,), ("rk4",)),
                 ((0, 1, 2), ("rk2_ones",)),
             ),
         ),
         worktree="exp_ptb_amx",
         batch="amx",
         cpu=("Intel(R) Xeon(R) Processor", ("amx_bf16", "avx512_bf16")),
+        threads=2,
     ),
     # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
     # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
@@ -149,7 +149,7 @@ def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
     calls = [
         f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
         + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
-        + f"--parallel 1 --threads 1 --results {shlex.quote(str(REPO / 'results'))}"
+        + f"--parallel 1 --threads {queue.threads} --results {shlex.quote(str(REPO / 'results'))}"
         + (f" --batch {queue.batch}" if queue.batch else "")
         + "".join(f" {shlex.quote(flag)}" for flag in queue.extra)
         for seeds, variants in lane

@@ -54,6 +54,10 @@ def test_the_cpu_verdict_queue_follows_the_verdicts_tiers():
     assert {run for lane in lanes for run in lane} == set(rank)
     for lane in lanes:
         assert [rank[run] for run in lane] == sorted(rank[run] for run in lane)
+    assert (len(q.lanes), q.threads) == (
+        1,
+        2,
+    )  # an RK4 run on one core outlasted a session
 
 
 @pytest.mark.parametrize("name", sorted(queue.QUEUES))
@@ -85,7 +89,7 @@ def test_dry_run_prints_each_lanes_valid_experiments_run_calls(name, tmp_path, c
             assert words[:6] == ["nice", "-n", "19", ".venv/bin/python", "-m", "experiments.run"]
             args = run.parse_args(words[6:])  # exits on an unknown study, variant or flag
             assert (args.study, tuple(args.seeds), tuple(args.only)) == (q.study, seeds, variants)
-            assert (args.parallel, args.threads) == (1, 1)
+            assert (args.parallel, args.threads) == (1, q.threads)
             assert args.results == RESULTS  # finished runs land in this checkout, whatever the worktree
             assert args.batch == q.batch
 
