@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,20 @@ with open(f"{sys.argv[1]}/batches-{seen['rank']}.json", "w") as f:
 """
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now: torchrun's default, 29500, is taken when two launches run at once (the
+    two tests of this module on two pytest workers)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch_two_processes(script: Path, *args: str) -> subprocess.CompletedProcess:
     """Runs ``script args`` in two CPU processes under ``accelerate launch``; fails the test if it fails."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     command = [
         accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", str(script), *args,
+        "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(script), *args,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

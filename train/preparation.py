@@ -453,10 +453,11 @@ def note_gated_rk2(config) -> None:
     for side in gated_rk2_sides(config):
         logger.info(
             "%s blocks: gated RK2 (the paper's learnable gate): %s To train another block, pass e.g. "
-            "--%s_ode_method rk4 (docs/model.md lists the blocks).",
+            "--%s_ode_method rk4 (the blocks: %s).",
             side,
             GATED_RK2_FINDING,
             side,
+            guide("model.md"),
         )
 
 
