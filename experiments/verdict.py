@@ -338,7 +338,7 @@ def _seeds(seeds: tuple[int, ...]) -> str:
     )
 
 
-def document(results: Path = RESULTS, devices: tuple[str, ...] = ("h200", "h100", "amx")) -> str:
+def document(results: Path = RESULTS, devices: tuple[str, ...] = ("h200", "h100", "amx", "avx2")) -> str:
     lines = [
         "# The verdict plan and its pre-registered readings",
         "",
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.verdict", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--device", default="h200", help="the device label of the batches (h200, h100, amx)")
+    parser.add_argument("--device", default="h200", help="the device label of the batches (h200, h100, amx, avx2)")
     parser.add_argument("--write", action="store_true", help=f"write {DOCUMENT.relative_to(RESULTS.parent)}")
     args = parser.parse_args(argv)
     if args.write:

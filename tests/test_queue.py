@@ -34,7 +34,7 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
     assert len(runs) == len(set(runs)), "two lanes (or steps) would train the same run"
     if name == "ptb_paper":  # issue 32: seed 0 of every block, seeds 1-2 of residual and RK4
         wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
-    elif name in ("ptb_paper_bf16", "ptb_paper_amx", "multi30k_upcycle"):  # issues 54, 61, 45: seeds 0-2
+    elif name in ("ptb_paper_bf16", "ptb_paper_amx", "ptb_paper_avx2", "multi30k_upcycle"):  # issues 54, 61, 45: seeds 0-2
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
     else:  # issue 41: seeds 0-2 of every row then, seeds 3-4 of residual, RK2 and RK4 (issue 61's row is the GPU's)
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants if v != "rk2_gated"}
@@ -42,12 +42,13 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
     assert set(runs) == wanted
 
 
-def test_the_cpu_verdict_queue_follows_the_verdicts_tiers():
-    """ptb_paper_amx works through experiments.verdict's ptb tiers in order: every lane finishes its tier (a) runs
-    before any of tier (c), and the lanes together cover both tiers."""
+@pytest.mark.parametrize("name", ["ptb_paper_amx", "ptb_paper_avx2"])
+def test_the_cpu_verdict_queue_follows_the_verdicts_tiers(name):
+    """The CPU verdict queues work through experiments.verdict's ptb tiers in order: every lane finishes its tier
+    (a) runs before any of tier (c), and the lanes together cover both tiers."""
     from experiments.verdict import TIERS
 
-    q = queue.QUEUES["ptb_paper_amx"]
+    q = queue.QUEUES[name]
     tiers = [t for t in TIERS if t.study == q.study]
     rank = {(seed, variant): i for i, t in enumerate(tiers) for variant, seed in t.wanted([])}
     lanes = [lane_runs(lane, STUDIES[q.study]) for lane in q.lanes]
@@ -71,10 +72,11 @@ def test_finished_runs_come_from_the_queues_commit(name):
         "multi30k_upcycle",
         "ptb_paper_bf16",
         "ptb_paper_amx",
+        "ptb_paper_avx2",
     )  # queued, nothing finished yet
 
 
-@pytest.mark.parametrize("name", ["ptb_paper", "ptb_paper_bf16", "ptb_paper_amx"])
+@pytest.mark.parametrize("name", ["ptb_paper", "ptb_paper_bf16", "ptb_paper_amx", "ptb_paper_avx2"])
 def test_dry_run_prints_each_lanes_valid_experiments_run_calls(name, tmp_path, capsys):
     assert queue.main([name, "--dry-run", "--tree", str(tmp_path / "tree")]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -218,3 +220,9 @@ def test_a_queue_refuses_a_cpu_its_batch_did_not_run_on(tmp_path, capsys):
     assert "without" not in queue.wrong_cpu(queue.QUEUES["ptb_paper_bf16"], xeon)
     assert queue.wrong_cpu(queue.QUEUES["ptb_paper_bf16"], epyc) is None
     assert queue.wrong_cpu(queue.QUEUES["multi30k_paired"], epyc) is None  # a queue that names no CPU
+    # an AVX2-only batch takes no runs from a CPU with AVX-512 kernels, though it has AVX2 as well
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n")
+    assert queue.wrong_cpu(queue.QUEUES["ptb_paper_avx2"], avx2) is None
+    epyc.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert "this machine is AMD EPYC with avx512f" in queue.wrong_cpu(queue.QUEUES["ptb_paper_avx2"], epyc)
