@@ -380,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.verdict", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--device", default="h200", help="the device label of the batches (h200, h100, amx, avx2)")
+    parser.add_argument(
+        "--device", default="h200", help="the device label of the batches (h200, h100, amx, avx2)"
+    )
     parser.add_argument("--write", action="store_true", help=f"write {DOCUMENT.relative_to(RESULTS.parent)}")
     args = parser.parse_args(argv)
     if args.write:
