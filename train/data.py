@@ -12,7 +12,8 @@ columns documented per reader); language-modelling data has the column ``text``.
   :func:`libreoffice` for the built-in LibreOffice-help corpus.
 * :func:`load_task_data` builds a train/validation/test :class:`~datasets.DatasetDict` from a
   :class:`DataSpec` (the single entry point of the training scripts).
-* :func:`word_dropout` for the source side of GEC training (used in a collator).
+
+Word dropout on the source side (GEC) is a collator's, in :mod:`ode_transformer.train.trainer`.
 """
 
 from __future__ import annotations

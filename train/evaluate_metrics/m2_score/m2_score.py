@@ -3,7 +3,7 @@
 Load it from its folder, with no network: ``evaluate.load("train/evaluate_metrics/m2_score")``
 (the repository root must be importable, e.g. the current directory, or the package installed: the folder
 is then ``ode_transformer/train/evaluate_metrics/m2_score`` in site-packages). It wraps
-:func:`train.metrics.m2_score`; see there for the conventions.
+:func:`ode_transformer.train.metrics.m2_score`; see there for the conventions.
 """
 
 import datasets
