@@ -40,15 +40,15 @@ class Queue:
     cpu: tuple[str, tuple[str, ...]] | None = None
     # CPU flags the batch's machine lacks: an AVX2-only batch must not take runs from a CPU with AVX-512 kernels
     cpu_lacks: tuple[str, ...] = ()
-    # torch threads per lane: one lane on both cores finishes a long run in about half the time two lanes take,
-    # which decides whether it finishes before the machine goes away
+    # torch threads per lane: one lane on every core finishes a long run sooner than one lane per core does, which
+    # decides whether it finishes before the machine goes away (results/README.md, the ptb_paper study's batches)
     threads: int = 1
 
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
 QUEUES = {
     # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
-    # about the same time (an RK4 epoch takes several times a residual one).
+    # about the same time (an RK4 block computes its F four times, a residual block once).
     "ptb_paper": Queue(
         study="ptb_paper",
         commit="077866b",
@@ -86,8 +86,8 @@ QUEUES = {
     ),
     # Issue 61: ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual
     # and RK4, seeds 0-2, first, then the gated RK2 block (the recipes' default kind of block), then the other two
-    # RK2 rows. One lane on both cores: checkpoints do not outlive the machine, and a session here lasts about
-    # three hours, which an RK4 run on one core outlasts (results/README.md, "What runs next").
+    # RK2 rows. One lane on both cores: checkpoints do not outlive the machine, and an RK4 run on one core outlasts a
+    # session here (results/README.md, the ptb_paper study's third batch).
     "ptb_paper_amx": Queue(
         study="ptb_paper",
         commit="ccb31fa",
@@ -107,9 +107,10 @@ QUEUES = {
         cpu=("Intel(R) Xeon(R) Processor", ("amx_bf16", "avx512_bf16")),
         threads=2,
     ),
-    # Issue 61: ptb_paper's verdict batch on an AVX2-only AMD EPYC (no native bf16), in fp32: bf16 there is emulated
-    # and many times slower (docs/performance.md). The same one lane on both cores as cpu_amx, residual and RK4
-    # alternating by seed so that each finished pair is one more paired difference.
+    # Issue 61: ptb_paper's verdict batch on an AVX2-only AMD EPYC (no native bf16), in fp32: bf16 there is emulated,
+    # slower than fp32 (docs/performance.md, "Which hardware these figures hold on"). The same one lane on both
+    # cores as cpu_amx, residual and RK4 alternating by seed so that each finished pair is one more paired
+    # difference.
     "ptb_paper_avx2": Queue(
         study="ptb_paper",
         commit="023ce2b",
