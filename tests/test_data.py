@@ -174,8 +174,8 @@ def test_language_model_training_file_drops_blank_lines(tmp_path, caplog):
 
 
 def test_utf16_and_carriage_return_files_are_refused(tmp_path):
-    """A UTF-16 file had loaded as rows of NUL-interleaved bytes (plus a stray row), and a file whose lines end in a
-    bare carriage return as one pair holding the whole file."""
+    """A UTF-16 file is refused rather than read as rows of NUL-interleaved bytes (plus a stray row), and so is a file
+    whose lines end in a bare carriage return, rather than read as one pair holding the whole file."""
     lines = ["the dog", "a cat", "two birds"]
     (tmp_path / "u16.src").write_bytes("\n".join(lines).encode("utf-16"))
     (tmp_path / "cr.src").write_bytes("\r".join(lines).encode() + b"\r")
@@ -193,7 +193,7 @@ def test_utf16_and_carriage_return_files_are_refused(tmp_path):
 
 def test_tsv_rows_are_read_as_written(tmp_path, caplog):
     """Every TSV line below the header is one row of text: a row with a field more than the header is refused by
-    line (pandas had made the first column an index when every row had one, shifting source and target), a blank
+    line (pandas makes the first column an index when every row has one, shifting source and target), a blank
     line of an evaluation split is kept (one hypothesis per line), numerals stay text, and a file replaced by
     another with the same modification time is read again (no cache keyed on path and mtime)."""
     path = write_lines(tmp_path / "d.tsv", ["source\ttarget", "the dog\tder Hund\textra", "a\tb"])
@@ -228,8 +228,8 @@ def test_jsonl_records_that_lack_a_nested_field_are_skipped(tmp_path, caplog):
 
 
 def test_misspelt_nested_field_and_json_array(tmp_path):
-    """A nested field no record has (translation.fr) is an error naming the fields there are: it had passed the
-    check on 'translation' and scored an evaluation split against empty references. A .json file holding one
+    """A nested field no record has (translation.fr) is an error naming the fields there are, not a pass of the
+    check on 'translation' that scores an evaluation split against empty references. A .json file holding one
     array of objects (datasets' json builder reads it) loads as its objects."""
     records = [{"translation": {"en": "Yes", "de": "Ja"}}, {"translation": {"en": "No", "de": "Nein"}}]
     path = write_lines(tmp_path / "d.jsonl", [json.dumps(record) for record in records])

@@ -781,7 +781,7 @@ def test_the_card_names_data_by_corpus_hub_id_or_dataset_name_never_by_a_local_p
 
 @pytest.mark.both_cpus
 def test_card_names_a_test_slice_as_one():
-    """--max_test_samples 100 scored the first 100 rows, and the card had claimed the whole test set."""
+    """--max_test_samples 100 scores the first 100 rows, and the card names that slice, not the whole test set."""
     _, data_args, _, _ = parse_arguments(
         ["--dataset", "multi30k", "--use_cpu", "true", "--max_test_samples", "100"]
     )

@@ -82,9 +82,9 @@ def test_results(
 def keep_training_record(document: dict, output_dir: str, model_name_or_path: str | None) -> dict:
     """``document`` with the ``training`` record (and base model) of ``OUTPUT_DIR/hub_metrics.json`` where an
     evaluation (``--do_train false``) scores the folder's own model into it, replacing its results
-    (``--overwrite_output_dir``): what training wrote stays, and the card is written again from the new scores. It
-    had dropped the training section while the card kept showing the old scores. Another model's evaluation keeps
-    nothing of the folder's run."""
+    (``--overwrite_output_dir``): what training wrote stays, and the card is written again from the new scores, so
+    that the card never shows scores the metrics file no longer holds. Another model's evaluation keeps nothing of
+    the folder's run."""
     if not model_name_or_path or real_path(model_name_or_path) != real_path(output_dir):
         return document
     try:

@@ -115,9 +115,9 @@ of the same splits it updates), by the flag that writes them."""
 
 def refuse_to_replace_results(training_args: Seq2SeqTrainingArguments, overwrite: bool) -> None:
     """An evaluation (``--do_train false``) writes into a folder without replacing a run's results: pointed at a
-    finished run's own folder, it had replaced its ``hub_metrics.json`` (the training section gone), hypotheses and
-    scores while the model card kept showing the old ones. ``overwrite`` (``--overwrite_output_dir true``) replaces
-    them; with ``--do_train false`` nothing else in the folder is deleted. Called with the folder's lock held.
+    finished run's own folder, it refuses to replace its ``hub_metrics.json``, hypotheses and scores, which the
+    folder's model card shows. ``overwrite`` (``--overwrite_output_dir true``) replaces them; with ``--do_train
+    false`` nothing else in the folder is deleted. Called with the folder's lock held.
 
     Raises:
         FileExistsError: the files it would replace, and the two fixes.
