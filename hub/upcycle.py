@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ode_transformer.checkpoints import refuse_replacing_a_run
-from ode_transformer.files import clear_folder, refuse_occupied, saving
+from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 
 __all__ = ["upcycle_folder"]
 
@@ -30,7 +30,11 @@ def upcycle_folder(
 ) -> Path:
     """`from_residual(source, **conversion)` saved to `out_dir` with the source's tokenizer (if it has one). A
     non-empty `out_dir` is refused (before the source is read) unless `overwrite`; one that holds the source or a
-    training run, whatever `overwrite` says. Returns `out_dir`."""
+    training run, whatever `overwrite` says. Returns `out_dir`.
+
+    One writer of `out_dir` at a time, by any of its names (:func:`ode_transformer.files.claim_output`; a second
+    is refused, naming the first), and the folder is written whole or not at all
+    (:func:`ode_transformer.files.staged_folder`): a kill leaves the old folder in place."""
     from transformers import AutoTokenizer
 
     from modeling_ode import ODETransformerForConditionalGeneration
@@ -45,11 +49,14 @@ def upcycle_folder(
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError):  # no tokenizer files: the user pairs the model with the source's tokenizer
         tokenizer = None
-    clear_folder(out)
-    with saving(out):
-        model.save_pretrained(out)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out)
+    with claim_output(out, "OUT_DIR"):
+        # again, now that no other writer can fill the folder or start a run in it
+        refuse_replacing_a_run(out, [source], "OUT_DIR", overwrite, suffix="upcycled")
+        refuse_occupied(out, overwrite, "--overwrite", "OUT_DIR")
+        with staged_folder(out) as staged:
+            model.save_pretrained(staged)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staged)
     return out
 
 
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             decoder_ode_coefficients=args.decoder_ode_coefficients,
             **fields,
         )
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, InUseError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")  # one line, as argparse's usage errors
     print(args.out_dir)
 

@@ -5,6 +5,8 @@ this model cannot express are refused by name."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import (
@@ -226,3 +228,35 @@ def test_upcycle_command_saves_the_sources_tokenizer_beside_the_converted_model(
     with pytest.raises(SystemExit) as exit_info:  # a second run into the same folder is refused in one line
         upcycle_main([str(tmp_path / "source"), str(out)])
     assert exit_info.value.code == 2 and "already holds files" in capsys.readouterr().err
+
+
+def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(tmp_path, capsys, monkeypatch):
+    """The upcycled folder is written as `ode-export` writes one: a writer holding the folder by another name (a
+    link to it) makes a second one refuse in one line, naming its pid; a save cut off midway leaves the old folder
+    as it was, and no staging folder."""
+    from ode_transformer.files import claim_output
+
+    tokenizer = train_tokenizer(TEXTS, vocab_size=320, save_to=tmp_path / "source")
+    save_m2m100(tmp_path / "source", vocab_size=len(tokenizer))
+    out, link = tmp_path / "out", tmp_path / "outlink"
+    upcycle_main([str(tmp_path / "source"), str(out)])
+    link.symlink_to("out")
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    capsys.readouterr()
+    with claim_output(out, "OUT_DIR"), pytest.raises(SystemExit) as exit_info:
+        upcycle_main([str(tmp_path / "source"), str(link), "--overwrite"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or stop it, or "
+        "choose another OUT_DIR."
+    )
+
+    def cut_off(self, folder, *args, **kwargs):  # the weights written, then a kill before the tokenizer
+        saved(self, folder, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    saved = ODETransformerForConditionalGeneration.save_pretrained
+    monkeypatch.setattr(ODETransformerForConditionalGeneration, "save_pretrained", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        upcycle_main([str(tmp_path / "source"), str(link), "--overwrite", "--encoder_ode_method", "rk2"])
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "outlink", "source"]
