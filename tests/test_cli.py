@@ -345,8 +345,8 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 
 
 def test_offline_commands_end_in_a_few_lines(tmp_path):
-    """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, and
-    a Hub model id, each end with exit code 2 and one error line naming the way forward: under 5 lines in all,
+    """Offline without HF_HUB_OFFLINE (the Hub refuses), a packaged recipe whose corpus has no local copy, one
+    that names only a Hub dataset, and a Hub model id, each end with exit code 2 and one error line naming the way forward: under 5 lines in all,
     with no retry warnings before it."""
     import socket
 
@@ -362,6 +362,8 @@ def test_offline_commands_end_in_a_few_lines(tmp_path):
         pytest.skip("no console commands beside this interpreter (pip install -e .)")
     runs = {
         "--data_dir": [bin_dir / "ode-train", "multi30k_en_de_cpu", "--output_dir", tmp_path / "out"],
+        # a recipe that names only a Hub dataset: its offline error names local files instead
+        "--train_file": [bin_dir / "ode-train", "wmt14_en_de_base", "--output_dir", tmp_path / "wmt14"],
         "go online": [bin_dir / "ode-translate", "someuser/model", "--input", tmp_path / "in.txt"],
     }
     for way_forward, command in runs.items():
