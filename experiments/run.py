@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, batch_label, describe_changes, run_id
+from ode_transformer.files import write_atomic
 from ode_transformer.train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,11 +216,11 @@ def _lines(path: Path) -> list[str]:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write aside, then rename: a kill never leaves a half-written result that would be skipped."""
+    """Write whole or not at all (:func:`ode_transformer.files.write_atomic`: a temporary name of its own, then a
+    rename): a kill never leaves a half-written result that would be skipped, and two writers of one result, by
+    any names, never write one temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1082,3 +1082,29 @@ def test_the_depth_gate_pairs_only_runs_of_one_commit(tmp_path, capsys):
     assert depth_gate.main([str(folder)]) == 1
     out = capsys.readouterr().out
     assert "schedules: residual s1" in out and "depth not shown to help" in out and "runs to go" in out
+
+
+def test_a_result_is_written_whole_under_a_temporary_name_of_its_own(tmp_path, monkeypatch):
+    """`write_json` (every result and verdict of the runner): a second writer of one result by another name (a
+    link to its folder) never writes the first one's temporary file, and a kill before the rename leaves the
+    old result and no temporary file."""
+    import os
+
+    results = tmp_path / "results"
+    runner.write_json(results / "run.json", {"bleu": 1.0})
+    (tmp_path / "link").symlink_to("results")
+    other = results / "run.json.tmp"  # another writer's file, at the name a fixed temporary name would take
+    other.write_text("half of another writer's result", encoding="utf-8")
+    runner.write_json(tmp_path / "link" / "run.json", {"bleu": 2.0})
+    assert json.loads((results / "run.json").read_text(encoding="utf-8")) == {"bleu": 2.0}
+    assert other.read_text(encoding="utf-8") == "half of another writer's result"
+    other.unlink()
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runner.write_json(tmp_path / "link" / "run.json", {"bleu": 3.0})
+    assert json.loads((results / "run.json").read_text(encoding="utf-8")) == {"bleu": 2.0}
+    assert sorted(path.name for path in results.iterdir()) == ["run.json"]
