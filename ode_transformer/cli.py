@@ -170,18 +170,35 @@ HUB_COMMANDS = ("ode-train", "ode-translate")
 HUB_CHECK_SECONDS = 3.0
 
 
+def _hub_route(endpoint: urllib.parse.SplitResult) -> tuple[str | None, int]:
+    """The host and port a request to ``endpoint`` first connects to: the proxy the environment names for its
+    scheme (``HTTPS_PROXY``, else ``ALL_PROXY``, either case), as huggingface_hub's HTTP client reads them, unless
+    ``NO_PROXY`` exempts the endpoint's host; else the endpoint itself. Behind a proxy there may be no direct
+    route, so connecting to the Hub's host would find it unreachable when the commands can reach it."""
+    import urllib.request  # here, not at the top: --help never checks the Hub, and this module is on its path
+
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(endpoint.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(endpoint.hostname or "", proxies):
+        return endpoint.hostname, port
+    proxy_url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    default_port = {"https": 443}.get(proxy_url.scheme, 1080 if proxy_url.scheme.startswith("socks") else 80)
+    return proxy_url.hostname, proxy_url.port or default_port
+
+
 def go_offline_if_hub_unreachable(timeout: float = HUB_CHECK_SECONDS) -> bool:
     """Where neither ``HF_HUB_OFFLINE`` nor ``TRANSFORMERS_OFFLINE`` is set, try one TCP connection to the Hub
-    (``HF_ENDPOINT``'s host, else huggingface.co); where it fails, set ``HF_HUB_OFFLINE=1`` for this process, before
-    huggingface_hub, datasets and transformers read it, so that they answer from their local caches at once instead
-    of retrying each request (offline, ode-train's Hub dataset fallback repeated its warnings for most of a minute
-    before its one line). Returns whether it went offline."""
+    (``HF_ENDPOINT``'s host, else huggingface.co), or to the proxy that requests to it go through (``_hub_route``);
+    where it fails, set ``HF_HUB_OFFLINE=1`` for this process, before huggingface_hub, datasets and transformers
+    read it, so that they answer from their local caches at once instead of retrying each request (offline,
+    ode-train's Hub dataset fallback repeated its warnings for most of a minute before its one line). Returns
+    whether it went offline."""
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
         return False
-    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    host, port = _hub_route(urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co"))
     try:
-        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError:  # no name resolution, no route, refused, timed out
         os.environ["HF_HUB_OFFLINE"] = "1"
         return True

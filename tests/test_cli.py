@@ -324,6 +324,10 @@ def test_help_starts_within_three_seconds():
     assert elapsed < 3, f"ode-train --help took {elapsed:.1f} s"
 
 
+PROXY_VARIABLES = [f"{name}_proxy" for name in ("http", "https", "all", "no")]
+PROXY_VARIABLES += [name.upper() for name in PROXY_VARIABLES]
+
+
 def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
     """One TCP connection to the Hub's host decides: refused, the process goes offline (HF_HUB_OFFLINE=1); a
     listening host, or HF_HUB_OFFLINE already set, leaves it as it is."""
@@ -331,7 +335,7 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 
     from ode_transformer import cli
 
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    for variable in ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *PROXY_VARIABLES]:
         monkeypatch.delenv(variable, raising=False)
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -342,6 +346,46 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now: refused
     assert cli.go_offline_if_hub_unreachable() is True and os.environ["HF_HUB_OFFLINE"] == "1"
     assert cli.go_offline_if_hub_unreachable() is False  # already offline: no second check
+
+
+def test_behind_a_proxy_the_hub_check_connects_to_the_proxy(monkeypatch):
+    """With HTTPS_PROXY or ALL_PROXY set (either case), the one connection goes to the proxy's host and port, as
+    the Hub client's requests would: refused there, the process goes offline; a host NO_PROXY names is checked
+    directly. No network: the connection is a stand-in that records where it was asked to go."""
+    import socket
+
+    from ode_transformer import cli
+
+    asked, refusing = [], set()
+
+    def connect(address, timeout=None):
+        asked.append(address)
+        if address in refusing:
+            raise ConnectionRefusedError(address)
+        return socket.socket()  # unconnected, closed at once by the check
+
+    monkeypatch.setattr(cli.socket, "create_connection", connect)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    cases = [
+        ({"HTTPS_PROXY": "http://proxy.example:3128"}, ("proxy.example", 3128)),
+        ({"https_proxy": "proxy.example:8080"}, ("proxy.example", 8080)),  # no scheme: an HTTP proxy
+        ({"ALL_PROXY": "socks5://socks.example"}, ("socks.example", 1080)),
+        ({"all_proxy": "http://proxy.example"}, ("proxy.example", 80)),
+        ({"HTTPS_PROXY": "http://proxy.example:3128", "NO_PROXY": "localhost,huggingface.co"},
+         ("huggingface.co", 443)),
+        ({"https_proxy": "http://proxy.example:3128", "no_proxy": "*"}, ("huggingface.co", 443)),
+        ({}, ("huggingface.co", 443)),
+    ]  # fmt: skip
+    for variables, address in cases:
+        for variable in [*PROXY_VARIABLES, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]:
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in variables.items():
+            monkeypatch.setenv(variable, value)
+        asked.clear()
+        refusing.clear()
+        assert cli.go_offline_if_hub_unreachable() is False and asked == [address], (variables, asked)
+        refusing.add(address)
+        assert cli.go_offline_if_hub_unreachable() is True and os.environ["HF_HUB_OFFLINE"] == "1", variables
 
 
 def test_offline_commands_end_in_a_few_lines(tmp_path):
