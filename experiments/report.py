@@ -214,13 +214,15 @@ def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: lis
 
 
 def test_references(study: Study, size: str, n: int) -> list[str] | None:
-    """The test references of a translation study (from the same readers ``ode_transformer.train.run`` uses); None for other
-    tasks, whose metrics (M2, ROUGE) are not the BLEU that sacreBLEU's paired bootstrap tests."""
+    """The test references of a study whose task sacreBLEU scores (its record's ``scorer``), from the same readers
+    ``ode_transformer.train.run`` uses; None for other tasks, whose metrics (M2, ROUGE) are not the BLEU that
+    sacreBLEU's paired bootstrap tests."""
     from ode_transformer.train.arguments import DataArguments
     from ode_transformer.train.preparation import load_raw_data
+    from ode_transformer.train.tasks import get_task
 
     flags = study.flags(next(iter(study.variants)), study.depths[0], study.seeds[0], size)
-    if flags["task"] != "translation":
+    if get_task(flags["task"]).scorer != "sacrebleu":
         return None
     data_args = DataArguments(
         dataset=flags["dataset"], source_lang=flags.get("source_lang"), target_lang=flags.get("target_lang")

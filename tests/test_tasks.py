@@ -107,16 +107,106 @@ def test_an_export_without_decoding_of_its_own_decodes_as_the_translation_task()
     assert {**get_task("translation").paper_decoding, "early_stopping": True} == PAPER_GENERATION_DEFAULTS
 
 
-def test_no_module_but_the_records_names_a_task():
-    """Every task-specific choice is in the records: no other module of train/ compares a task with a name."""
-    import re
+def task_names_used(source: str, names: set[str]) -> list[int]:
+    """The lines of ``source`` where a task's name is data of the module's own: a dict's key, a side of a
+    comparison with a task, or the default of a field, argument or keyword named for a task."""
+    import ast
 
-    train = Path(tasks.__file__).parent
+    def named(node: ast.AST) -> list[int]:
+        return [
+            found.lineno
+            for found in ast.walk(node)
+            if isinstance(found, ast.Constant) and isinstance(found.value, str) and found.value in names
+        ]
+
+    def about_a_task(name: str | None) -> bool:
+        return name is not None and "task" in name.lower()
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            lines += [line for key in node.keys if key is not None for line in named(key)]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(about_a_task(ast.unparse(side)) for side in sides):
+                lines += [line for side in sides for line in named(side)]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            positional = [*arguments.posonlyargs, *arguments.args]
+            defaults = [
+                *zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults),
+                *zip(arguments.kwonlyargs, arguments.kw_defaults),
+            ]
+            lines += [
+                line
+                for arg, default in defaults
+                if default and about_a_task(arg.arg)
+                for line in named(default)
+            ]
+        elif isinstance(node, ast.keyword) and about_a_task(node.arg):
+            lines += named(node.value)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(about_a_task(ast.unparse(target)) for target in targets):
+                lines += named(node.value)
+    return sorted(set(lines))
+
+
+def test_the_task_name_check_catches_a_second_table_and_passes_other_words():
+    names = {"translation", "gec", "lm"}
+    caught = """SCORERS = {"translation": a, "gec": b}
+if flags["task"] != "translation":
+    pass
+def split(task: str = "translation"): ...
+run(task="gec")
+task: str = field(default="lm", metadata={})
+if settings.task in ("gec", "lm"):
+    pass
+"""
+    assert task_names_used(caught, names) == [1, 2, 4, 5, 6, 7]
+    passed = """if kind == "lm":
+    pass
+if "translation" in columns:
+    pass
+FOLDERS = {"cnndm": "translation"}
+study = {"task": "gec"}
+kind: Literal["seq2seq", "lm"] = "lm"
+"""
+    assert task_names_used(passed, names) == []
+
+
+def test_no_module_but_the_records_names_a_task():
+    """Every task-specific choice is in the records: no other module of train/ or experiments/ keys a table by a
+    task's name, compares a task with one, or defaults a task to one (a study's flags name their task, as a command
+    line does)."""
+    repo = Path(tasks.__file__).parents[1]
     found = [
-        f"{path.name}:{number}"
-        for path in sorted(train.glob("*.py"))
-        if path.name != "tasks.py"
-        for number, line in enumerate(path.read_text().splitlines(), start=1)
-        if re.search(r"\btask\s*(==|!=|in)\s*[\"'(\[{]", line)
+        f"{path.relative_to(repo)}:{line}"
+        for folder in ("train", "experiments")
+        for path in sorted((repo / folder).rglob("*.py"))
+        if path != Path(tasks.__file__)
+        for line in task_names_used(path.read_text(encoding="utf-8"), set(TASKS))
     ]
     assert found == []
+
+
+def test_every_task_that_generates_is_scored_by_ode_evaluate_as_its_record_says():
+    from ode_transformer.train.evaluate_predictions import SCORERS, scorers
+
+    assert {task.scorer for task in TASKS.values()} - {None} <= set(SCORERS)
+    assert list(scorers()) == [*(name for name, task in TASKS.items() if not task.is_lm), "gleu"]
+
+
+def test_a_toy_task_is_scored_by_ode_evaluate(paraphrase, tmp_path, capsys):
+    """ode-evaluate scores a task added as one record by the record's validation metrics, against one --ref."""
+    from ode_transformer.train.evaluate_predictions import main
+
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("the feline sat\non mat\n")
+    ref.write_text("the feline sat\non the mat\n")
+    assert main(["--task", "paraphrase", "--hyp", str(hyp), "--ref", str(ref)]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "exact_match": exact_match(["the feline sat", "on mat"], ["the feline sat", "on the mat"])
+    }
+    assert main(["--task", "paraphrase", "--hyp", str(hyp), "--ref", str(ref), "--ref", str(ref)]) == 2
+    assert "--task paraphrase takes exactly one --ref" in capsys.readouterr().err

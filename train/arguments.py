@@ -30,7 +30,7 @@ from ode_transformer.loading import target_length
 from ode_transformer.precision import PRECISIONS, accelerator_present, choose_precision, emulated_bf16_warning
 
 from .recipe_files import RecipeError, find_recipe, list_recipes, read_recipe
-from .tasks import TASKS, get_task
+from .tasks import DEFAULT_TASK, TASKS, get_task
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class RunArguments:
 
     _argument_group_name = "run"
 
-    task: str = field(default="translation", metadata={"help": ", ".join(TASKS)})
+    task: str = field(default=DEFAULT_TASK, metadata={"help": ", ".join(TASKS)})
     num_beams: int | None = field(
         default=None, metadata={"help": f"default per task (paper): {_paper_decoding('num_beams')}"}
     )

@@ -9,7 +9,9 @@ Examples::
     python -m ode_transformer.train.evaluate_predictions --task gleu --hyp out.txt --src dev.src.gz \\
         --ref dev.ref0.gz --ref dev.ref1.gz --ref dev.ref2.gz --ref dev.ref3.gz
 
-Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). Tasks:
+Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). ``--task`` is a task of
+``ode-train`` that generates (its record in :mod:`ode_transformer.train.tasks` says how it is scored), or
+``gleu``:
 
 * ``translation``: SacreBLEU (``--tokenize``, default 13a) and chrF with their signatures;
   ``--tokenized-bleu`` adds the paper's tokenized BLEU with compound splitting (Moses
@@ -17,6 +19,7 @@ Files are UTF-8, one segment per line, optionally gzip-compressed (``.gz``). Tas
 * ``summarization``: ROUGE-1/2/L/Lsum F1 (one ``--ref``).
 * ``gec``: M2 precision / recall / F0.5 against ``--m2`` (optionally ``--src`` is checked
   against the M2 source sentences).
+* a task whose record names no scorer: its validation metrics against one ``--ref``.
 * ``gleu``: JFLEG GLEU against ``--src`` and one or more ``--ref``.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from sacrebleu.metrics.bleu import BLEU
 
@@ -36,10 +40,13 @@ from .metrics import (
     gleu_score,
     m2_score,
     parse_m2,
-    rouge_scores,
     sacrebleu_score,
     tokenized_bleu,
 )
+from .tasks import TASKS, Task
+
+Scorer = Callable[[argparse.Namespace, list[str]], dict]
+"""(the command line, the hypotheses) -> the JSON's metrics."""
 
 
 class UsageError(Exception):
@@ -60,7 +67,7 @@ def _require(args: argparse.Namespace, *names: str) -> None:
         raise UsageError(f"--task {args.task} needs {' and '.join(missing)}")
 
 
-def _translation(args: argparse.Namespace, hyps: list[str]) -> dict:
+def _sacrebleu(args: argparse.Namespace, hyps: list[str]) -> dict:
     _require(args, "ref")
     refs = {path: read_lines(path) for path in args.ref}
     _check_counts(args.hyp, hyps, refs)
@@ -79,16 +86,21 @@ def _translation(args: argparse.Namespace, hyps: list[str]) -> dict:
     return metrics
 
 
-def _summarization(args: argparse.Namespace, hyps: list[str]) -> dict:
-    _require(args, "ref")
-    if len(args.ref) != 1:
-        raise UsageError("--task summarization takes exactly one --ref")
-    refs = read_lines(args.ref[0])
-    _check_counts(args.hyp, hyps, {args.ref[0]: refs})
-    return rouge_scores(hyps, refs)
+def _validation_metrics(task: Task) -> Scorer:
+    """``task``'s validation metrics against one ``--ref``."""
+
+    def score(args: argparse.Namespace, hyps: list[str]) -> dict:
+        _require(args, "ref")
+        if len(args.ref) != 1:
+            raise UsageError(f"--task {args.task} takes exactly one --ref")
+        refs = read_lines(args.ref[0])
+        _check_counts(args.hyp, hyps, {args.ref[0]: refs})
+        return task.validation_metrics(hyps, refs)
+
+    return score
 
 
-def _gec(args: argparse.Namespace, hyps: list[str]) -> dict:
+def _m2(args: argparse.Namespace, hyps: list[str]) -> dict:
     _require(args, "m2")
     sentences = parse_m2(read_lines(args.m2), args.m2)
     _check_counts(args.hyp, hyps, {args.m2: sentences})
@@ -115,8 +127,22 @@ def _gleu(args: argparse.Namespace, hyps: list[str]) -> dict:
     return gleu_score(sources, hyps, list(refs.values()))
 
 
-# What `--task` scores: a task's outputs (its name in train/tasks.py), or `gleu` (JFLEG's GEC measure).
-SCORERS = {"translation": _translation, "summarization": _summarization, "gec": _gec, "gleu": _gleu}
+SCORERS: dict[str, Scorer] = {"sacrebleu": _sacrebleu, "m2": _m2}
+"""The scorers a task record names (``Task.scorer``)."""
+OTHER_SCORES: dict[str, Scorer] = {"gleu": _gleu}
+"""What ``--task`` scores beside the tasks: JFLEG's GLEU, which scores a GEC system's outputs against their sources
+as well as the references, and is no task of ``ode-train``."""
+
+
+def scorers() -> dict[str, Scorer]:
+    """What each ``--task`` is scored by: every task with outputs to score, as its record says, then
+    :data:`OTHER_SCORES`."""
+    by_task = {
+        name: SCORERS[task.scorer] if task.scorer else _validation_metrics(task)
+        for name, task in TASKS.items()
+        if task.scorer or task.validation_metrics
+    }
+    return {**by_task, **OTHER_SCORES}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=program_name(__spec__.name),
         description="Score system outputs (one segment per line; .gz accepted) and print JSON metrics.",
     )
-    parser.add_argument("--task", required=True, choices=list(SCORERS))
+    parser.add_argument("--task", required=True, choices=list(scorers()))
     parser.add_argument("--hyp", required=True, help="system outputs")
     parser.add_argument("--ref", action="append", help="reference file (repeat for several references)")
     parser.add_argument("--src", help="source sentences (gleu; for gec, checked against the M2 file)")
@@ -151,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         hyps = read_lines(args.hyp)
         if not hyps:  # sacrebleu fails on it, ROUGE would score it 0
             raise UsageError(f"{args.hyp} has no lines: nothing to score")
-        metrics = SCORERS[args.task](args, hyps)
+        metrics = scorers()[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
         return report_user_error(__spec__.name, error)
     text = json.dumps(metrics, indent=2, ensure_ascii=False)

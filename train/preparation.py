@@ -194,7 +194,7 @@ def check_splits_not_empty(splits: dict, data_args: DataArguments) -> None:
 
 
 def streaming_train_split(
-    data_args: DataArguments, raw: DatasetDict, world_size: int, task: str = "translation"
+    data_args: DataArguments, raw: DatasetDict, world_size: int, task: str
 ) -> IterableDataset:
     """The training split as a stream: from the Hub (``streaming=True``) or a local split."""
     # with --dataset, the Hub is where that corpus comes from

@@ -18,7 +18,7 @@ from . import metrics
 if TYPE_CHECKING:
     from datasets import Dataset
 
-__all__ = ["TASKS", "Task", "get_task"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task"]
 
 Scores = Callable[[list[str], list[str]], dict[str, float]]
 """(hypotheses, references) -> named scores."""
@@ -44,6 +44,9 @@ class Task:
         test_split: the test split and its M2 file when the data has no test split; None: the validation split.
         m2_scored: an M2 file (``--m2_file``, or ``test_split``'s) scores the test split: M2 precision, recall and
             F0.5 in place of ``test_records``.
+        scorer: how ``ode-evaluate --task NAME`` scores a file of outputs: one of its named scorers (``SCORERS`` of
+            :mod:`ode_transformer.train.evaluate_predictions`); None: ``validation_metrics`` against one ``--ref``.
+            A language model has no outputs to score there.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Task:
     language_pair: bool = False
     test_split: Callable[[str | None], tuple[Dataset, Path]] | None = None
     m2_scored: bool = False
+    scorer: str | None = None
 
     @property
     def is_lm(self) -> bool:
@@ -126,6 +130,7 @@ TASKS: dict[str, Task] = {
             num_beams=4,
             length_penalty=0.6,
             language_pair=True,
+            scorer="sacrebleu",
         ),
         Task(
             "summarization",
@@ -148,10 +153,13 @@ TASKS: dict[str, Task] = {
             length_penalty=0.6,
             test_split=_conll2013_test,
             m2_scored=True,
+            scorer="m2",
         ),
         Task("lm", "lm", hub_tag="text-generation"),
     )
 }
+DEFAULT_TASK = "translation"
+"""``--task``'s default."""
 
 
 def get_task(name: str) -> Task:
