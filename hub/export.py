@@ -5,7 +5,7 @@
       model.safetensors        the weights (tied weights stored once); the digest of them its metadata holds is
                                recorded in config.json, generation_config.json and tokenizer_config.json too, and
                                from_pretrained checks that they agree
-      generation_config.json   decoding defaults: the model's own, else the paper's (beam 4, length penalty 0.6)
+      generation_config.json   decoding defaults: the model's own, else the paper's translation decoding
       configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py, lora.py
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
@@ -41,6 +41,7 @@ from modeling_ode import (
 from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, record_weights_digest
 from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.cli import program_name, report_user_error
+from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
@@ -57,9 +58,9 @@ from .onnx_export import (
 
 __all__ = ["PAPER_GENERATION_DEFAULTS", "TOKENIZER_FILES", "export_for_hub"]
 
-# An encoder-decoder without decoding defaults of its own decodes as the paper translates (the record of
-# `--task translation` in train/tasks.py; tests/test_tasks.py ties the two).
-PAPER_GENERATION_DEFAULTS = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
+# An encoder-decoder without decoding defaults of its own decodes as the paper translates, as `--task translation`
+# does.
+PAPER_GENERATION_DEFAULTS = {**PAPER_TRANSLATION_DECODING, "early_stopping": True}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

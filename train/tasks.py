@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
+
 from . import metrics
 
 if TYPE_CHECKING:
@@ -126,9 +128,8 @@ TASKS: dict[str, Task] = {
             metric_names=("bleu", "chrf"),
             validation_metrics=_bleu_chrf,
             test_records=_bleu_chrf_records,
-            # WMT En-De's; En-Ro used beam 5, length penalty 1.3
-            num_beams=4,
-            length_penalty=0.6,
+            # num_beams and length_penalty, shared with ode-export (hub/ imports no train/ module)
+            **PAPER_TRANSLATION_DECODING,
             language_pair=True,
             scorer="sacrebleu",
         ),
