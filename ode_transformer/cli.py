@@ -43,14 +43,15 @@ def install_command(extra: str | None = None) -> str:
     return f"pip install '.{suffix}' in a clone of ode-transformer, or pip install 'ode_transformer-*.whl{suffix}'"
 
 
-def guide(name: str) -> str:
+def guide(name: str, folder: str = "docs") -> str:
     """Where the guide ``name`` (``data-and-tests.md``) is: ``docs/`` in a clone, the package's ``docs/`` folder in
-    an install (pyproject ships the guides), so that a message naming it names a file the user has."""
+    an install (pyproject ships the guides), so that a message naming it names a file the user has. ``folder`` is
+    another shipped folder of the repository (``results``, which ships ``verdict.md``)."""
     package = Path(__file__).resolve().parent
-    for folder in (package.parent / "docs", package / "docs"):
-        if (folder / name).is_file():
-            return str(folder / name)
-    return f"docs/{name} of the ode-transformer repository"
+    for where in (package.parent / folder, package / folder):
+        if (where / name).is_file():
+            return str(where / name)
+    return f"{folder}/{name} of the ode-transformer repository"
 
 
 def program_name(module: str) -> str:

@@ -14,7 +14,8 @@ GATED_RK2_FINDING = (
     "it is the paper's choice and every recipe's default, not yet put on trial against residual and RK4 in a "
     "paired batch of this project's. In every gate diagnostic of the project's runs so far the gate was saturated "
     "on all tokens of every block (g near 0 or 1), so each block acted as a residual step that still computes F2, "
-    "or as y + F(y + F(y)). See results/verdict.md in the ode-transformer repository."
+    "or as y + F(y + F(y)). The figures, each with its p-value and interval, are in the project's verdict.md, which "
+    "the ode-transformer package ships."
 )
 
 

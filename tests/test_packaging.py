@@ -36,6 +36,7 @@ SOURCES = (
     "train",
     "hub",
     "docs",
+    "results/verdict.md",  # the one file of results/ that the wheel ships
 )
 
 
@@ -47,6 +48,7 @@ def _install(tmp_path: Path) -> Path:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (source / name).parent.mkdir(exist_ok=True)
             shutil.copy2(REPO / name, source / name)
     environment = tmp_path / "venv"
     venv.create(environment, with_pip=False)
@@ -62,6 +64,7 @@ def _install(tmp_path: Path) -> Path:
     assert not (purelib / "train").exists() and not (purelib / "hub").exists()
     assert (purelib / "ode_transformer" / "train" / "recipes" / "multi30k_en_de_cpu.yaml").is_file()
     assert (purelib / "ode_transformer" / "docs" / "data-and-tests.md").is_file()  # the guides messages name
+    assert [path.name for path in (purelib / "ode_transformer" / "results").iterdir()] == ["verdict.md"]
     return environment / "bin"
 
 
@@ -294,26 +297,28 @@ def _user_facing_strings(path: Path) -> list[tuple[int, str]]:
 
 def test_messages_name_no_repository_file_the_wheel_lacks():
     """What the installed commands print names no file of the repository that the wheel does not ship (no
-    docs/*.md path, no benchmarks/results); a guide is named by
-    `ode_transformer.cli.guide`, which finds it in a clone or in the install, where pyproject ships the guides."""
+    docs/*.md path, nothing under results/ or benchmarks/results); a guide, or the verdict, is named by
+    `ode_transformer.cli.guide`, which finds it in a clone or in the install, where pyproject ships the guides and
+    results/verdict.md."""
     import tomllib
 
-    shipped = REPO / "docs"
     named = [
         f"{path.relative_to(REPO)}:{line}: {text[:80]!r}"
         for package in ("modeling_ode", "ode_transformer", "train", "hub")
         for path in sorted((REPO / package).rglob("*.py"))
         for line, text in _user_facing_strings(path)
-        if re.search(r"\bdocs/[\w.-]+\.md|benchmarks/results", text)
+        if re.search(r"\bdocs/[\w.-]+\.md|\bresults/", text)
     ]
     assert named == []
     guide = Path(cli.guide("data-and-tests.md"))
-    assert guide.is_file() and guide.parent == shipped
+    assert guide.is_file() and guide.parent == REPO / "docs"
+    verdict = Path(cli.guide("verdict.md", "results"))
+    assert verdict.is_file() and verdict.parent == REPO / "results"
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert project["package-dir"]["ode_transformer.docs"] == "docs"
-    assert "ode_transformer.docs" in project["packages"] and project["package-data"][
-        "ode_transformer.docs"
-    ] == ["*.md"]
+    for package, folder, files in (("docs", "docs", ["*.md"]), ("results", "results", ["verdict.md"])):
+        assert project["package-dir"][f"ode_transformer.{package}"] == folder
+        assert f"ode_transformer.{package}" in project["packages"]
+        assert project["package-data"][f"ode_transformer.{package}"] == files
 
 
 def test_an_install_looks_for_no_data_folder_beside_site_packages(tmp_path, monkeypatch):

@@ -59,9 +59,7 @@ def parse_demo_arguments(argv: list[str] | None = None) -> tuple[argparse.Namesp
     parser.add_argument(
         "--max_test_samples", type=int, default=None, help="score only the first N test pairs"
     )
-    parser.add_argument(
-        "--results", help="also write the summary to this JSON file (e.g. results/demo/cpu.json)"
-    )
+    parser.add_argument("--results", help="also write the summary to this JSON file (e.g. demo-cpu.json)")
     demo_args, passthrough = parser.parse_known_args(argv)
     if demo_args.results == "-":
         parser.error("--results -: the summary is printed already; give a file name")

@@ -452,10 +452,11 @@ def note_gated_rk2(config) -> None:
     (every recipe's default), and how to train another block."""
     for side in gated_rk2_sides(config):
         logger.info(
-            "%s blocks: gated RK2 (the paper's learnable gate): %s To train another block, pass e.g. "
+            "%s blocks: gated RK2 (the paper's learnable gate): %s (%s) To train another block, pass e.g. "
             "--%s_ode_method rk4 (the blocks: %s).",
             side,
             GATED_RK2_FINDING,
+            guide("verdict.md", "results"),
             side,
             guide("model.md"),
         )
