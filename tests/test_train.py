@@ -680,13 +680,15 @@ def test_a_run_without_recipe_trains_with_the_papers_optimiser():
 def test_label_smoothing_is_the_trainers_flag_with_the_papers_default():
     """The model returns plain cross entropy; `--label_smoothing_factor` (transformers' flag) smooths it: the
     paper's 0.1 by default, 0 for a language model, whatever is given (0 included) otherwise. A smoothed causal LM
-    is refused: transformers' label smoother would not shift its labels."""
+    is refused by check_settings, with the checks that span dataclasses: transformers' label smoother would not
+    shift its labels."""
     factor = lambda *flags: parse_arguments([*flags, "--use_cpu", "true"])[3].label_smoothing_factor  # noqa: E731
     assert factor() == 0.1 and factor("--task", "lm") == 0.0
     assert factor("--label_smoothing_factor", "0.2") == 0.2 and factor("--label_smoothing_factor", "0") == 0.0
     assert factor(str(RECIPES / "multi30k_en_de_cpu.yaml")) == 0.1
+    smoothed_lm = parse_arguments(["--task", "lm", "--label_smoothing_factor", "0.1", "--use_cpu", "true"])
     with pytest.raises(ValueError, match="--label_smoothing_factor 0.1 with --task lm: .* would not shift"):
-        factor("--task", "lm", "--label_smoothing_factor", "0.1")
+        check_settings(smoothed_lm)
     with pytest.raises(ValueError, match="must come first"):
         parse_arguments(["--use_cpu", "true", str(RECIPES / "multi30k_en_de_cpu.yaml")])
 

@@ -1,8 +1,12 @@
-"""The run's arguments: the model, data and run dataclasses beside transformers' ``Seq2SeqTrainingArguments``,
-recipes (a YAML/JSON file of flag defaults, given first), and every check made on them before any work.
+"""The run's arguments: the model, data and run dataclasses beside transformers' ``Seq2SeqTrainingArguments``, and
+recipes (a YAML/JSON file of flag defaults, given first).
 
-:func:`parse_arguments` turns ``[RECIPE] [--flag value ...]`` into one :class:`Settings`; what it refuses, it
-refuses here, in words naming the flag, before data is read or a folder is touched.
+:func:`parse_arguments` turns ``[RECIPE] [--flag value ...]`` into one :class:`Settings`. What it refuses, it refuses
+in words naming the flag: a recipe's bad values as the recipe is read, and each dataclass's bad fields as the
+dataclass is built (``__post_init__``). The checks that compare several dataclasses or read the disk are
+:func:`ode_transformer.train.checks.check_settings`'s, which ``run`` makes first, with one exception made here:
+``--precision`` against ``--bf16``/``--fp16``, as parsing resolves the precision (``--precision auto`` becomes
+``--bf16 true`` or not) and two flags that disagree leave none to resolve.
 """
 
 from __future__ import annotations
@@ -523,13 +527,7 @@ def set_label_smoothing(
     task: str, training_args: Seq2SeqTrainingArguments, argv: list[str], recipe: dict
 ) -> None:
     """The model returns plain cross entropy (as BART and Marian do); label smoothing is the Trainer's
-    ``--label_smoothing_factor``: by default the paper's 0.1, and 0 for ``--task lm``. transformers shifts the
-    labels of a smoothed loss only for its own causal LMs, so a smoothed ODE language model is refused."""
-    is_lm = get_task(task).is_lm
+    ``--label_smoothing_factor``: by default the paper's 0.1, and 0 for ``--task lm`` (check_settings refuses a
+    smoothed language model)."""
     if not given("label_smoothing_factor", argv, recipe):
-        training_args.label_smoothing_factor = 0.0 if is_lm else PAPER_LABEL_SMOOTHING
-    elif is_lm and training_args.label_smoothing_factor:
-        raise ValueError(
-            f"--label_smoothing_factor {training_args.label_smoothing_factor} with --task lm: transformers' label "
-            "smoother would not shift a causal LM's labels; leave it out (the paper's language models use none)"
-        )
+        training_args.label_smoothing_factor = 0.0 if get_task(task).is_lm else PAPER_LABEL_SMOOTHING

@@ -28,6 +28,12 @@ def check_settings(settings: Settings) -> None:
         check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps (a stream has no length)")
+    # transformers shifts the labels of a smoothed loss only for its own causal LMs
+    if task.is_lm and training_args.label_smoothing_factor:
+        raise ValueError(
+            f"--label_smoothing_factor {training_args.label_smoothing_factor} with --task {task.name}: transformers' "
+            "label smoother would not shift a causal LM's labels; leave it out (the paper's language models use none)"
+        )
     if model_args.upcycle and (not model_args.model_name_or_path or task.is_lm):
         seq2seq = ", ".join(name for name, other in TASKS.items() if not other.is_lm)
         raise ValueError(
