@@ -11,8 +11,11 @@ convert with live here too (``positive_int``, which ``ode_transformer.cli`` hand
 that this module imports nothing of the project: the recipes of ``ode-train RECIPE --help`` are read through
 ``importlib``, as the console commands reach the tools.
 
-The file holds the flags of one transformers version; with another installed it is not used (the command's own
-parser answers, slowly). tests/test_cli.py checks it is the live parsers': a parser changed without
+The file holds the flags of one transformers version. transformers adds and changes ``TrainingArguments`` fields in
+its minor releases (a patch release fixes bugs), so another patch release of the same minor version uses the file
+too, except that a flag the kept parser refuses is left to the command's own parser, which judges it (slowly): only
+the version the file was written with has its refusals answered from it. With another minor version installed it is
+not used. tests/test_cli.py checks it is the live parsers': a parser changed without
 ``python -m ode_transformer.parsers`` fails it.
 
 argparse has no public description of its actions and groups: this module reads and rebuilds its private ones
@@ -217,18 +220,41 @@ def write_snapshot(path: Path = SNAPSHOT) -> None:
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def kept_parser(command: str) -> argparse.ArgumentParser | None:
-    """The command's parser rebuilt from the kept flags; None where none are kept for it, or they were written
-    with another transformers version than the one installed."""
+def _minor_version(version: str | None) -> list[str] | None:
+    """``5.24`` of ``5.24.1``: the part of a version a release changes ``TrainingArguments`` in."""
+    return None if version is None else version.split(".")[:2]
+
+
+def _kept(command: str) -> tuple[argparse.ArgumentParser | None, bool]:
+    """The command's parser rebuilt from the kept flags (None where none are kept for it, or they were written with
+    another minor version of transformers than the one installed), and whether they were written with the very
+    version installed."""
     if command not in COMMANDS:
-        return None
+        return None, False
     try:
         data = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if data.get("transformers") != transformers_version() or command not in data.get("commands", {}):
-        return None
-    return rebuild(data["commands"][command], command)
+        return None, False
+    kept, installed = data.get("transformers"), transformers_version()
+    if installed is None or _minor_version(kept) != _minor_version(installed):
+        return None, False
+    if command not in data.get("commands", {}):
+        return None, False
+    return rebuild(data["commands"][command], command), kept == installed
+
+
+def kept_parser(command: str) -> argparse.ArgumentParser | None:
+    """The command's parser rebuilt from the kept flags; None where none are kept for it, or they were written
+    with another minor version of transformers than the one installed."""
+    return _kept(command)[0]
+
+
+class _Refused(Exception):
+    """A kept parser refused the arguments, where the command's own parser is the judge."""
+
+
+def _refuse(message: str) -> None:
+    raise _Refused(message)
 
 
 def _recipe_files():
@@ -253,10 +279,13 @@ def _apply_recipe(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
 
 def check_arguments(command: str, argv: list[str]) -> None:
     """Answer ``--help`` (exit 0) and refuse what the command's parser refuses (one line, exit 2) from the kept
-    flags, before the command's module is imported; return where the arguments parse, or no flags are kept."""
-    parser = kept_parser(command)
+    flags, before the command's module is imported; return where the arguments parse, or no flags are kept, or the
+    kept flags were written with another patch release of transformers and refuse them."""
+    parser, exact = _kept(command)
     if parser is None:
         return
+    if not exact:  # another patch release: a flag refused here may be one it added, so its own parser judges
+        parser.error = _refuse
     if command == "ode-train":
         if {"--list-recipes", "--list_recipes"} & set(argv):
             _recipe_files().list_recipes()
@@ -265,7 +294,10 @@ def check_arguments(command: str, argv: list[str]) -> None:
             argv = _apply_recipe(parser, argv)
             if argv is None:
                 return
-    parser.parse_args(argv)
+    try:
+        parser.parse_args(argv)
+    except _Refused:
+        return
 
 
 if __name__ == "__main__":
