@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -313,6 +316,66 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
         )
         assert output.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "link.txt", "model", "out.txt", "sub"]
+
+
+def test_two_translations_into_one_file_by_two_names_race_to_one_whole_output(tmp_path):
+    """Two ode-translate started at once into one --output by two names (OUT/out.txt, and LINK/alias.txt where
+    LINK links to OUT and alias.txt to out.txt), in a loop: one takes the file, the other is refused in one line
+    (exit code 2) while it does, and the file is the whole output of the one that exited 0, never interleaved or
+    cut off. Each reads its input from a pipe that is fed only once the other has ended, so that the two
+    always overlap."""
+    model = str(tmp_path / "model")
+    save_tiny_folder(tmp_path / "model", weight_scale=3)
+    out, link = tmp_path / "out", tmp_path / "link"
+    out.mkdir()
+    link.symlink_to("out")
+    (out / "alias.txt").symlink_to("out.txt")
+    texts = {  # lines of their own, in numbers of their own: the output says which run wrote it
+        "A": "the dog runs in the park\n" * 30,
+        "B": "a cat sleeps\n" * 47,
+    }
+    names = {"A": out / "out.txt", "B": link / "alias.txt"}
+
+    def translation(argv: list[str]) -> subprocess.Popen:
+        return start(command("ode-translate", model, *argv, "--no_progress"))
+
+    alone = {  # each into a file of its own: the output it writes
+        name: translation(
+            ["--input", str(write(tmp_path / f"{name}.txt", text)), "--output", f"{tmp_path / name}.out"]
+        )
+        for name, text in texts.items()
+    }
+    for process in alone.values():
+        assert process.wait(timeout=300) == 0, process.communicate()[1].decode()[-3000:]
+    expected = {name: Path(f"{tmp_path / name}.out").read_text(encoding="utf-8") for name in texts}
+    assert expected["A"] != expected["B"]
+    for round_ in range(3):
+        pipes = {name: tmp_path / f"{name}{round_}.fifo" for name in texts}
+        racers = {}
+        for name, pipe in pipes.items():
+            os.mkfifo(pipe)
+            racers[name] = translation(["--input", str(pipe), "--output", str(names[name])])
+        try:
+            deadline = time.monotonic() + 300
+            while all(racer.poll() is None for racer in racers.values()):  # the winner waits on its pipe
+                assert time.monotonic() < deadline, "neither translation was refused: both hold the file"
+                time.sleep(0.2)
+            (loser,) = [name for name, racer in racers.items() if racer.returncode is not None]
+            (winner,) = set(texts) - {loser}
+            with open(pipes[winner], "w", encoding="utf-8") as feed:
+                feed.write(texts[winner])
+            assert racers[winner].wait(timeout=300) == 0, racers[winner].communicate()[1].decode()[-3000:]
+        finally:
+            for racer in racers.values():
+                racer.kill()
+        stderr = racers[loser].communicate()[1]
+        assert racers[loser].returncode == 2 and last_line(stderr) == (
+            f"ode-translate: error: {names[loser]} is in use by another process (pid {racers[winner].pid}); "
+            "wait for it to finish or stop it, or choose another --output."
+        )
+        assert (out / "out.txt").read_text(encoding="utf-8") == expected[winner]
+        assert sorted(p.name for p in out.iterdir()) == ["alias.txt", "out.txt"]  # no lock or temporary left
+        assert (out / "alias.txt").is_symlink()
 
 
 @pytest.mark.both_cpus
