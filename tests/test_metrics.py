@@ -609,3 +609,29 @@ def test_evaluate_load_local_m2_metric_offline(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert (result["correct"], result["proposed"], result["gold"], result["recall"]) == (1, 1, 2, 0.5)
+
+
+SCORING_PROBE = """
+import sys
+import ode_transformer.train.run
+from ode_transformer.train import metrics
+from ode_transformer.train.tasks import TASKS
+late = ("rouge_score", "nltk", "sacremoses")
+print(sorted(name for name in late if name in sys.modules))
+for task in TASKS.values():
+    for package in task.scoring_packages:
+        __import__(package)
+before = {name.split(".")[0] for name in sys.modules}
+metrics.rouge_scores(["the cat sat"], ["the cat sat down"])
+print(sorted({name.split(".")[0] for name in sys.modules} - before))
+"""
+
+
+def test_a_run_imports_its_metric_backends_only_where_its_task_scores_with_them():
+    """Importing ode_transformer.train.run (every ode-train run does) imports neither ROUGE's backend (which
+    loads nltk) nor sacremoses; a task that scores with one names it in `scoring_packages`, imported at the
+    run's start, after which scoring imports no further package."""
+    run = subprocess.run(
+        [sys.executable, "-c", SCORING_PROBE], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert run.stdout.splitlines() == ["[]", "[]"], run.stdout

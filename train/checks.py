@@ -6,6 +6,8 @@ its own fields as it is built (``__post_init__``, in :mod:`ode_transformer.train
 
 from __future__ import annotations
 
+import importlib
+
 from modeling_ode import ODETransformerConfig
 
 from .arguments import Settings, check_max_train_tokens
@@ -21,9 +23,12 @@ def check_settings(settings: Settings) -> None:
 
     Raises:
         ValueError: the first problem found.
+        ModuleNotFoundError: a package the task's scores need (``Task.scoring_packages``) is not installed.
     """
     model_args, data_args, run_args, training_args = settings
     task = get_task(run_args.task)
+    for package in task.scoring_packages:  # a missing one: ode_transformer.cli names the extra to install
+        importlib.import_module(package)
     if not model_args.model_name_or_path:
         check_max_train_tokens(data_args)
     if data_args.streaming and training_args.max_steps <= 0:

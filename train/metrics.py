@@ -22,11 +22,16 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesTokenizer
+
+# rouge_score (which imports nltk) and sacremoses are imported by the functions that score with them, so that
+# importing this module, as every run does, costs neither: a run that needs ROUGE imports it at its start
+# (`Task.scoring_packages`).
+if TYPE_CHECKING:
+    from sacremoses import MosesTokenizer
 
 __all__ = [
     "GoldEdit",
@@ -113,6 +118,8 @@ def split_compounds(text: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _moses(lang: str) -> MosesTokenizer:
+    from sacremoses import MosesTokenizer
+
     return MosesTokenizer(lang=lang)
 
 
@@ -202,6 +209,8 @@ def rouge_scores(
     (summary-level LCS) treats newlines as sentence boundaries; with ``sentence_split`` the
     texts go through :func:`split_sentences` first (ROUGE-1/2/L ignore newlines either way).
     """
+    from rouge_score import rouge_scorer
+
     if len(preds) != len(refs):
         raise ValueError(f"{len(preds)} predictions but {len(refs)} references")
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)

@@ -49,6 +49,9 @@ class Task:
         scorer: how ``ode-evaluate --task NAME`` scores a file of outputs: one of its named scorers (``SCORERS`` of
             :mod:`ode_transformer.train.evaluate_predictions`); None: ``validation_metrics`` against one ``--ref``.
             A language model has no outputs to score there.
+        scoring_packages: the packages its scores import when they are computed (:mod:`.metrics` imports them
+            late), imported at a run's start so that a missing one stops it before training, not at its first
+            evaluation.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Task:
     test_split: Callable[[str | None], tuple[Dataset, Path]] | None = None
     m2_scored: bool = False
     scorer: str | None = None
+    scoring_packages: tuple[str, ...] = ()
 
     @property
     def is_lm(self) -> bool:
@@ -142,6 +146,7 @@ TASKS: dict[str, Task] = {
             test_records=_rouge_records,
             num_beams=4,
             length_penalty=2.0,
+            scoring_packages=("rouge_score.rouge_scorer",),
         ),
         Task(
             "gec",
