@@ -12,7 +12,8 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
@@ -350,19 +351,55 @@ def record_weights_digest(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _digest_problem(folder: str | os.PathLike, model: PreTrainedModel) -> str | None:
-    """Why `model`, just loaded from the local `folder`, may hold one export's config and another's weights: the
-    digest its config (and generation config) record against the one in the folder's `model.safetensors`; None
-    where they agree or nothing records one."""
-    weights = Path(folder) / "model.safetensors"
+def _weights_version(path: Path) -> tuple | None:
+    """Which file `path` is (device, inode, size, modification time) and the weights digest its header records,
+    both read through one open file, so that a rename between two reads by name cannot pair one file's identity
+    with another's digest; None where there is no file."""
+    with _held_weights(path) as version:
+        return version
+
+
+@contextmanager
+def _held_weights(path: Path) -> Iterator[tuple | None]:
+    """:func:`_weights_version` of `path`, the file held open until the block ends: while it is, no file that
+    replaces it can get its inode number (file systems give a deleted file's number to the next new one), so a
+    version read in the block equals this one only for the same, unchanged file."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (held open for the caller's block)
+    except FileNotFoundError:
+        yield None
+        return
+    with f:
+        stat = os.fstat(f.fileno())
+        try:
+            (size,) = struct.unpack("<Q", f.read(8))
+            metadata = json.loads(f.read(size)).get("__metadata__") or {}
+        except (struct.error, ValueError, AttributeError):  # not a safetensors header: no digest recorded
+            metadata = {}
+        yield (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), metadata.get(WEIGHTS_DIGEST)
+
+
+def _digest_problem(folder: str | os.PathLike, model: PreTrainedModel, before: tuple | None) -> str | None:
+    """Why `model`, just loaded from the local `folder`, may hold one export's config and another's weights;
+    None where its config (and generation config) record no weights digest, or where they agree with the
+    folder's `model.safetensors`, which was one unchanged file from `before` (:func:`_weights_version`, read
+    before the load) to now. Comparing with the file after the load alone would miss weights read from a file
+    that another export replaced with a copy of the first one's before the check."""
     recorded = {
         "config.json": getattr(model.config, WEIGHTS_DIGEST, None),
         "generation_config.json": getattr(getattr(model, "generation_config", None), WEIGHTS_DIGEST, None),
     }
     recorded = {name: digest for name, digest in recorded.items() if digest}
-    if not recorded or not weights.is_file():
+    after = _weights_version(Path(folder) / "model.safetensors")
+    if not recorded or before is after is None:
         return None
-    held = weights_digest(weights)
+    if before != after:
+        digests = [(version[1] or "none")[:12] if version else "no file" for version in (before, after)]
+        return (
+            f"{folder}: its model.safetensors is another file after the load than before it (weights digest "
+            f"{digests[0]} before, {digests[1]} after)"
+        )
+    held = after[1]
     wrong = [name for name, digest in recorded.items() if digest != held]
     if not wrong:
         return None
@@ -977,20 +1014,31 @@ class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, refusing a truncated or empty local `model.safetensors` by name, and
         a local folder whose config and weights come from two exports (`ode-export` records a digest of the weights
-        in both): a reader that loads while an export replaces the folder can take its files one from each. Loaded
-        again once; then refused in one line."""
+        in both): a reader that loads while an export replaces the folder can take its files one from each. The
+        weights file is read before the load and after it: it must be one unchanged file whose digest is the
+        config's. Loaded again once; then refused in one line."""
         folder = None
         if pretrained_model_name_or_path is not None:
             folder = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
             if (folder / "model.safetensors").is_file():
                 check_safetensors_file(folder / "model.safetensors")
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True gives a tuple
-        if folder is not None and (problem := _digest_problem(folder, loaded)):
+
+        def load():  # the model, and whether its files may come from two exports
+            if folder is None:
+                model = super(ODETransformerPreTrainedModel, cls).from_pretrained(None, *args, **kwargs)
+                return model, model[0] if isinstance(model, tuple) else model, None
+            with _held_weights(folder / "model.safetensors") as before:
+                model = super(ODETransformerPreTrainedModel, cls).from_pretrained(
+                    pretrained_model_name_or_path, *args, **kwargs
+                )
+                loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True: a tuple
+                return model, loaded, _digest_problem(folder, loaded, before)
+
+        model, loaded, problem = load()
+        if problem:
             logger.warning(f"{problem}: it was replaced while it loaded; loading it again")
-            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-            loaded = model[0] if isinstance(model, tuple) else model
-            if problem := _digest_problem(folder, loaded):
+            model, loaded, problem = load()
+            if problem:
                 raise OSError(
                     f"{problem}, loaded twice: its files come from two exports; load it again once the export "
                     "writing it has finished, or export the model again"

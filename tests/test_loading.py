@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -465,6 +466,51 @@ def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refus
     assert len(loads) == 2 and "it was replaced while it loaded; loading it again" in caplog.text
     assert model.config.weights_digest == digests[b]
     assert_bit_identical(dict(model.state_dict()), dict(loads[1].state_dict()))
+
+    # The weights read from another export's file, which a third export (of the first model again) replaced
+    # before the check: the file after the load agrees with the config, so only the file read before the load
+    # tells that the weights loaded are not the config's.
+    swapped = tmp_path / "swapped"
+    shutil.copytree(a, swapped)
+    loads.clear()
+
+    def replace(source: Path) -> None:  # as an export replaces it: a new file, renamed into place
+        shutil.copy2(source, swapped / ".incoming")
+        os.replace(swapped / ".incoming", swapped / "model.safetensors")
+
+    def swapped_during_the_load(cls, *args, **kwargs):
+        replace(b / "model.safetensors")
+        loads.append(original(cls, *args, **kwargs))
+        replace(a / "model.safetensors")
+        return loads[-1]
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(swapped_during_the_load))
+    swap = (
+        f"{swapped}: its model.safetensors is another file after the load than before it (weights digest "
+        f"{digests[a][:12]} before, {digests[a][:12]} after)"
+    )
+    with caplog.at_level(logging.WARNING), pytest.raises(OSError) as refusal:
+        ODETransformerForConditionalGeneration.from_pretrained(swapped)
+    assert str(refusal.value) == (
+        f"{swap}, loaded twice: its files come from two exports; load it again once the export writing it has "
+        "finished, or export the model again"
+    )
+    assert f"{swap}: it was replaced while it loaded; loading it again" in caplog.text
+    assert len(loads) == 2 and loads[0].config.weights_digest == digests[a]
+    held = loads[0].state_dict()  # what the check stands between: the config of one, the weights of the other
+    assert_bit_identical({name: held[name] for name in weights(b)}, weights(b))
+
+    def swapped_during_the_first_load(cls, *args, **kwargs):
+        if loads:
+            return original(cls, *args, **kwargs)
+        return swapped_during_the_load(cls, *args, **kwargs)
+
+    loads.clear()
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(swapped_during_the_first_load))
+    # loaded again, the file holding still this time
+    model = ODETransformerForConditionalGeneration.from_pretrained(swapped)
+    held = model.state_dict()
+    assert_bit_identical({name: held[name] for name in weights(a)}, weights(a))
     monkeypatch.undo()
 
     # the tokenizer of the other one
