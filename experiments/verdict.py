@@ -8,7 +8,7 @@ read once complete, written down before it runs.
 A tier's runs go to one batch per device (``results/<study>/cpu_<device><suffix>``): one commit, one device, one
 precision, as ``experiments.report`` pairs them. The tiers, in order:
 
-* (a) ptb_paper residual and RK4, seeds 0-2: the paper's central claim where our one seed shows its largest gap;
+* (a) ptb_paper residual and RK4, seeds 0-2: the paper's central claim, at the paper's size;
 * (b) multi30k_paired's power batch: the recipes' default block (gated RK2) beside residual and RK4, the power plan's seeds;
 * (c) the rest of ptb_paper: RK2, RK2 with gamma = 1 and gated RK2, seeds 0-2;
 * (d) the depth probe (``experiments.depth_gate``: schedules, gate, comparison on fresh seeds).
@@ -74,7 +74,7 @@ TIERS = (
     Tier(
         "a",
         "ptb_paper",
-        "ptb_paper residual and RK4, seeds 0-2: the paper's central claim where our seed 0 shows its largest gap",
+        "ptb_paper residual and RK4, seeds 0-2: the paper's central claim, at the paper's size",
         ("residual", "rk4"),
         (0, 1, 2),
     ),
@@ -182,9 +182,9 @@ def preregistration(results: Path = RESULTS) -> list[str]:
         f"- Reference spread: the `ptb` study (d 256, 1 layer, results/ptb/cpu) has a pooled pair sd of {ptb_sd:.2f} "
         f"word perplexity ({ptb_df} df); at that sd, 3 pairs detect {_detectable(ptb_sd, 3, 4):.2f} with 80% power "
         f"and give a 95% interval of +-{reading(ptb_sd, 3, 4, {})['half_width']:.2f}.",
-        "- Reading: RK4 below residual beyond noise supports the paper's direction (it reports 126.89 against "
-        "142.33); an interval that excludes 0 on the other side contradicts it; an interval that holds 0 is "
-        "not measured.",
+        "- Reading: if RK4 is below residual beyond noise, that supports the paper's direction (it reports 126.89 "
+        "against 142.33); if the interval excludes 0 on the other side, that contradicts it; if it holds 0, the gap "
+        "is not measured.",
         "",
     ]
     # (b): multi30k_paired power batch. The reference spread: the H200 batch's RK2 and RK4 pairs (5 seeds each).
@@ -207,9 +207,10 @@ def preregistration(results: Path = RESULTS) -> list[str]:
         f"- At that sd, {POWER_SEEDS} pairs give a 95% interval of +-{b['half_width']:.2f} BLEU, detect "
         f"{b['detectable']:.2f} BLEU with 80% power at Holm's first step, and have power {_fmt_power(b['power'])} "
         f"there. The sd itself is estimated from {m30k_df} df: a larger true sd lowers these powers.",
-        "- Reading: an interval whose upper end is below the paper's gap (WMT'14 base: RK2-gated +1.00, RK4 +1.14) "
-        "excludes the paper's gain at this setting; one above 0 shows a gain; one holding 0 and the paper's gap "
-        "measures nothing. The recipes' default follows the block with the best tested result.",
+        "- Reading: if an interval's upper end is below the paper's gap (WMT'14 base: RK2-gated +1.00, RK4 +1.14), "
+        "it excludes the paper's gain at this setting; if it lies above 0, it shows a gain; if it holds 0 and the "
+        "paper's gap, it measures nothing. If a block's tests put it ahead of the others, the recipes' default "
+        "follows it.",
         "",
     ]
     # (d): the depth probe. Reference spreads: multi30k_paired's H200 deeper-residual and RK pairs.
