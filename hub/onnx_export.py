@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import logging
+import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -381,6 +383,7 @@ def quantize_graph_int8(path: Path, model) -> None:
     import logging
 
     import onnx
+    from google.protobuf.message import DecodeError
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -403,6 +406,15 @@ def quantize_graph_int8(path: Path, model) -> None:
         n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and any(map(is_gate, n.input))
     ]
     quantized = path.with_name(f".{path.stem}.int8{path.suffix}")
+    # quantize_dynamic writes a shape-inferred copy of the graph beside it and reads it back; its writer does
+    # not report a failed write, so a full disk shows only as the copy failing to parse
+    free, size = shutil.disk_usage(path.parent).free, path.stat().st_size
+    if free < size:
+        raise OSError(
+            errno.ENOSPC,
+            f"the disk is full: {free} bytes free, and onnxruntime writes a shape-inferred copy of {path.name} "
+            f"({size} bytes) beside it",
+        )
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # its advice to pre-process the graph (shape inference) is for static shapes
@@ -419,6 +431,11 @@ def quantize_graph_int8(path: Path, model) -> None:
             # activation it asks about is float32
             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
+    except DecodeError:  # the graph parsed above: a copy of it that does not was cut off as it was written
+        raise OSError(
+            errno.ENOSPC,
+            f"the disk is full: onnxruntime's shape-inferred copy of {path.name} was cut off",
+        ) from None
     finally:
         root.setLevel(level)
     quantized.replace(path)

@@ -52,9 +52,8 @@ logger = logging.getLogger(__name__)
 # and of torch.save (its zip writer), which raise other exception types.
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 # torch.save's zip writer: "unexpected pos" when a record's write fails, "basic_ios::clear: iostream error" when its
-# final flush (the archive's directory) does.
-# onnxruntime's quantize_dynamic writes a shape-inferred copy of a graph and reads it back: cut off by a full disk
-# (its writer does not say so), protobuf finds the "Wire format was corrupt".
+# final flush (the archive's directory) does. (A protobuf that does not parse is no sign of a full disk, except
+# where the graph just read is copied and read back: ode_transformer.hub.onnx_export.quantize_graph_int8.)
 _NO_SPACE_MESSAGES = (
     "os error 28",
     "os error 27",
@@ -64,7 +63,6 @@ _NO_SPACE_MESSAGES = (
     "file write failed",
     "unexpected pos",
     "basic_ios::clear",
-    "Wire format was corrupt",
 )
 INCOMPLETE = ".incomplete"
 """Suffix of a folder being written (:func:`staged_folder`): renamed to its name once complete."""

@@ -184,3 +184,17 @@ def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
         pass
     monkeypatch.undo()
     assert output.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_a_corrupt_protobuf_while_saving_is_not_called_a_full_disk(tmp_path):
+    """A protobuf that does not parse ("Wire format was corrupt": a damaged graph or checkpoint) inside a save
+    is raised as it is, not reported as a full disk: only the int8 quantisation, which reads back a copy of a
+    graph it has just parsed, takes a cut-off copy for one (ode_transformer.hub.onnx_export)."""
+    from google.protobuf.message import DecodeError
+
+    from ode_transformer.files import saving
+
+    corrupt = DecodeError("Error parsing message with type 'onnx.ModelProto': Wire format was corrupt")
+    with pytest.raises(DecodeError) as raised, saving(tmp_path / "out"):
+        raise corrupt
+    assert raised.value is corrupt

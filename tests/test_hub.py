@@ -1039,9 +1039,10 @@ def test_no_tool_replaces_a_folder_holding_its_input_or_a_run(tmp_path, capsys, 
 
 
 def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
-    """A full disk during `ode-export --onnx --quantize int8` ends in exit code 2 and one line naming the
-    output and the fix, nothing half-written, not a protobuf "Wire format was corrupt" traceback: onnxruntime
-    writes a shape-inferred copy of each graph, cut off by the full disk, and reads it back. Tested under a
+    """A full disk during `ode-export --onnx --quantize int8` ends in exit code 2 and one line saying the disk
+    is full, naming the output, the graph and the fix, nothing half-written, not a protobuf "Wire format was
+    corrupt" traceback: onnxruntime writes a shape-inferred copy of each graph, cut off by the full disk (its
+    writer does not say so), and reads it back. Tested under a
     file-size limit, set as the first graph is quantised, that the graph fits but its copy with shapes does
     not. (The exporter's unfused graphs, written before, are larger than any copy.)"""
     pytest.importorskip("onnxruntime")
@@ -1071,8 +1072,47 @@ def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 2
     assert last_line(stderr) == (
-        f"ode-export: error: [Errno 28] no space left on device while saving {out} (Error parsing message with "
-        "type 'onnx.ModelProto': Wire format was corrupt); free some space (or raise the file-size limit, "
-        "`ulimit -f`) and run the command again"
+        f"ode-export: error: [Errno 28] no space left on device while saving {out} ([Errno 28] the disk is "
+        "full: onnxruntime's shape-inferred copy of encoder_model.onnx was cut off); free some space (or raise "
+        "the file-size limit, `ulimit -f`) and run the command again"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing half-written
+
+
+def test_a_disk_without_room_for_a_graphs_copy_is_full_before_it_is_quantised(tmp_path, monkeypatch):
+    """Less free space than the graph takes (onnxruntime writes a shape-inferred copy of it beside it) is named
+    as a full disk before quantize_dynamic writes anything: the graph is left as it was, and no copy."""
+    pytest.importorskip("onnxruntime")
+    import errno
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ode_transformer.hub.onnx_export import quantize_graph_int8
+
+    weight = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8) / 64, "weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "weight"], ["y"], name="product")],
+        "product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [weight],
+    )
+    path = tmp_path / "onnx" / "encoder_model.onnx"
+    path.parent.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    before = path.read_bytes()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=len(before) - 1))
+    with pytest.raises(OSError) as raised:
+        quantize_graph_int8(path, torch.nn.Linear(1, 1))
+    assert raised.value.errno == errno.ENOSPC and raised.value.strerror == (
+        f"the disk is full: {len(before) - 1} bytes free, and onnxruntime writes a shape-inferred copy of "
+        f"encoder_model.onnx ({len(before)} bytes) beside it"
+    )
+    assert path.read_bytes() == before and sorted(path.parent.iterdir()) == [path]
+    monkeypatch.undo()
+    quantize_graph_int8(path, torch.nn.Linear(1, 1))  # with the room, the same graph is quantised
+    assert "MatMulInteger" in {node.op_type for node in onnx.load(path).graph.node}
