@@ -1,6 +1,7 @@
-"""Shared pieces of the decoding tests (test_modeling, test_pcformer): tiny dropout-free configs, a padded source
-batch, and the two comparisons every decoder variant must pass: cached step-by-step logits == the full forward,
-and static-cache == dynamic-cache == beam-search-cache == uncached generated tokens."""
+"""Shared pieces of the decoding, compile and export tests: tiny dropout-free configs, the block types the compiled
+and exported graphs are checked with, a padded source batch, and the two comparisons every decoder variant must
+pass: cached step-by-step logits == the full forward, and static-cache == dynamic-cache == beam-search-cache ==
+uncached generated tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ from modeling_ode import ODETransformerConfig, ODETransformerForCausalLM
 
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 PAD = 1
+# One of each kind of block, as per-side config fields (without the side's prefix): the compiled and exported
+# graphs are checked on each.
+BLOCKS = {
+    "euler": {"ode_method": "euler", "ode_coefficients": "tableau"},
+    # gamma = 1/2
+    "rk2": {"ode_method": "rk2", "ode_coefficients": "tableau"},
+    "rk2_gated": {"ode_method": "rk2", "ode_coefficients": "gated"},
+    "rk4": {"ode_method": "rk4", "ode_coefficients": "tableau"},
+    "pc_rk2": {"ode_method": "rk2", "ode_coefficients": "ema", "layer_connections": "predictor_corrector"},
+}
 
 
 def tiny(**overrides) -> ODETransformerConfig:

@@ -15,15 +15,7 @@ import torch
 
 from modeling_ode import ODETransformerForCausalLM, ODETransformerForConditionalGeneration
 from modeling_ode.compat import graph_breaks
-from tests.decoding import tiny
-
-BLOCKS = {
-    "euler": {"ode_method": "euler", "ode_coefficients": "tableau"},
-    "rk2": {"ode_method": "rk2", "ode_coefficients": "tableau"},  # gamma = 1/2
-    "rk2_gated": {"ode_method": "rk2", "ode_coefficients": "gated"},
-    "rk4": {"ode_method": "rk4", "ode_coefficients": "tableau"},
-    "pc_rk2": {"ode_method": "rk2", "ode_coefficients": "ema", "layer_connections": "predictor_corrector"},
-}
+from tests.decoding import BLOCKS, tiny
 
 
 def config(block: str, causal: bool = False, **overrides):

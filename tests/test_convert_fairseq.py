@@ -345,7 +345,7 @@ def test_foreign_checkpoint_is_rejected(tmp_path):
         convert_fairseq_checkpoint(path)
 
 
-def test_pickle_flag(tmp_path, capsys):
+def test_pickle_flag(tmp_path, refused):
     # args Namespace only: loads safely (weights_only=True with argparse.Namespace allow-listed).
     safe = tmp_path / "safe.pt"
     torch.save(make_checkpoint(2, "standard"), safe)
@@ -357,10 +357,7 @@ def test_pickle_flag(tmp_path, capsys):
     torch.save(checkpoint, unsafe)
     with pytest.raises(FairseqCheckpointError, match="--trust-pickle"):
         load_fairseq_checkpoint(unsafe)
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(unsafe), str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
+    error = refused(main, [str(unsafe), str(tmp_path / "out")])
     assert (
         error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ")
         and "--trust-pickle" in error
@@ -369,7 +366,7 @@ def test_pickle_flag(tmp_path, capsys):
     assert (tmp_path / "out" / "config.json").is_file()
 
 
-def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
+def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, refused):
     """A stale tokenizer.json or card left in OUT_DIR would sit beside the new weights and describe another
     model: refused (before the checkpoint is read), as ode_transformer.hub.export does, and --overwrite clears it."""
     checkpoint = tmp_path / "checkpoint_best.pt"
@@ -382,10 +379,7 @@ def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
     with pytest.raises(FileExistsError, match="--overwrite"):  # refused before the checkpoint is looked at
         convert_fairseq_checkpoint(tmp_path / "missing.pt", out)
     assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(checkpoint), str(out)])
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
+    error = refused(main, [str(checkpoint), str(out)])
     assert (
         error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ") and "--overwrite" in error
     )
@@ -396,7 +390,7 @@ def test_occupied_output_folder_is_refused_unless_overwrite(tmp_path, capsys):
         convert_fairseq_checkpoint(checkpoint, tmp_path / "file")
 
 
-def test_what_is_no_checkpoint_file_is_named(tmp_path, capsys):
+def test_what_is_no_checkpoint_file_is_named(tmp_path, refused):
     """A folder, a text file, an empty or truncated file: each refused as what it is, with --trust-pickle or
     without and never advising it; the command exits 2 with no traceback, a text file under --trust-pickle
     included (not a raw UnpicklingError)."""
@@ -421,10 +415,7 @@ def test_what_is_no_checkpoint_file_is_named(tmp_path, capsys):
             assert f"{path} is not a fairseq/torch checkpoint" in message and problem in message
             assert "checkpoint*.pt" in message and "--trust-pickle" not in message
     for argv in ([str(text)], [str(text), "--trust-pickle"], [str(run)], [str(tmp_path / "missing.pt")]):
-        with pytest.raises(SystemExit) as exit_info:
-            main([argv[0], str(tmp_path / f"out{len(argv)}"), *argv[1:]])
-        assert exit_info.value.code == 2
-        error = capsys.readouterr().err
+        error = refused(main, [argv[0], str(tmp_path / f"out{len(argv)}"), *argv[1:]])
         assert (
             error.startswith("python -m ode_transformer.hub.convert_fairseq: error: ")
             and "Traceback" not in error

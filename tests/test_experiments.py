@@ -471,7 +471,7 @@ def test_a_resumed_run_marks_its_minutes_as_the_last_attempt_only():
     assert "*" not in plain.replace("**", "")
 
 
-def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path, capsys):
+def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path, refused):
     """`--batch h200`: the runs' results and checkpoints go to `cpu_h200`, beside the first batch's `cpu`, and the
     report of that folder is titled and reproduced with the label; a label that would blur the folder name is refused."""
     study = STUDIES["multi30k"]
@@ -501,18 +501,13 @@ def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path
     assert table.startswith("# multi30k (cpu_h200)")
     assert "`python -m experiments.report multi30k --size cpu --batch h200`" in table
     assert not (tmp_path / "multi30k" / "cpu").exists()
-    with pytest.raises(SystemExit):
-        runner.parse_args(["multi30k", "--batch", "h200_2"])
-    assert "--batch: batch label 'h200_2': letters and digits only" in capsys.readouterr().err
+    error = refused(runner.parse_args, ["multi30k", "--batch", "h200_2"])
+    assert "--batch: batch label 'h200_2': letters and digits only" in error
 
 
-def test_unknown_variant_or_size_is_a_clear_error(capsys):
-    with pytest.raises(SystemExit):
-        runner.parse_args(["ptb", "--only", "rk5"])
-    assert "unknown variants ['rk5']" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        runner.parse_args(["ptb_pilot", "--size", "paper"])
-    assert "has sizes cpu, not 'paper'" in capsys.readouterr().err
+def test_unknown_variant_or_size_is_a_clear_error(refused):
+    assert "unknown variants ['rk5']" in refused(runner.parse_args, ["ptb", "--only", "rk5"])
+    assert "has sizes cpu, not 'paper'" in refused(runner.parse_args, ["ptb_pilot", "--size", "paper"])
 
 
 def test_factor_variants_compare_with_the_baseline_under_the_same_factor():

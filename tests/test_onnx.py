@@ -34,8 +34,7 @@ from ode_transformer.hub.onnx_export import (
 )
 from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
 from ode_transformer.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
-from tests.decoding import tiny
-from tests.test_compile import BLOCKS
+from tests.decoding import BLOCKS, tiny
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -56,7 +55,7 @@ def session_options() -> ort.SessionOptions:
 
 
 def block_config(block: str, **overrides):
-    """`block` (tests/test_compile.py's BLOCKS, or the authors' gated RK2) in the encoder and the decoder."""
+    """`block` (tests/decoding.py's BLOCKS, or the authors' gated RK2) in the encoder and the decoder."""
     fields = BLOCKS["rk2_gated" if block == "rk2_gated_authors" else block]
     config = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in fields.items()}
     if block == "rk2_gated_authors" or block.startswith("pc_"):
@@ -565,15 +564,14 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     np.testing.assert_array_equal(search.generate(batch["input_ids"], batch["attention_mask"]), expected)
 
 
-def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, capsys):
+def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, refused):
     import onnx
 
     from ode_transformer.hub.export import main
 
     save_tiny_folder(tmp_path / "model", weight_scale=3)
-    with pytest.raises(SystemExit):
-        main([str(tmp_path / "model"), str(tmp_path / "plain"), "--quantize", "int8"])
-    assert "--quantize quantises the ONNX graphs: add --onnx" in capsys.readouterr().err
+    error = refused(main, [str(tmp_path / "model"), str(tmp_path / "plain"), "--quantize", "int8"])
+    assert "--quantize quantises the ONNX graphs: add --onnx" in error
     assert not (tmp_path / "plain").exists()
     out = tmp_path / "export"
     assert (
@@ -636,7 +634,7 @@ def test_int8_graphs_quantise_every_stage_of_an_rk_block(exporter, tmp_path):
         assert len(float_products) == (gates if graph.startswith("encoder") else 0), (graph, float_products)
 
 
-def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, refused):
     import importlib.util
 
     from ode_transformer.hub import export
@@ -648,10 +646,7 @@ def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_pat
 
     monkeypatch.setattr(importlib.util, "find_spec", without_onnxscript)
     save_tiny_folder(tmp_path / "model")
-    with pytest.raises(SystemExit) as exit_info:
-        export.main([str(tmp_path / "model"), str(tmp_path / "out"), "--onnx"])
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
+    error = refused(export.main, [str(tmp_path / "model"), str(tmp_path / "out"), "--onnx"])
     assert "onnxscript" in error and "pip install '.[onnx]'" in error
     assert not (tmp_path / "out").exists()
 

@@ -887,7 +887,7 @@ def _multi30k_hub_layout(folder: Path, rows: int = 40) -> Path:
 
 
 @pytest.mark.both_cpus
-def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monkeypatch, capsys):
+def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monkeypatch, refused):
     """From an install (no ../shared), `ode-train multi30k_en_de_cpu` finds its data: a recipe takes the local
     folder when there is one (--data_dir), else the Hub dataset it names, through datasets; offline it fails
     in one line naming --data_dir and the dataset id."""
@@ -917,10 +917,7 @@ def test_a_packaged_recipe_gets_its_data_by_name_without_a_clone(tmp_path, monke
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["multi30k_en_de_cpu", *out])
-    assert exit_info.value.code == 2
-    message = capsys.readouterr().err.splitlines()[-1]
+    message = refused(main, ["multi30k_en_de_cpu", *out]).splitlines()[-1]
     assert message.startswith(
         "python -m ode_transformer.train.run: error: shared corpus 'multi30k': no local copy"
     )
