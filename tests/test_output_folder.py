@@ -648,6 +648,21 @@ def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fi
     refused(own, own / "tokenizer", "tokenizer_config.json")
 
     (own / "tokenizer" / "tokenizer_config.json").write_bytes(config)
+    lost = own / "checkpoint-2" / "tokenizer.json"  # a checkpoint without its copy: nothing to compare with
+    copy = lost.read_bytes()
+    lost.unlink()
+    before = snapshot(own)
+    message = (
+        f"{own / 'checkpoint-2'} has no copy of the tokenizer's tokenizer.json (every checkpoint saves one), so "
+        f"the tokenizer in {own / 'tokenizer'} cannot be shown to be the one it was trained with; resume from a "
+        f"checkpoint that holds it (--resume_from_checkpoint FOLDER), copy tokenizer.json from {own / 'tokenizer'} "
+        f"into {own / 'checkpoint-2'} if that is the run's tokenizer, or start a new run with this tokenizer "
+        "(--overwrite_output_dir true, or another --output_dir)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        train_run(own, *resume)
+    assert snapshot(own) == before
+    lost.write_bytes(copy)
     train_run(
         named, *resume, "--tokenizer_name", str(shared)
     )  # the tokenizers they were trained with: resumed

@@ -158,24 +158,37 @@ def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, 
     normalizer, an edited ``eos_token``) would otherwise resume and train another model, or be refused as
     "another model configuration", naming neither the file nor the fix.
 
+    Every checkpoint holds a copy of each file (the trainer saves its tokenizer with it), so a file the
+    checkpoint lacks was lost from it, and is refused too: what it held cannot be compared.
+
     Raises:
-        ValueError: the files that differ, ``folder`` and the fix.
+        ValueError: the files that differ, or that the checkpoint lacks, ``folder`` and the fix.
     """
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="ode-tokenizer-") as scratch:
         tokenizer.save_pretrained(scratch)
+        saved = sorted(Path(scratch).iterdir())
+        missing = [path.name for path in saved if not (Path(checkpoint) / path.name).is_file()]
         differing = [
             path.name
-            for path in sorted(Path(scratch).iterdir())
-            if (Path(checkpoint) / path.name).is_file()
-            and _file_content(path) != _file_content(Path(checkpoint) / path.name)
+            for path in saved
+            if path.name not in missing and _file_content(path) != _file_content(Path(checkpoint) / path.name)
         ]
+    new_run = "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
     if differing:
         raise ValueError(
             f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {', '.join(differing)} "
             f"differ from the checkpoint's copies; copy them from {checkpoint} back into {folder} to resume, or "
-            "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+            f"{new_run}"
+        )
+    if missing:
+        names = ", ".join(missing)
+        raise ValueError(
+            f"{checkpoint} has no copy of the tokenizer's {names} (every checkpoint saves one), so the tokenizer "
+            f"in {folder} cannot be shown to be the one it was trained with; resume from a checkpoint that holds "
+            f"it (--resume_from_checkpoint FOLDER), copy {names} from {folder} into {checkpoint} if that is the "
+            f"run's tokenizer, or {new_run}"
         )
 
 
