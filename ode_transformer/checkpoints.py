@@ -7,8 +7,9 @@
 * Every checkpoint holds ``run_id.txt``, the id of the run that wrote it (a resumed run keeps the id
   of the checkpoint it resumes from), so checkpoints of different runs are never mixed, e.g. by
   averaging (:func:`check_one_run`).
-* One run at a time per folder: :func:`lock_output_dir` holds ``OUTPUT_DIR/.run.lock`` for the run's
-  lifetime (a second run started at once is refused, naming the first one's pid).
+* One run at a time per folder: :func:`lock_output_dir` holds ``OUTPUT_DIR/.run.lock``, and the folder's lock
+  beside it, which an export or averaging into the folder takes too, for the run's lifetime (a second writer
+  started at once is refused, naming the first one's pid).
 * :func:`complete_checkpoints` lists the complete ``checkpoint-<step>`` folders (weights and
   ``trainer_state.json``, which the trainer writes last); incomplete ones, left by a kill before
   this scheme or by a copy, are skipped with a warning.
@@ -16,6 +17,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import re
@@ -25,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .files import claim, real_path, refuse_replacing_inputs, replace_folder
+from .files import InUseError, claim, claim_output, real_path, refuse_replacing_inputs, replace_folder
 
 __all__ = [
     "FINAL_MODEL_STAGING",
@@ -175,23 +178,42 @@ def refuse_replacing_a_run(
 
 @contextmanager
 def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
-    """Hold ``OUTPUT_DIR/.run.lock`` while the block runs (:func:`ode_transformer.files.claim`): one run per folder, also for
-    runs started at once (a check of the folder's contents alone lets both through). The folder is created if
-    needed; the lock files are removed at the end, and the folder too if the run wrote nothing into it.
+    """Hold ``OUTPUT_DIR/.run.lock`` (:func:`ode_transformer.files.claim`, which says that the folder holds a
+    run), then the folder's lock beside it (``.NAME.lock``, :func:`ode_transformer.files.claim_output`, which
+    every writer of a whole folder takes: an export, averaging, a conversion), while the block runs: one writer
+    per folder, also for two started at once (a check of the folder's contents alone lets both through). The
+    folder is created if needed; the lock files are removed at the end, and the folder too if the run wrote
+    nothing into it.
 
     Raises:
-        InUseError: another process holds the lock (its pid named).
+        InUseError: another process holds either lock (its pid named).
     """
     folder = Path(output_dir)
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     real = real_path(folder)  # the lock of the folder, whatever its name
     try:
-        with claim(folder, real / LOCK_FILE, real / PID_FILE, "--output_dir", holder="run"):
+        with (
+            claim(folder, real / LOCK_FILE, real / PID_FILE, "--output_dir", holder="run"),
+            _claim_beside(folder),
+        ):
             yield
     finally:
         if created and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+
+
+@contextmanager
+def _claim_beside(folder: Path) -> Iterator[None]:
+    """:func:`ode_transformer.files.claim_output` of ``folder``; nothing where its parent cannot hold a lock file
+    (read-only, or another user's): no writer of the whole folder can stage it there either."""
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(claim_output(folder, "--output_dir"))
+        except OSError as error:
+            if isinstance(error, InUseError) or error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+        yield
 
 
 # What the trainer unpickles when it resumes (with torch.load(weights_only=True) and transformers' allowed

@@ -322,6 +322,43 @@ def test_a_second_ode_train_into_one_folder_is_one_line(tmp_path, monkeypatch, c
     )
 
 
+@pytest.mark.both_cpus
+def test_ode_train_into_a_folder_an_export_writes_is_refused(tmp_path, monkeypatch, capsys, refused):
+    """An export (or averaging, or a conversion) writing a folder holds the lock beside it, by whatever name
+    it was given: ode-train into the folder by another name is refused in one line naming the writer's pid,
+    the folder left as it was, rather than training into a folder that the export then swaps away. Where the
+    folder's parent cannot hold that lock, no such writer can stage the folder there, and the run's own lock
+    is taken alone."""
+    import errno
+
+    from ode_transformer import checkpoints
+    from ode_transformer.files import claim_output
+
+    out, link = tmp_path / "out", tmp_path / "outlink"
+    save_tiny_folder(out)  # an earlier export, which an `ode-export --overwrite` replaces
+    link.symlink_to("out")
+    before = snapshot(out)
+    monkeypatch.delenv("ODE_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["ode-train", *TINY_RUN, "--output_dir", str(out), "--train_file",
+                                      ",".join(corpus(tmp_path / "data"))])  # fmt: skip
+    with claim_output(link, "OUT_DIR"):  # the export, holding the folder
+        err = refused(cli.train)
+    assert err.splitlines()[-1] == (
+        f"ode-train: error: {out} is in use by another process (pid {os.getpid()}); wait for it to finish or stop "
+        "it, or choose another --output_dir."
+    )
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out", "outlink"]  # no lock left
+
+    def unwritable(path, option):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoints, "claim_output", unwritable)
+    with checkpoints.lock_output_dir(tmp_path / "fresh"):
+        assert (tmp_path / "fresh" / ".run.lock").is_file()
+    assert not (tmp_path / "fresh").exists()
+
+
 INTERRUPTED_PHASES = {  # phase: (flags, the marker that the phase has begun, the advice)
     "training": (["--max_steps", "100000", "--save_strategy", "steps", "--save_steps", "1"], "checkpoint-1",
                  "{out} keeps checkpoint-{n}: continue the run with the same command and --resume_from_checkpoint last"),
