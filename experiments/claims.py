@@ -839,7 +839,7 @@ def _string_constants(path: Path) -> str:
 
 
 # Modules whose strings a user reads: the model card's text, and the words ode-train's log and the card share.
-USER_STRINGS = ("hub/model_card.py", "ode_transformer/wording.py")
+USER_STRINGS = ("ode_transformer/model_card.py", "ode_transformer/wording.py")
 
 
 def prose(root: Path = ROOT) -> dict[str, str]:

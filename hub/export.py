@@ -10,7 +10,7 @@
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
-      README.md                the model card (hub/model_card.py)
+      README.md                the model card (ode_transformer/model_card.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
                                (hub/onnx_export.py: their inputs and outputs; ode_transformer/onnx_generation.py decodes them);
                                `--quantize int8` writes them with int8 products, as *_quantized.onnx (Optimum's names)
@@ -44,9 +44,9 @@ from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
+from ode_transformer.model_card import METRICS_FILENAME, load_metrics, write_model_card
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
 
-from .model_card import METRICS_FILENAME, load_metrics, write_model_card
 from .onnx_export import (
     EXPORT_PACKAGES,
     ONNX_QUANTIZE_CHOICES,
@@ -172,8 +172,9 @@ def export_for_hub(
             holds an input of the export or a training run is refused whatever ``overwrite`` says.
         tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
             default the tokenizer files of the model folder, if any.
-        metrics: a metrics JSON (path or dict, schema in hub/model_card.py) for the card; by default the model
-            folder's `hub_metrics.json`, else its README.md is copied, else a card without results is written.
+        metrics: a metrics JSON (path or dict, schema in ode_transformer/model_card.py) for the card; by
+            default the model folder's `hub_metrics.json`, else its README.md is copied, else a card without
+            results is written.
         repo_id: USER/NAME for the card's usage example.
         overwrite: delete what ``out_dir`` holds first (its old card, metrics or checkpoints would otherwise
             describe another model).

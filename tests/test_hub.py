@@ -40,8 +40,10 @@ from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
     ODETransformerForCausalLM,
 )
-from ode_transformer.hub import model_card, push  # noqa: E402
-from ode_transformer.hub.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
+from ode_transformer import model_card  # noqa: E402
+from ode_transformer.hub import push  # noqa: E402
+from ode_transformer.hub.model_card import main as model_card_main  # noqa: E402
+from ode_transformer.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
 from ode_transformer.train.data import data_root  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,7 +151,7 @@ def test_model_card_round_trip(tmp_path, shared_data):
 
     # the CLI writes the same card
     path.unlink()
-    model_card.main([str(tmp_path), str(tmp_path / "hub_metrics.json"), "--repo-id", "someone/ode-tiny"])
+    model_card_main([str(tmp_path), str(tmp_path / "hub_metrics.json"), "--repo-id", "someone/ode-tiny"])
     assert ModelCard.load(path).data.eval_results[0].metric_value == metrics["results"][0]["value"]
 
 
@@ -221,7 +223,7 @@ def test_a_folder_of_another_model_type_is_refused(tmp_path):
         write_model_card(bart, metrics)
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
     with pytest.raises(ValueError, match=expected):  # `python -m ode_transformer.hub.model_card DIR METRICS`
-        model_card.main([str(bart), str(tmp_path / "metrics.json")])
+        model_card_main([str(bart), str(tmp_path / "metrics.json")])
     assert not (bart / "README.md").exists()
 
 
@@ -774,7 +776,7 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
 
 KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
     "export": (
-        "ode_transformer.hub.model_card.write_model_card",
+        "ode_transformer.model_card.write_model_card",
         lambda model, out: ["ode_transformer.hub.export", str(model), str(out)],
     ),
     "averaging": (

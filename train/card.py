@@ -1,10 +1,9 @@
 """What a run of :mod:`ode_transformer.train.run` says about itself on its model card: the metrics document
-(``hub_metrics.json``, in the schema of :mod:`ode_transformer.hub.model_card`) built from the run's arguments, test results
-and trained model, and the card written from it."""
+(``hub_metrics.json``, in the schema of :mod:`ode_transformer.model_card`) built from the run's arguments, test
+results and trained model, and the card written from it."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
-from ode_transformer.cli import install_command
+from ode_transformer.model_card import write_model_card
 from ode_transformer.precision import PrecisionChoice, choose_precision
 from ode_transformer.wording import counted
 
@@ -169,7 +168,7 @@ def metrics_document(
     model,
     raw_test: Dataset,
 ) -> dict:
-    """The metrics JSON in the schema of :mod:`ode_transformer.hub.model_card` (``training`` only when this run trained)."""
+    """The metrics JSON in the schema of :mod:`ode_transformer.model_card` (``training`` only when this run trained)."""
     data_args, run_args = settings.data, settings.run
     document = {
         "task": get_task(run_args.task).hub_tag,
@@ -193,14 +192,6 @@ def metrics_document(
 
 
 def write_card(output_dir: str, document: dict) -> None:
-    """Model card from ``ode_transformer.hub.model_card`` (a clear message when that module or its extra is missing)."""
-    name = "ode_transformer.hub.model_card"  # imported late: the [hub] extra may be missing
-    try:
-        model_card = importlib.import_module(name)
-    except ImportError as error:
-        logger.warning(
-            "%s is not available (%s): no model card written; %s", name, error, install_command("hub")
-        )
-        return
-    path = model_card.write_model_card(output_dir, document)
+    """The run's model card, ``OUTPUT_DIR/README.md``, written from ``document``."""
+    path = write_model_card(output_dir, document)
     logger.info("model card: %s", path)
