@@ -178,9 +178,8 @@ def test_tracebacks_are_kept_only_for_unexpected_errors_and_do_not_pile_up(
     monkeypatch.setattr(
         sys, "argv", ["ode-translate", str(missing), "--input", str(write(tmp_path / "in", "a\n"))]
     )
-    with pytest.raises(SystemExit):
-        cli.translate()  # a refusal: no model folder
-    assert capsys.readouterr().err.endswith("(USER/NAME)\n")
+    # a refusal: no model folder
+    assert refused(cli.translate).endswith("(USER/NAME)\n")
     assert len(list(temporary.iterdir())) == cli.KEPT_TRACEBACKS + 3  # nothing added, nothing pruned yet
 
     def library_failure():

@@ -206,7 +206,7 @@ def test_what_cannot_be_converted_exactly_is_refused_by_name(tmp_path, config, m
         ODETransformerForConditionalGeneration.from_residual(tmp_path)
 
 
-def test_upcycle_command_saves_the_sources_tokenizer_beside_the_converted_model(tmp_path, capsys):
+def test_upcycle_command_saves_the_sources_tokenizer_beside_the_converted_model(tmp_path, refused):
     """`python -m ode_transformer.hub.upcycle`: the folder holds the model and the source's tokenizer, and loads back (outside the
     conversion) to the logits of the model the conversion made."""
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, save_to=tmp_path / "source")
@@ -225,12 +225,13 @@ def test_upcycle_command_saves_the_sources_tokenizer_beside_the_converted_model(
     )
     inputs = batch(1, left=False)
     assert torch.equal(logits(loaded, inputs), logits(converted, inputs))
-    with pytest.raises(SystemExit) as exit_info:  # a second run into the same folder is refused in one line
-        upcycle_main([str(tmp_path / "source"), str(out)])
-    assert exit_info.value.code == 2 and "already holds files" in capsys.readouterr().err
+    # a second run into the same folder is refused in one line
+    assert "already holds files" in refused(upcycle_main, [str(tmp_path / "source"), str(out)])
 
 
-def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(tmp_path, capsys, monkeypatch):
+def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(
+    tmp_path, capsys, monkeypatch, refused
+):
     """The upcycled folder is written as `ode-export` writes one: a writer holding the folder by another name (a
     link to it) makes a second one refuse in one line, naming its pid; a save cut off midway leaves the old folder
     as it was, and no staging folder."""
@@ -243,9 +244,9 @@ def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(tmp
     link.symlink_to("out")
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     capsys.readouterr()
-    with claim_output(out, "OUT_DIR"), pytest.raises(SystemExit) as exit_info:
-        upcycle_main([str(tmp_path / "source"), str(link), "--overwrite"])
-    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+    with claim_output(out, "OUT_DIR"):
+        error = refused(upcycle_main, [str(tmp_path / "source"), str(link), "--overwrite"])
+    assert error.splitlines()[-1].endswith(
         f"error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or stop it, or "
         "choose another OUT_DIR."
     )

@@ -158,15 +158,14 @@ def test_device_problem_names_a_missing_gpu(monkeypatch, device, gpus, mps, frag
 
 
 @pytest.mark.both_cpus
-def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, capsys):
+def test_translate_names_bad_utf8_on_stdin_and_a_missing_cuda(tmp_path, monkeypatch, refused):
     save_tiny_folder(tmp_path / "model")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a dog\n\xff cat\n")))
     with pytest.raises(ValueError, match="^standard input, line 2: not UTF-8 text"):
         translate.main([str(tmp_path / "model"), "--no_progress"])
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit):
-            translate.main([str(tmp_path / "model"), "--device", "cuda"])
-        assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
+        error = refused(translate.main, [str(tmp_path / "model"), "--device", "cuda"])
+        assert "--device cuda: this torch has no CUDA device" in error
 
 
 @pytest.mark.both_cpus
