@@ -596,6 +596,31 @@ def trained_length(model_dir: str | Path) -> int | None:
     return None
 
 
+_VALIDATION_SPLITS = ("validation", "valid", "dev")
+
+
+def _scores_note(metrics: Mapping[str, Any] | None) -> str:
+    """The card's words on what its scores were computed on (the split the results name, a slice such as
+    ``test[:100]`` as its split): a validation split where no test split was scored is said to be one; nothing
+    without results."""
+    if not metrics:
+        return ""
+    scored = {
+        (dataset["name"], str(dataset["split"]).split("[")[0])
+        for dataset in ({**metrics["dataset"], **result.get("dataset", {})} for result in metrics["results"])
+    }
+    if len(scored) > 1:
+        sets = f"{len(scored)} evaluation sets (those of the table)"
+    else:
+        ((_, split),) = scored
+        sets = {"test": "one test set"}.get(split) or (
+            "one validation set (no test split was scored)"
+            if split in _VALIDATION_SPLITS
+            else f"one {split} split"
+        )
+    return f" The scores above are corpus-level metrics on {sets} and say little about single outputs."
+
+
 def _length_limits(length: int | None) -> str:
     """The card's words on lengths: the trained length and the tokenizer's truncation are one number."""
     positions = "longer inputs run (the sinusoidal positions are computed for any length; `max_position_embeddings`\nbounds nothing)"
@@ -667,7 +692,7 @@ the ODE dy/dt = F(y), for {task.replace("-", " ")}.
 Intended for research on ODE-inspired architectures and for {task.replace("-", " ")} in the languages and
 domain of its training data. It is not suited to other languages or domains without fine-tuning and inherits
 the biases of its training corpus; machine output can be fluent yet wrong, so do not use it unreviewed where
-errors matter. The scores above are corpus-level metrics on one test set and say little about single outputs.
+errors matter.{_scores_note(data)}
 {_length_limits(length)} Positions come from the attention mask, so padding on either side changes no output; a
 causal LM's batched prompts are padded on the left (its saved tokenizer does so).
 

@@ -198,6 +198,39 @@ def test_metrics_of_the_wrong_shape_are_schema_errors_naming_the_field(tmp_path)
         load_metrics(tmp_path / "absent.json")
 
 
+def test_the_cards_limitations_name_the_split_that_was_scored(tmp_path):
+    """The card's limitations say what its scores were computed on, as the results table does: one test set
+    (a slice of it too), one validation set where no test split was scored, the count of sets where the results
+    name several, and nothing of scores where there are none."""
+    folder = tmp_path / "model"
+    tiny_seq2seq().save_pretrained(folder)
+
+    def limitations(dataset: dict | None, *others: dict) -> str:
+        results = [{"metric": "sacrebleu", "value": 27.1}]
+        results += [{"metric": "chrf", "value": 50.0, "dataset": other} for other in others]
+        metrics = dataset and {
+            "task": "translation",
+            "dataset": {"name": "WMT14", "id": "wmt/wmt14", **dataset},
+            "results": results,
+        }
+        card = write_model_card(folder, metrics).read_text(encoding="utf-8")
+        section = card.split("## Intended use and limitations")[1].split("##")[0]
+        return " ".join(section.split())
+
+    note = "The scores above are corpus-level metrics on {} and say little about single outputs."
+    assert note.format("one test set") in limitations({"split": "test"})
+    assert note.format("one test set") in limitations({"split": "test[:100]", "rows": 100})
+    validation = limitations({"split": "validation"})
+    assert (
+        note.format("one validation set (no test split was scored)") in validation
+        and "test set" not in validation
+    )
+    assert note.format("2 evaluation sets (those of the table)") in limitations(
+        {"split": "test"}, {"name": "newstest2013", "split": "validation"}
+    )
+    assert "The scores above" not in limitations(None)
+
+
 def _bart_folder(folder: Path) -> Path:
     from transformers import BartConfig
 
