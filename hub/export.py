@@ -49,6 +49,7 @@ from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_confi
 
 from .onnx_export import (
     EXPORT_PACKAGES,
+    ONNX_EXPORTERS,
     ONNX_QUANTIZE_CHOICES,
     RUNTIME_PACKAGES,
     check_exportable,
@@ -161,7 +162,7 @@ def export_for_hub(
     repo_id: str | None = None,
     overwrite: bool = False,
     onnx: bool = False,
-    onnx_dynamo: bool = True,
+    onnx_dynamo: bool | None = None,
     onnx_quantize: str | None = None,
 ) -> Path:
     """Write a folder that can be uploaded to the Hub as is (layout in the module docstring).
@@ -180,7 +181,7 @@ def export_for_hub(
             describe another model).
         onnx: also write the ONNX graphs into ``out_dir/onnx`` (an encoder-decoder only; needs the `onnx` extra).
         onnx_dynamo: export them with ``torch.onnx.export(..., dynamo=True)`` (torch's default), else with the
-            TorchScript exporter.
+            TorchScript exporter; None: the TorchScript one where the installed torch still has it (``export_onnx``).
         onnx_quantize: "int8": the graphs with int8 products (``ode_transformer.hub.onnx_export.quantize_graph_int8``; needs
             onnxruntime too), the fastest way to translate on a CPU (docs/performance.md).
     Returns: out_dir.
@@ -226,7 +227,7 @@ def _export(
     repo_id,
     overwrite: bool,
     onnx: bool,
-    onnx_dynamo: bool,
+    onnx_dynamo: bool | None,
     onnx_quantize: str | None,
 ) -> Path:
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")  # again, now that no other export writes it
@@ -290,9 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--onnx-exporter",
-        choices=("dynamo", "torchscript"),
-        default="dynamo",
-        help="torch.onnx.export's exporter: dynamo (torch.export, the default) or the older TorchScript one",
+        choices=ONNX_EXPORTERS,
+        default="auto",
+        help="torch.onnx.export's exporter: dynamo (torch.export), the older TorchScript one (the same graphs, "
+        "faster), or auto: TorchScript where the installed torch still has it, else dynamo",
     )
     parser.add_argument(
         "--quantize",
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
             args.repo_id,
             args.overwrite,
             onnx=args.onnx,
-            onnx_dynamo=args.onnx_exporter == "dynamo",
+            onnx_dynamo={"auto": None, "dynamo": True, "torchscript": False}[args.onnx_exporter],
             onnx_quantize=args.quantize,
         )
     except (FileExistsError, InUseError) as error:  # an occupied or busy OUT_DIR: one line, as argparse's

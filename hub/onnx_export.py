@@ -78,6 +78,7 @@ __all__ = [
     "DECODER_WITH_PAST",
     "ENCODER",
     "GRAPHS",
+    "ONNX_EXPORTERS",
     "ONNX_OPSET",
     "QUANTIZED_GRAPHS",
     "QUANTIZED_SUFFIX",
@@ -94,9 +95,15 @@ __all__ = [
     "quantized_name",
     "require",
     "self_attention_name",
+    "torchscript_exporter_available",
 ]
 
 ONNX_OPSET = 18  # the dynamo exporter's own opset (no version conversion); onnxruntime >= 1.14 runs it
+ONNX_EXPORTERS = ("auto", "dynamo", "torchscript")
+"""``ode-export --onnx-exporter``: ``auto`` is the TorchScript exporter where the installed torch still has it
+(:func:`torchscript_exporter_available`), else dynamo. Both give the same graphs (tests/test_onnx.py checks each);
+TorchScript traces the model once, where torch.export's decompositions make the dynamo exporter several times as
+slow (hub/README.md), and torch keeps the TorchScript exporter, deprecated, until a release removes it."""
 EXPORT_PACKAGES = ("onnx", "onnxscript")  # torch.onnx.export needs them (the dynamo exporter both)
 ONNX_QUANTIZE_CHOICES = ("int8",)
 
@@ -304,7 +311,7 @@ def check_exportable(model) -> None:
 def export_onnx(
     model,
     out_dir: str | Path,
-    dynamo: bool = True,
+    dynamo: bool | None = None,
     opset: int = ONNX_OPSET,
     graphs: Sequence[str] = GRAPHS,
     quantize: str | None = None,
@@ -317,7 +324,8 @@ def export_onnx(
         model: the encoder-decoder (its attention implementation, sdpa or eager, is the one exported; weights in
             another dtype are exported from a float32 copy).
         out_dir: the folder of the graphs.
-        dynamo: `torch.onnx.export(..., dynamo=True)` (torch.export, torch's default) or the TorchScript exporter.
+        dynamo: `torch.onnx.export(..., dynamo=True)` (torch.export, torch's default) or the TorchScript exporter;
+            None: the TorchScript one where the installed torch still has it (``ONNX_EXPORTERS``' ``auto``).
         opset: the ONNX opset.
         graphs: which of `GRAPHS` to write.
         quantize: "int8" writes the graphs with int8 weights (:func:`quantize_graph_int8`; needs onnxruntime),
@@ -337,6 +345,8 @@ def export_onnx(
             f"quantize {quantize!r}: choose one of {list(ONNX_QUANTIZE_CHOICES)}, or None (float32)"
         )
     check_exportable(model)
+    if dynamo is None:
+        dynamo = not torchscript_exporter_available()
     if model.dtype != torch.float32:  # bf16 or fp16 weights: the graphs are float32, exported from a copy
         model = copy.deepcopy(model).float()
     unknown = sorted(set(graphs) - set(GRAPHS))
@@ -371,6 +381,14 @@ def export_onnx(
         path = write_search_graph(model, out_dir, quantize)
         seconds[path.name] = time.perf_counter() - start
     return seconds
+
+
+def torchscript_exporter_available() -> bool:
+    """Whether the installed torch has the TorchScript exporter (`torch.onnx.export(..., dynamo=False)`): found
+    by its module, ``torch.onnx.utils``, which torch keeps for it, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch.onnx.utils") is not None
 
 
 def quantize_graph_int8(path: Path, model) -> None:

@@ -564,6 +564,33 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     np.testing.assert_array_equal(search.generate(batch["input_ids"], batch["attention_mask"]), expected)
 
 
+def test_the_default_exporter_is_torchscript_where_torch_still_has_it(tmp_path, monkeypatch, capsys):
+    """`ode-export --onnx` without `--onnx-exporter` (auto), and `export_onnx` without `dynamo`, export with the
+    TorchScript exporter where the installed torch has it (the graphs the tests above check for both exporters,
+    exported faster), else with dynamo; an exporter named is the one used."""
+    from ode_transformer.hub import export, onnx_export
+
+    assert onnx_export.torchscript_exporter_available()  # in the torch tested with: auto is TorchScript
+    used = []
+    monkeypatch.setattr(onnx_export, "_export_graph", lambda spec, path, dynamo, opset: used.append(dynamo))
+    monkeypatch.setattr(onnx_export, "_fix_cache_dims", lambda path, config: None)
+    model, _ = save_tiny_folder(tmp_path / "model")
+    for available, dynamo in ((True, None), (False, None), (True, True), (False, False)):
+        monkeypatch.setattr(
+            onnx_export, "torchscript_exporter_available", lambda available=available: available
+        )
+        export_onnx(model, tmp_path / "graphs", dynamo=dynamo, graphs=[ENCODER], fuse=False, search=False)
+    assert used == [False, True, True, False]
+    asked = []
+    monkeypatch.setattr(
+        export, "export_for_hub", lambda *args, onnx_dynamo, **kwargs: asked.append(onnx_dynamo)
+    )
+    for exporter in ([], ["--onnx-exporter", "dynamo"], ["--onnx-exporter", "torchscript"]):
+        export.main(["M", "O", "--onnx", *exporter])
+    assert asked == [None, True, False]
+    capsys.readouterr()
+
+
 def test_ode_export_quantize_int8_writes_int8_graphs_and_needs_onnx(tmp_path, refused):
     import onnx
 
