@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,11 +164,11 @@ def reverse_task(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, 
     return ids, (ids != PAD).long(), labels
 
 
-@pytest.fixture(scope="module")
-def trained() -> ODETransformerForConditionalGeneration:
-    """100 Adam updates on the reverse task (quick on a CPU): greedy and beam outputs that vary in tokens and length."""
+def train_reverse(block: str) -> ODETransformerForConditionalGeneration:
+    """100 Adam updates of a model of `block` on the reverse task (quick on a CPU): greedy and beam outputs that vary
+    in tokens and length."""
     torch.manual_seed(0)
-    config = block_config("rk2_gated", vocab_size=VOCAB, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64)
+    config = block_config(block, vocab_size=VOCAB, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64)
     model = ODETransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
@@ -177,6 +178,11 @@ def trained() -> ODETransformerForConditionalGeneration:
         optimizer.step()
         optimizer.zero_grad()
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def trained() -> ODETransformerForConditionalGeneration:
+    return train_reverse("rk2_gated")
 
 
 @pytest.fixture(scope="module")
@@ -343,20 +349,53 @@ def test_optimums_own_feeding_decodes_the_graphs_as_generate_does(exported, trai
     vendored: the cache fed by position, regrouped per layer as `self[i:i+2] + cross[i:i+2]`, and reordered for beam
     search as `layer_past[:2]`) give the tokens of `generate`, for an RK2 decoder whose stage-1 cache rides after
     every layer's pairs."""
-    folder = exported(exporter)
+    model = optimum_style_model(trained, exported(exporter))
+    assert trained.get_decoder().cache_layout.stages == 2
+    ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = trained.generate(ids, attention_mask=mask, **settings)
+        np.testing.assert_array_equal(model.generate(ids, attention_mask=mask, **settings), expected)
+
+
+def optimum_style_model(model, folder: Path) -> OptimumStyleSeq2SeqLM:
+    """The graphs in `folder`, driven by Optimum's input feeding (tests/optimum_seq2seq.py)."""
     sessions = {
         graph.removesuffix("_model.onnx"): ort.InferenceSession(
             str(folder / graph), session_options(), providers=["CPUExecutionProvider"]
         )
         for graph in GRAPHS
     }
-    heads = trained.config.decoder_attention_heads
-    model = OptimumStyleSeq2SeqLM(sessions, trained.generation_config, heads, trained.config.d_model // heads)
-    assert trained.get_decoder().cache_layout.stages == 2
+    heads = model.config.decoder_attention_heads
+    return OptimumStyleSeq2SeqLM(sessions, model.generation_config, heads, model.config.d_model // heads)
+
+
+@pytest.fixture(scope="module")
+def rk4_exported(tmp_path_factory) -> tuple[ODETransformerForConditionalGeneration, Path]:
+    """An RK4 model trained as `trained` is, and its graphs (TorchScript's: the graphs are the same either way,
+    and the cache's order is set by the wrappers both exporters trace)."""
+    model = train_reverse("rk4")
+    folder = tmp_path_factory.mktemp("onnx-rk4")
+    export_onnx(model, folder, dynamo=False, search=False)
+    return model, folder
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"num_beams": 1, "max_new_tokens": 10}, {"num_beams": 4, "max_new_tokens": 10}],
+    ids=["greedy", "beam4"],
+)
+def test_optimums_own_feeding_decodes_an_rk4_decoders_graphs_as_generate_does(rk4_exported, settings):
+    """As for the RK2 decoder above, with three later stages per layer, whose caches ride after every layer's
+    pairs, layer by layer and stage by stage: Optimum's feeding takes them as further "layers" of two tensors and
+    gives them back in the order it took them."""
+    trained, folder = rk4_exported
+    assert trained.get_decoder().cache_layout.stages == 4
+    model = optimum_style_model(trained, folder)
     ids, mask, _ = reverse_task(8, torch.Generator().manual_seed(7))
     with torch.no_grad():
         expected = trained.generate(ids, attention_mask=mask, **settings)
-        np.testing.assert_array_equal(model.generate(ids, attention_mask=mask, **settings), expected)
+    np.testing.assert_array_equal(model.generate(ids, attention_mask=mask, **settings), expected)
+    assert len({tuple(row) for row in expected.tolist()}) > 1  # not one output for every source
 
 
 @pytest.mark.xdist_group("onnx_trained")
