@@ -159,6 +159,7 @@ def test_our_own_missing_modules_are_not_blamed_on_an_extra(monkeypatch):
             "No module named 'ode_transformer.train.nope'", name="ode_transformer.train.nope"
         )
 
+    monkeypatch.setattr(sys, "argv", ["ode-train"])  # not pytest's flags, which ode-train would refuse first
     monkeypatch.setattr(cli.importlib, "import_module", broken)
     with pytest.raises(ModuleNotFoundError):
         cli.train()
