@@ -263,13 +263,17 @@ def match_umask(path: str | Path) -> None:
 
 
 @contextmanager
-def replacing(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same folder, same suffix: savefig reads the format from it) for a writer
-    that takes a path; renamed over ``path`` when the block ends without an error, deleted otherwise. A full
-    disk is named (:func:`saving`). A ``path`` that is a symbolic link is written through to its target (the
-    link stays); the file gets the umask's mode whatever mode its writer gave it (:func:`match_umask`)."""
+def replacing(path: str | Path, keep_suffix: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a path; renamed over ``path`` when the block ends
+    without an error, deleted otherwise. With ``keep_suffix`` it ends as ``path`` does (savefig reads the format
+    from it); without, it ends in ``.tmp``, so that a glob of ``path``'s kind (``*.json``) never finds one that a
+    kill left behind. A full disk is named (:func:`saving`). A ``path`` that is a symbolic link is written
+    through to its target (the link stays); the file gets the umask's mode whatever mode its writer gave it
+    (:func:`match_umask`)."""
     target = real_path(path)
-    temporary = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}")
+    tag = uuid.uuid4().hex[:8]
+    name = f".{target.stem}.{tag}.tmp{target.suffix}" if keep_suffix else f".{target.name}.{tag}.tmp"
+    temporary = target.with_name(name)
     try:
         with saving(target):
             yield temporary
@@ -282,7 +286,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
 def write_atomic(path: str | Path, data: str | bytes, encoding: str = "utf-8") -> None:
     """Write ``data`` to ``path`` whole or not at all (:func:`replacing`); an old ``path`` stays as it was until
     the new one is complete. Flushed to the disk before the rename, so a crash after it cannot leave it empty."""
-    with replacing(path) as temporary:
+    with replacing(path, keep_suffix=False) as temporary:
         # 0o666 less the umask, as open() creates files (tempfile would give 0o600)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as file:

@@ -1083,6 +1083,7 @@ def test_a_result_is_written_whole_under_a_temporary_name_of_its_own(tmp_path, m
     """`write_json` (every result and verdict of the runner): a second writer of one result by another name (a
     link to its folder) never writes the first one's temporary file, and a kill before the rename leaves the
     old result and no temporary file."""
+    import fnmatch
     import os
 
     results = tmp_path / "results"
@@ -1103,3 +1104,17 @@ def test_a_result_is_written_whole_under_a_temporary_name_of_its_own(tmp_path, m
         runner.write_json(tmp_path / "link" / "run.json", {"bleu": 3.0})
     assert json.loads((results / "run.json").read_text(encoding="utf-8")) == {"bleu": 2.0}
     assert sorted(path.name for path in results.iterdir()) == ["run.json"]
+
+    # a temporary file that a SIGKILL leaves behind (no `finally` runs) is no result to the globs that gather them
+    monkeypatch.undo()
+    names = []
+    real_replace = os.replace
+    monkeypatch.setattr(
+        os,
+        "replace",
+        lambda source, target: (names.append(os.path.basename(source)), real_replace(source, target)),
+    )
+    runner.write_json(results / "residual-1-seed0.json", {"bleu": 4.0})
+    assert names and not any(
+        fnmatch.fnmatch(name, pattern) for name in names for pattern in ("*.json", "*-seed*.json")
+    )
