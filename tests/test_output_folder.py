@@ -705,3 +705,20 @@ def test_resuming_with_an_edited_tokenizer_is_refused_naming_the_file_and_the_fi
     )  # the tokenizers they were trained with: resumed
     train_run(own, *resume)  # (a tokenizer the run trained, read back from disk, is the same one)
     assert (named / "checkpoint-4").is_dir() and (own / "checkpoint-4").is_dir()
+
+
+def test_a_checkpoint_without_any_tokenizer_file_resumes_with_a_warning(tmp_path, caplog):
+    """A checkpoint that holds no tokenizer file (a Trainer given no tokenizer saves none) has nothing to compare
+    with: the resume goes on and says so; one that holds some of the files but lacks one lost it, and is refused."""
+    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    check = ode_transformer.train.saved_model.check_resume_tokenizer
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.saved_model"):
+        check(str(checkpoint), tokenizer, "OUT/tokenizer")
+    assert f"{checkpoint} holds no tokenizer files" in caplog.text
+    tokenizer.save_pretrained(checkpoint)
+    check(str(checkpoint), tokenizer, "OUT/tokenizer")  # the same files: resumes
+    (checkpoint / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="has no copy of the tokenizer's tokenizer.json"):
+        check(str(checkpoint), tokenizer, "OUT/tokenizer")

@@ -158,8 +158,10 @@ def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, 
     normalizer, an edited ``eos_token``) would otherwise resume and train another model, or be refused as
     "another model configuration", naming neither the file nor the fix.
 
-    Every checkpoint holds a copy of each file (the trainer saves its tokenizer with it), so a file the
-    checkpoint lacks was lost from it, and is refused too: what it held cannot be compared.
+    A checkpoint of ode-train holds a copy of each file (the trainer saves its tokenizer with it), so a file
+    missing beside the others was lost from it, and is refused too: what it held cannot be compared. A
+    checkpoint with no tokenizer file at all (saved by a Trainer given no tokenizer) has nothing to compare
+    with: it resumes, with a warning that says so.
 
     Raises:
         ValueError: the files that differ, or that the checkpoint lacks, ``folder`` and the fix.
@@ -176,6 +178,14 @@ def check_resume_tokenizer(checkpoint: str, tokenizer: PreTrainedTokenizerBase, 
             if path.name not in missing and _file_content(path) != _file_content(Path(checkpoint) / path.name)
         ]
     new_run = "start a new run with this tokenizer (--overwrite_output_dir true, or another --output_dir)"
+    if len(missing) == len(saved):
+        logger.warning(
+            "%s holds no tokenizer files, so the tokenizer in %s cannot be compared with the one it was trained "
+            "with; resuming with it",
+            checkpoint,
+            folder,
+        )
+        return
     if differing:
         raise ValueError(
             f"the tokenizer in {folder} is not the one {checkpoint} was trained with: its {', '.join(differing)} "
