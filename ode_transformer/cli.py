@@ -171,39 +171,48 @@ HUB_COMMANDS = ("ode-train", "ode-translate")
 HUB_CHECK_SECONDS = 3.0
 
 
-def _hub_route(endpoint: urllib.parse.SplitResult) -> tuple[str | None, int]:
-    """The host and port a request to ``endpoint`` first connects to: the proxy the environment names for its
-    scheme (``HTTPS_PROXY``, else ``ALL_PROXY``, either case), as huggingface_hub's HTTP client reads them, unless
-    ``NO_PROXY`` exempts the endpoint's host; else the endpoint itself. Behind a proxy there may be no direct
-    route, so connecting to the Hub's host would find it unreachable when the commands can reach it."""
+def _hub_routes(endpoint: urllib.parse.SplitResult) -> list[tuple[str | None, int]]:
+    """The (host, port) pairs a request to ``endpoint`` may first connect to, the likelier first: the proxy the
+    environment or the system names for its scheme (``HTTPS_PROXY``, else ``ALL_PROXY``, either case), unless
+    ``NO_PROXY`` exempts the endpoint's host, and the endpoint itself. Both are tried: the Hub client's HTTP
+    library reads ``NO_PROXY`` and the system proxy in ways urllib does not (``.huggingface.co``, CIDR ranges),
+    and behind a proxy there may be no direct route. A proxy address with a malformed port is left out."""
     import urllib.request  # here, not at the top: --help never checks the Hub, and this module is on its path
 
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    proxies = urllib.request.getproxies_environment()
+    direct = (endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80))
+    proxies = urllib.request.getproxies()
     proxy = proxies.get(endpoint.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass_environment(endpoint.hostname or "", proxies):
-        return endpoint.hostname, port
+    if not proxy:
+        return [direct]
     proxy_url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     default_port = {"https": 443}.get(proxy_url.scheme, 1080 if proxy_url.scheme.startswith("socks") else 80)
-    return proxy_url.hostname, proxy_url.port or default_port
+    try:
+        through_proxy = (proxy_url.hostname, proxy_url.port or default_port)
+    except ValueError:  # a port that is no number, or out of range
+        return [direct]
+    bypassed = urllib.request.proxy_bypass_environment(endpoint.hostname or "", proxies)
+    return [direct, through_proxy] if bypassed else [through_proxy, direct]
 
 
 def go_offline_if_hub_unreachable(timeout: float = HUB_CHECK_SECONDS) -> bool:
-    """Where neither ``HF_HUB_OFFLINE`` nor ``TRANSFORMERS_OFFLINE`` is set, try one TCP connection to the Hub
-    (``HF_ENDPOINT``'s host, else huggingface.co), or to the proxy that requests to it go through (``_hub_route``);
-    where it fails, set ``HF_HUB_OFFLINE=1`` for this process, before huggingface_hub, datasets and transformers
-    read it, so that they answer from their local caches at once instead of retrying each request (offline,
-    ode-train's Hub dataset fallback repeated its warnings for most of a minute before its one line). Returns
-    whether it went offline."""
+    """Where neither ``HF_HUB_OFFLINE`` nor ``TRANSFORMERS_OFFLINE`` is set, try a TCP connection to the Hub
+    (``HF_ENDPOINT``'s host, else huggingface.co) and to the proxy that requests to it may go through
+    (``_hub_routes``); where every one fails, set ``HF_HUB_OFFLINE=1`` for this process, before huggingface_hub,
+    datasets and transformers read it, so that they answer from their local caches at once instead of retrying
+    each request (offline, ode-train's Hub dataset fallback repeated its warnings for most of a minute before its
+    one line). Returns whether it went offline."""
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
         return False
-    host, port = _hub_route(urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co"))
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError:  # no name resolution, no route, refused, timed out
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        return True
-    return False
+    for host, port in _hub_routes(
+        urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    ):
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return False
+        except OSError:  # no name resolution, no route, refused, timed out: try the other route
+            continue
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return True
 
 
 def _launch(command: str, module: str, extra: str | None) -> None:

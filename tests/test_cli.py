@@ -374,10 +374,13 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 
 
 def test_behind_a_proxy_the_hub_check_connects_to_the_proxy(monkeypatch):
-    """With HTTPS_PROXY or ALL_PROXY set (either case), the one connection goes to the proxy's host and port, as
-    the Hub client's requests would: refused there, the process goes offline; a host NO_PROXY names is checked
-    directly. No network: the connection is a stand-in that records where it was asked to go."""
+    """With HTTPS_PROXY or ALL_PROXY set (either case), the first connection goes to the proxy's host and port, as
+    the Hub client's requests would; a host NO_PROXY names is tried directly first. Refused there, the other route
+    is tried, and only where both are refused does the process go offline (the Hub client may read NO_PROXY
+    otherwise). A malformed proxy port leaves the direct route only. No network: the connection is a stand-in
+    that records where it was asked to go."""
     import socket
+    import urllib.request
 
     from ode_transformer import cli
 
@@ -400,7 +403,11 @@ def test_behind_a_proxy_the_hub_check_connects_to_the_proxy(monkeypatch):
          ("huggingface.co", 443)),
         ({"https_proxy": "http://proxy.example:3128", "no_proxy": "*"}, ("huggingface.co", 443)),
         ({}, ("huggingface.co", 443)),
+        ({"HTTPS_PROXY": "http://proxy.example:notaport"}, ("huggingface.co", 443)),
     ]  # fmt: skip
+    monkeypatch.setattr(
+        urllib.request, "getproxies", urllib.request.getproxies_environment
+    )  # no system proxy
     for variables, address in cases:
         for variable in [*PROXY_VARIABLES, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]:
             monkeypatch.delenv(variable, raising=False)
@@ -410,6 +417,13 @@ def test_behind_a_proxy_the_hub_check_connects_to_the_proxy(monkeypatch):
         refusing.clear()
         assert cli.go_offline_if_hub_unreachable() is False and asked == [address], (variables, asked)
         refusing.add(address)
+        asked.clear()
+        proxied = any(name.lower().endswith("_proxy") and name.lower() != "no_proxy" for name in variables)
+        routes = 2 if proxied and "notaport" not in str(variables) else 1
+        assert cli.go_offline_if_hub_unreachable() is (routes == 1), (variables, asked)
+        assert len(asked) == routes and asked[0] == address, (variables, asked)
+        refusing.update(asked)
+        os.environ.pop("HF_HUB_OFFLINE", None)
         assert cli.go_offline_if_hub_unreachable() is True and os.environ["HF_HUB_OFFLINE"] == "1", variables
 
 
