@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -319,7 +318,7 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
 
 def test_two_translations_into_one_file_by_two_names_race_to_one_whole_output(tmp_path):
     """Two ode-translate started at once into one --output by two names (OUT/out.txt, and LINK/alias.txt where
-    LINK links to OUT and alias.txt to out.txt), in a loop: one takes the file, the other is refused in one line
+    LINK links to OUT and alias.txt to out.txt), twice: one takes the file, the other is refused in one line
     (exit code 2) while it does, and the file is the whole output of the one that exited 0, never interleaved or
     cut off. Each reads its input from a pipe that is fed only once the other has ended, so that the two
     always overlap."""
@@ -329,7 +328,7 @@ def test_two_translations_into_one_file_by_two_names_race_to_one_whole_output(tm
     out.mkdir()
     link.symlink_to("out")
     (out / "alias.txt").symlink_to("out.txt")
-    texts = {  # lines of their own, in numbers of their own: the output says which run wrote it
+    texts = {  # one sentence repeated, in numbers of their own: the output's length says which run wrote it
         "A": "the dog runs in the park\n" * 30,
         "B": "a cat sleeps\n" * 47,
     }
@@ -338,17 +337,7 @@ def test_two_translations_into_one_file_by_two_names_race_to_one_whole_output(tm
     def translation(argv: list[str]) -> subprocess.Popen:
         return start(command("ode-translate", model, *argv, "--no_progress"))
 
-    alone = {  # each into a file of its own: the output it writes
-        name: translation(
-            ["--input", str(write(tmp_path / f"{name}.txt", text)), "--output", f"{tmp_path / name}.out"]
-        )
-        for name, text in texts.items()
-    }
-    for process in alone.values():
-        assert process.wait(timeout=300) == 0, process.communicate()[1].decode()[-3000:]
-    expected = {name: Path(f"{tmp_path / name}.out").read_text(encoding="utf-8") for name in texts}
-    assert expected["A"] != expected["B"]
-    for round_ in range(3):
+    for round_ in range(2):
         pipes = {name: tmp_path / f"{name}{round_}.fifo" for name in texts}
         racers = {}
         for name, pipe in pipes.items():
@@ -372,7 +361,9 @@ def test_two_translations_into_one_file_by_two_names_race_to_one_whole_output(tm
             f"ode-translate: error: {names[loser]} is in use by another process (pid {racers[winner].pid}); "
             "wait for it to finish or stop it, or choose another --output."
         )
-        assert (out / "out.txt").read_text(encoding="utf-8") == expected[winner]
+        # the winner's whole output: its number of lines, one translation repeated, none of the other's lines
+        lines = (out / "out.txt").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == texts[winner].count("\n") and len(set(lines)) == 1
         assert sorted(p.name for p in out.iterdir()) == ["alias.txt", "out.txt"]  # no lock or temporary left
         assert (out / "alias.txt").is_symlink()
 
