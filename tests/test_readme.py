@@ -437,6 +437,13 @@ def test_the_check_fails_on_a_sentence_that_says_work_is_running():
         "Each run was trained on 2 cores.",
     ):
         assert not running_claims(sentence), sentence
+    # in a guide, operations prose about what a tool does while a run trains is no claim about the studies
+    for sentence in (
+        "A second ode-train into a folder where one is running is refused.",
+        "While a run is training, the folder is locked.",
+    ):
+        assert running_claims(sentence) and not running_claims(sentence, everywhere=False), sentence
+    assert running_claims(RUNNING[0], everywhere=False), RUNNING[0]  # a study's run under way, in a guide too
 
 
 def test_the_check_passes_a_word_its_generated_verdict_supports_and_no_other():
