@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ode_transformer.checkpoints import refuse_replacing_a_run
-from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
+from ode_transformer.checkpoints import refuse_replacing_output, writing_output_folder
+from ode_transformer.files import InUseError
 
 __all__ = ["upcycle_folder"]
 
@@ -42,21 +42,16 @@ def upcycle_folder(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file; OUT_DIR must be a folder (new or empty).")
-    refuse_replacing_a_run(out, [source], "OUT_DIR", overwrite, suffix="upcycled")
-    refuse_occupied(out, overwrite, "--overwrite", "OUT_DIR")
+    refuse_replacing_output(out, [source], "OUT_DIR", overwrite, "upcycled")
     model = ODETransformerForConditionalGeneration.from_residual(source, **conversion)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError):  # no tokenizer files: the user pairs the model with the source's tokenizer
         tokenizer = None
-    with claim_output(out, "OUT_DIR"):
-        # again, now that no other writer can fill the folder or start a run in it
-        refuse_replacing_a_run(out, [source], "OUT_DIR", overwrite, suffix="upcycled")
-        refuse_occupied(out, overwrite, "--overwrite", "OUT_DIR")
-        with staged_folder(out) as staged:
-            model.save_pretrained(staged)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(staged)
+    with writing_output_folder(out, [source], "OUT_DIR", overwrite, "upcycled") as staged:
+        model.save_pretrained(staged)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staged)
     return out
 
 

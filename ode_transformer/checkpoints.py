@@ -28,7 +28,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .files import InUseError, claim, claim_output, real_path, refuse_replacing_inputs, replace_folder
+from .files import (
+    InUseError,
+    claim,
+    claim_output,
+    real_path,
+    refuse_occupied,
+    refuse_replacing_inputs,
+    replace_folder,
+    staged_folder,
+)
 
 __all__ = [
     "FINAL_MODEL_STAGING",
@@ -44,9 +53,11 @@ __all__ = [
     "publish",
     "read_run_id",
     "refuse_replacing_a_run",
+    "refuse_replacing_output",
     "remove_staging",
     "run_contents",
     "unsafe_pickle_message",
+    "writing_output_folder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,6 +185,31 @@ def refuse_replacing_a_run(
             f"checkpoints and results; {change}give another {option}, a new folder (e.g. "
             f"{real_path(folder)}-{suffix})"
         )
+
+
+def refuse_replacing_output(
+    folder: str | Path, inputs: Sequence[str | Path | None], option: str, overwrite: bool, suffix: str
+) -> None:
+    """The checks of a tool that writes a whole folder of one model (averaging, upcycling): never a folder that
+    holds its inputs or a run (:func:`refuse_replacing_a_run`), and a non-empty one only with ``--overwrite``
+    (:func:`ode_transformer.files.refuse_occupied`)."""
+    refuse_replacing_a_run(folder, inputs, option, overwrite, suffix=suffix)
+    refuse_occupied(folder, overwrite, "--overwrite", option)
+
+
+@contextmanager
+def writing_output_folder(
+    folder: str | Path, inputs: Sequence[str | Path | None], option: str, overwrite: bool, suffix: str
+) -> Iterator[Path]:
+    """The staging folder of ``folder`` (:func:`ode_transformer.files.staged_folder`: renamed into place whole
+    when the block ends), written under the folder's lock (:func:`ode_transformer.files.claim_output`: one
+    writer by any of its names), with :func:`refuse_replacing_output`'s checks made again under that lock, now
+    that no other writer can fill the folder or start a run in it. The caller makes them first too, before its
+    costly work."""
+    with claim_output(folder, option):
+        refuse_replacing_output(folder, inputs, option, overwrite, suffix)
+        with staged_folder(folder) as staged:
+            yield staged
 
 
 @contextmanager

@@ -19,9 +19,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ode_transformer.checkpoints import check_one_run, complete_checkpoints, refuse_replacing_a_run
+from ode_transformer.checkpoints import (
+    check_one_run,
+    complete_checkpoints,
+    refuse_replacing_output,
+    writing_output_folder,
+)
 from ode_transformer.cli import positive_int, report_user_error
-from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
+from ode_transformer.files import InUseError
 
 logger = logging.getLogger(__name__)
 
@@ -91,25 +96,21 @@ def write_average(paths: Sequence[str | Path], out: str | Path, overwrite: bool 
             holds one of the checkpoints, or holds a training run.
     """
     out = Path(out)
-    refuse_replacing_a_run(out, paths, "--out", overwrite, suffix="averaged")
-    refuse_occupied(out, overwrite, "--overwrite", "--out")
+    refuse_replacing_output(out, paths, "--out", overwrite, "averaged")
     state = {key: tensor.contiguous() for key, tensor in average_checkpoints(paths).items()}
     newest = Path(paths[-1])
-    with claim_output(out, "--out"):
-        refuse_replacing_a_run(out, paths, "--out", overwrite, suffix="averaged")  # again, now that no other
-        refuse_occupied(out, overwrite, "--overwrite", "--out")  # writer can fill it
-        with staged_folder(out) as staged:
-            if newest.is_dir():
-                for file in newest.iterdir():
-                    if (
-                        file.is_file()
-                        and file.name != WEIGHTS
-                        and not file.name.startswith(
-                            ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
-                        )
-                    ):
-                        shutil.copy2(file, staged / file.name)
-            save_file(state, str(staged / WEIGHTS), metadata={"format": "pt"})
+    with writing_output_folder(out, paths, "--out", overwrite, "averaged") as staged:
+        if newest.is_dir():
+            for file in newest.iterdir():
+                if (
+                    file.is_file()
+                    and file.name != WEIGHTS
+                    and not file.name.startswith(
+                        ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args")
+                    )
+                ):
+                    shutil.copy2(file, staged / file.name)
+        save_file(state, str(staged / WEIGHTS), metadata={"format": "pt"})
     return out
 
 
