@@ -27,6 +27,7 @@ from ode_transformer.tokenizer import (
     check_task_tokenizer,
     load_or_train_tokenizer,
     resave_trained_tokenizer,
+    tokenizer_sides,
     truncated_rows,
 )
 from ode_transformer.wording import GATED_RK2_FINDING, gated_rk2_sides
@@ -240,11 +241,16 @@ def tokenize_function(
     tokenizer: PreTrainedTokenizerFast, task: str, data_args: DataArguments, report: bool = False
 ):
     """The ``map`` function: ``input_ids``, ``labels`` and ``length`` (the budgeted size); with ``report`` also
-    the ``TRUNCATED_COLUMNS`` that mark the rows cut to ``--max_source_length``/``--max_target_length``."""
+    the ``TRUNCATED_COLUMNS`` that mark the rows cut to ``--max_source_length``/``--max_target_length``.
+
+    A row too long keeps its start, whatever side the tokenizer was saved with: a causal LM's saved tokenizer
+    truncates on the left (a prompt keeps the end it continues), and a resumed run, which loads it, would otherwise
+    train and score on other rows than the run that trained it."""
 
     def seq2seq(batch: dict) -> dict:
-        sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)
-        targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)
+        with tokenizer_sides(tokenizer, truncation="right"):
+            sources = tokenizer(batch["source"], truncation=True, max_length=data_args.max_source_length)
+            targets = tokenizer(batch["target"], truncation=True, max_length=data_args.max_target_length)
         columns = {
             "input_ids": sources["input_ids"],
             "labels": targets["input_ids"],
@@ -260,12 +266,13 @@ def tokenize_function(
         return columns
 
     def lm(batch: dict) -> dict:  # <s> text </s>, whatever the tokenizer adds itself (a prompt gets no </s>)
-        encoded = tokenizer(
-            batch["text"],
-            add_special_tokens=False,
-            truncation=True,
-            max_length=data_args.max_target_length - 2,
-        )
+        with tokenizer_sides(tokenizer, truncation="right"):
+            encoded = tokenizer(
+                batch["text"],
+                add_special_tokens=False,
+                truncation=True,
+                max_length=data_args.max_target_length - 2,
+            )
         ids = [[tokenizer.bos_token_id, *seq, tokenizer.eos_token_id] for seq in encoded["input_ids"]]
         columns = {"input_ids": ids, "labels": ids, "length": [len(seq) for seq in ids]}
         return columns | ({"target_truncated": truncated_rows(encoded)} if report else {})
