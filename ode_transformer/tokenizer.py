@@ -48,6 +48,7 @@ __all__ = [
     "TOKENIZER_KINDS",
     "TRAINING_RECORD",
     "check_tokenizer_files",
+    "check_vocabulary_size",
     "drop_foreign_tokenizer_code",
     "load_or_train_tokenizer",
     "own_tokenizer_config",
@@ -371,6 +372,28 @@ def check_task_tokenizer(tokenizer: PreTrainedTokenizerBase, causal: bool, where
         raise ValueError(
             f"the tokenizer in {where} does not add {tokenizer.eos_token} to a sequence (a language model's "
             "tokenizer?): a seq2seq model learns to stop on it; leave --tokenizer_name out to train one for this task"
+        )
+
+
+MIN_ORDINARY_TOKENS = 26
+"""The fewest tokens besides the special ones a tokenizer must have to train a model on: a Latin alphabet's letters.
+A byte-level BPE has 256 byte tokens before any merge; a smaller vocabulary is a broken or cut-off folder."""
+
+
+def check_vocabulary_size(tokenizer: PreTrainedTokenizerBase, where: str, fix: str) -> None:
+    """Refuse a tokenizer with fewer than :data:`MIN_ORDINARY_TOKENS` tokens besides its special ones: a model
+    built on it could write almost nothing (every word ``<unk>``), and would train without a word.
+
+    Raises:
+        ValueError: the tokenizer's size, its special tokens, the minimum and ``fix``.
+    """
+    special = set(tokenizer.all_special_ids)
+    ordinary = len(tokenizer) - len(special)
+    if ordinary < MIN_ORDINARY_TOKENS:
+        raise ValueError(
+            f"the tokenizer in {where} has {len(tokenizer)} tokens, {len(special)} of them special: too few to "
+            f"encode text (a model needs at least {MIN_ORDINARY_TOKENS} besides the special ones, a byte-level BPE "
+            f"has 256 bytes alone), so that folder looks broken or cut off; {fix}"
         )
 
 

@@ -81,10 +81,12 @@ from .preparation import (
 )
 from .recipe_files import RecipeError, RecipeNotFoundError
 from .saved_model import (
+    check_fresh_model_tokenizer,
     check_resume_config,
     check_resume_tokenizer,
     check_saved_model_task,
     load_trainable_model,
+    named_tokenizer_for_saved_model,
     saved_model_tokenizer,
 )
 from .tasks import get_task
@@ -200,13 +202,16 @@ def _run(settings: Settings) -> dict:
     raw_splits = splits_to_use(raw, settings)
     check_splits_not_empty(raw_splits, data_args)
     own_tokenizer = saved_model_tokenizer(model_args)
-    saved_model = None
+    saved_model = named_tokenizer = None
     if model_args.model_name_or_path:
         check_saved_model_task(model_args.model_name_or_path, run_args.task)
+        # another tokenizer for a saved model must be the one it was trained with: refused before anything is written
+        named_tokenizer = named_tokenizer_for_saved_model(model_args, run_args.task)
         if training_args.do_train:  # its weights checked before --overwrite_output_dir deletes anything
             saved_model = load_trainable_model(model_args, run_args.task)
-    if own_tokenizer is not None:
-        resolve_lengths(data_args, own_tokenizer, model_args.model_name_or_path)
+    model_tokenizer = own_tokenizer or named_tokenizer  # a saved model's, checked to fit it
+    if model_tokenizer is not None:
+        resolve_lengths(data_args, model_tokenizer, model_args.model_name_or_path)
     # One run per output folder; evaluation alone writes only hypotheses and metrics (never over a run's: run()).
     resume = (
         prepare_output_dir(training_args, run_args.overwrite_output_dir) if training_args.do_train else None
@@ -219,12 +224,12 @@ def _run(settings: Settings) -> dict:
             resume,
         )
         return {}
-    tokenizer = own_tokenizer or prepare_tokenizer(
+    tokenizer = model_tokenizer or prepare_tokenizer(
         model_args, training_args, raw_splits.get("train"), run_args.task
     )
     drop_foreign_tokenizer_code(tokenizer, model_args.tokenizer_name or model_args.model_name_or_path)
-    if model_args.model_name_or_path and own_tokenizer is None:  # a model with another --tokenizer_name
-        resolve_lengths(data_args, tokenizer, model_args.model_name_or_path)
+    if not model_args.model_name_or_path:  # the new model's vocabulary is the tokenizer's
+        check_fresh_model_tokenizer(tokenizer, model_args, training_args.output_dir)
     with training_args.main_process_first(desc="tokenize"):
         splits = tokenize_splits(
             raw_splits, tokenizer, run_args.task, data_args, main_process=training_args.process_index == 0

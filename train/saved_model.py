@@ -11,15 +11,17 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from modeling_ode import PRESETS, ODETransformerConfig, non_finite_message, non_finite_tensors
 from ode_transformer.loading import (
     check_model_folder,
+    check_tokenizer_shapes,
     load_model_tokenizer,
     load_saved_model,
     ode_model_config,
 )
+from ode_transformer.tokenizer import check_task_tokenizer, check_tokenizer_files, check_vocabulary_size
 
 from .tasks import TASKS, get_task
 
@@ -126,6 +128,99 @@ def saved_model_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerFast
     tokenizer = load_model_tokenizer(model_args.model_name_or_path)
     logger.info("using the tokenizer of %s (%d tokens)", model_args.model_name_or_path, len(tokenizer))
     return tokenizer
+
+
+def named_tokenizer_for_saved_model(model_args: ModelArguments, task: str) -> PreTrainedTokenizerFast | None:
+    """The tokenizer of ``--tokenizer_name`` for the saved model of ``--model_name_or_path`` (None unless both are
+    given), loaded and checked before anything is written: the model's embeddings are rows of the vocabulary it
+    was trained with, so a tokenizer of another size, other special ids or another vocabulary would train (or
+    score) a model reading every token as another one.
+
+    Raises:
+        ValueError: what does not fit (both sizes, the special ids, the vocabulary) and the fix.
+    """
+    named, model = model_args.tokenizer_name, model_args.model_name_or_path
+    if not (named and model):
+        return None
+    if not (Path(named) / "tokenizer.json").is_file():
+        raise ValueError(
+            f"--tokenizer_name {named} holds no tokenizer.json: with --model_name_or_path it must name the folder of "
+            f"a saved tokenizer, the one {model} was trained with; leave it out to use {model}'s own tokenizer"
+        )
+    check_tokenizer_files(named)
+    check_tokenizer_shapes(named)
+    tokenizer = AutoTokenizer.from_pretrained(named)
+    check_task_tokenizer(tokenizer, get_task(task).is_lm, named)
+    check_tokenizer_fits_model(tokenizer, named, model)
+    logger.info("using the tokenizer in %s (%d tokens) with %s", named, len(tokenizer), model)
+    return tokenizer
+
+
+_MODEL_SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def check_tokenizer_fits_model(
+    tokenizer: PreTrainedTokenizerBase, where: str, model_name_or_path: str
+) -> None:
+    """Refuse ``tokenizer`` (from ``where``) for the saved model of ``model_name_or_path`` unless its size is the
+    model's ``vocab_size``, its pad/bos/eos ids are the config's, and (where the model folder holds its own
+    tokenizer) its vocabulary is that tokenizer's.
+
+    Raises:
+        ValueError: what differs, both values, and the fix.
+    """
+    config = ode_model_config(model_name_or_path)
+    fix = (
+        f"leave --tokenizer_name out to use {model_name_or_path}'s own tokenizer, or leave --model_name_or_path "
+        f"out to train a new model with the tokenizer in {where}"
+    )
+    size = config.get("vocab_size")
+    if len(tokenizer) != size:
+        raise ValueError(
+            f"the tokenizer in {where} has {len(tokenizer)} tokens, and {model_name_or_path} was trained with a "
+            f"{size}-token vocabulary (its embeddings are rows of that vocabulary); {fix}"
+        )
+    differing = [
+        f"{name} {getattr(tokenizer, name)} (the model's: {config[name]})"
+        for name in _MODEL_SPECIAL_IDS
+        if getattr(tokenizer, name) is not None
+        and config.get(name) is not None
+        and getattr(tokenizer, name) != config[name]
+    ]
+    if differing:
+        raise ValueError(
+            f"the tokenizer in {where} has other special ids than {model_name_or_path}/config.json: "
+            f"{', '.join(differing)}; {fix}"
+        )
+    own = _own_tokenizer_vocabulary(model_name_or_path)
+    if own is not None and own != tokenizer.get_vocab():
+        moved = sum(1 for token, index in tokenizer.get_vocab().items() if own.get(token) != index)
+        raise ValueError(
+            f"the tokenizer in {where} has another vocabulary than {model_name_or_path}'s own tokenizer ({moved} "
+            f"of its {len(tokenizer)} tokens have another id or are not in it); {fix}"
+        )
+
+
+def _own_tokenizer_vocabulary(model_name_or_path: str) -> dict[str, int] | None:
+    """The vocabulary of the tokenizer saved in a local model folder, None where it holds none (or is a Hub id)."""
+    if not (Path(model_name_or_path) / "tokenizer.json").is_file():
+        return None
+    return load_model_tokenizer(model_name_or_path).get_vocab()
+
+
+def check_fresh_model_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, model_args: ModelArguments, output_dir: str
+) -> None:
+    """A tokenizer a new model is built on (``len(tokenizer)`` is its vocabulary) holds enough tokens to write text
+    (:func:`ode_transformer.tokenizer.check_vocabulary_size`): a broken folder, reused, would build a model of a
+    handful of tokens without a word."""
+    if model_args.tokenizer_name:
+        where = model_args.tokenizer_name
+        fix = "name a folder that holds a whole tokenizer, or leave --tokenizer_name out to train one"
+    else:
+        where = f"{output_dir}/tokenizer"
+        fix = f"delete {where} to train a new one (with a --vocab_size of a few thousand)"
+    check_vocabulary_size(tokenizer, where, fix)
 
 
 def check_resume_config(checkpoint: str, config: ODETransformerConfig) -> None:
