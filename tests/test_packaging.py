@@ -65,6 +65,8 @@ def _install(tmp_path: Path) -> Path:
     assert (purelib / "ode_transformer" / "train" / "recipes" / "multi30k_en_de_cpu.yaml").is_file()
     assert (purelib / "ode_transformer" / "docs" / "data-and-tests.md").is_file()  # the guides messages name
     assert [path.name for path in (purelib / "ode_transformer" / "results").iterdir()] == ["verdict.md"]
+    installed_documents = {str(path.relative_to(purelib)) for path in purelib.rglob("*.md")}
+    assert installed_documents == shipped_documents().keys()  # what the cheap link check reads is what ships
     return environment / "bin"
 
 
@@ -312,6 +314,92 @@ def test_messages_name_no_repository_file_the_wheel_lacks():
         assert project["package-dir"][f"ode_transformer.{package}"] == folder
         assert f"ode_transformer.{package}" in project["packages"]
         assert project["package-data"][f"ode_transformer.{package}"] == files
+
+
+def _source_folder(package: str, package_dir: dict[str, str]) -> Path:
+    """Where setuptools takes ``package`` from: the nearest ``package-dir`` entry above it, else its own path."""
+    parts = package.split(".")
+    for cut in range(len(parts), 0, -1):
+        mapped = package_dir.get(".".join(parts[:cut]))
+        if mapped is not None:
+            return REPO / mapped / Path(*parts[cut:])
+    return REPO / Path(*parts)
+
+
+def shipped_documents() -> dict[str, Path]:
+    """The Markdown files the wheel ships, by their path inside it (``ode_transformer/docs/install.md``), each
+    with its file in this clone: pyproject's ``packages``, ``package-dir`` and ``package-data``, read as
+    setuptools reads them (a package's data are the files its patterns match in its own folder)."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    documents = {}
+    for package in setuptools["packages"]:
+        folder = _source_folder(package, setuptools.get("package-dir", {}))
+        for pattern in setuptools.get("package-data", {}).get(package, []):
+            for path in sorted(folder.glob(pattern)):
+                if path.suffix == ".md" and path.is_file():
+                    documents[str(Path(*package.split("."), path.name))] = path
+    return documents
+
+
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)")
+FENCED_CODE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _relative_links(markdown: str) -> list[str]:
+    """The link targets of ``markdown`` that are neither addresses (``https:``, ``mailto:``) nor in code blocks."""
+    targets = MARKDOWN_LINK.findall(FENCED_CODE.sub("", markdown))
+    return [target for target in targets if not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target)]
+
+
+def _heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``markdown``: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*$", FENCED_CODE.sub("", markdown), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def broken_shipped_links(documents: dict[str, Path]) -> list[str]:
+    """Each relative link of the shipped ``documents`` that leads to no shipped document, or to a heading it lacks,
+    as ``DOCUMENT: TARGET``; paths resolve as they lie in the wheel."""
+    import posixpath
+
+    broken = []
+    for inside, source in documents.items():
+        markdown = source.read_text(encoding="utf-8")
+        for target in _relative_links(markdown):
+            path, _, heading = target.partition("#")
+            linked = posixpath.normpath(posixpath.join(posixpath.dirname(inside), path)) if path else inside
+            if linked not in documents:
+                broken.append(f"{inside}: {target} (not in the wheel)")
+            elif heading and heading not in _heading_anchors(documents[linked].read_text(encoding="utf-8")):
+                broken.append(f"{inside}: {target} (no such heading in {linked})")
+    return broken
+
+
+def test_every_relative_link_of_the_shipped_docs_resolves_inside_the_wheel(tmp_path):
+    """The guides the wheel ships link only to guides it ships (and to headings they have): a link to a repository
+    file it lacks (``../benchmarks/results/...``, ``../README.md``) leads nowhere in an install. The check itself
+    finds a link that leaves, and a missing heading."""
+    documents = shipped_documents()
+    assert {"ode_transformer/docs/install.md", "ode_transformer/hub/README.md"} <= documents.keys()
+    assert "ode_transformer/results/verdict.md" in documents
+    assert broken_shipped_links(documents) == []
+
+    guide = tmp_path / "guide.md"
+    guide.write_text(
+        "# A guide\n\n## The ONNX graphs\n\n[out](../benchmarks/results/x.md), [README](../README.md#safety), "
+        "[here](#the-onnx-graphs), [there](#gone), [web](https://example.com/a.md), "
+        "[install](install.md#no-heading)\n\n```\n[in code](../nowhere.md)\n```\n",
+        encoding="utf-8",
+    )
+    documents["ode_transformer/docs/guide.md"] = guide
+    assert broken_shipped_links(documents) == [
+        "ode_transformer/docs/guide.md: ../benchmarks/results/x.md (not in the wheel)",
+        "ode_transformer/docs/guide.md: ../README.md#safety (not in the wheel)",
+        "ode_transformer/docs/guide.md: #gone (no such heading in ode_transformer/docs/guide.md)",
+        "ode_transformer/docs/guide.md: install.md#no-heading (no such heading in ode_transformer/docs/install.md)",
+    ]
 
 
 def test_an_install_looks_for_no_data_folder_beside_site_packages(tmp_path, monkeypatch):
