@@ -1,31 +1,23 @@
-"""Sentences about the studies that come from their tests (issue 62), and the check that the prose makes no other.
+"""The studies' sentences, generated from their tests, and the one rule for the prose around them.
 
-Every sentence that compares runs is written here, from the test it rests on, into markers that
-``python -m experiments.report --write-docs`` fills in place (in README.md, docs/, hub/README.md, the notebooks'
-markdown cells, and results/README.md from its template)::
+``python -m experiments.report --write-docs`` fills each marker in README.md, docs/, hub/README.md, the notebooks'
+markdown and results/README.md (from docs/templates/results.md) with text generated from ``summary.json``::
 
     <!-- claim: results/ptb/cpu@1 rk4 rk2_gated -->...<!-- /claim -->
 
-The first word is a study's batch folder (``@DEPTH`` where the table has several depths), then one item per
-comparison: ``VARIANT`` against its baseline, ``VARIANT/OTHER`` a test the study declares between two rows
-(``Study.pairwise``), ``VARIANT/reference`` against the row of the study's reference study; ``:chrF`` for a
-secondary metric's verdict. Each reads ``summary.json``, which ``python -m experiments.report STUDY`` writes from
-the result files, so a new result changes the sentence with no hand edit:
+The first word is a batch folder (``@DEPTH`` where its table has several), then one item per comparison:
+``VARIANT`` against its baseline, ``VARIANT/OTHER`` a test the study declares (``Study.pairwise``),
+``VARIANT/reference`` against its reference study's row, ``:chrF`` for a secondary metric. A claim reads "RK4
+worse than residual: +14.33 (p 0.008, beyond noise; ...)" where its Holm p is below ALPHA, else "RK2 against
+residual, not measured: ...". Other markers: ``means``, ``spread`` (Pitman-Morgan test of paired variances),
+``seeds``, ``detectable`` and ``power`` (experiments.power_text).
 
-* beyond noise (Holm p < 0.05): ``RK4 worse than residual: +14.33 (p 0.008, beyond noise; 95% CI [...])``;
-* otherwise: ``RK2 against residual, not measured: -0.66 (p 0.096, within noise; 95% CI [...])``, the same with
-  ``(1 pair: untested)``, or ``no comparable pair`` with the unpaired means' gap.
-
-Other markers: ``means`` (``residual 167.78 -> RK4 182.11 (3 seeds each)``), ``spread`` (the Pitman-Morgan test
-of two paired variances, Holm-corrected across the table's rows), ``seeds`` (the seeds the paired t-test needs for
-a row's observed gap, or ``gap=paper``, at ``alpha=A``, ``alpha=holm`` for Holm's first step over its table),
-``detectable`` (the gap it detects with ``n=N``) and ``power`` (the rows' sd of the per-seed differences, the gaps
-they detect and the seeds gaps need: :func:`power`).
-
-:func:`unsupported_comparisons` reads prose for the words that claim an order, a gain or its absence: beside a
-figure, such a word needs a generated verdict beside it that says as much, for the rows its sentence names and in
-its direction (beyond noise; nothing says "no gain"); :func:`running_claims` for sentences that say work is running.
-``python -m experiments.claims`` prints what :func:`check` finds in every document.
+The rule (:func:`problems`), on every hand-written sentence (outside markers, code and HTML comments): a sentence
+that names two rows of one study compares them unless it quotes a marker whose text names that study's rows; with
+no figure in it, such a sentence fails. A row's names are the studies' own (:func:`_vocabulary`: each variant's id,
+its label's head, its :data:`NAMES` name), in any case and with "-", "_" and spaces alike. No verdict's figure (a
+p-value, an interval, "beyond/within noise", a power figure) stands outside a marker, and no sentence says work is
+running. ``python -m experiments.claims`` prints what :func:`check` finds in every document.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.significance import ALPHA, MAX_SEEDS, POWER, detectable_gap, holm, seeds_needed
+from experiments.significance import ALPHA, holm
 from experiments.studies import STUDIES, Metric, Study, size_and_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,101 +233,10 @@ def spread(table: Table, depth: int, variants: list[str]) -> str:
     return "; ".join(sentences)
 
 
-def _row_power(table: Table, depth: int, variant: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    row = table.row(variant, depth)
-    return row, row[table.study.metrics[0].name]["paired"]
-
-
-def _alpha(option: str, paired: dict[str, Any]) -> float:
-    """``alpha=A``: a number, or ``holm`` for the bar of Holm's first step over the row's table."""
-    return paired["power"]["holm_first_step_alpha"] if option == "holm" else float(option)
-
-
-def _count(needed: int | None) -> str:
-    return f"more than {MAX_SEEDS}" if needed is None else str(needed)
-
-
-def seeds(table: Table, depth: int, variants: list[str], options: dict[str, str]) -> str:
-    """The seeds the paired t-test needs to detect a row's gap (observed, or ``gap=paper``) with 80% power at
-    ``alpha``, from the row's sd of the per-seed differences."""
-    (variant,) = variants
-    row, paired = _row_power(table, depth, variant)
-    gap = row["paper_gap"] if options.get("gap") == "paper" else paired["gap"]
-    return _count(seeds_needed(gap, paired["sd"], _alpha(options["alpha"], paired)))
-
-
-def _span(values: list[str]) -> str:
-    """``0.65-1.00`` from several formatted values, one value where they agree."""
-    low, high = values[0], values[-1]
-    return low if low == high else f"{low}-{high}"
-
-
-def _gap_of(spec: str, root: Path) -> tuple[str, float]:
-    """``FOLDER[@DEPTH]:ROW``: that row's name and its gap to its baseline (the paired one where it has pairs,
-    else its unpaired means' difference)."""
-    folder, _, variant = spec.partition(":")
-    table, depth, _, _ = _parse(folder, root)
-    row = table.row(variant, depth)
-    metric = table.study.metrics[0].name
-    paired = row[metric].get("paired") or {}
-    label = f"{name(table.study, variant)}'s gap in {folder.partition('@')[0]}"
-    if paired.get("gap") is not None:
-        return label, paired["gap"]
-    return label, row[metric]["mean"] - table.row(row["baseline"], depth)[metric]["mean"]
-
-
-def power(table: Table, depth: int, variants: list[str], options: dict[str, str], root: Path = ROOT) -> str:
-    """What the paired t-test can detect from the rows' observed sd of the per-seed differences (a range over
-    several rows): the gap it detects with 80% power over ``n`` seeds (default: the pairs run) at alpha 0.05 and at
-    ``alpha`` (default: Holm's first step over the table), and the seeds a gap needs at both: for one row its paper's
-    gap and its observed one, and ``gap=FOLDER[@DEPTH]:ROW`` that row's gap."""
-    metric = table.study.metrics[0]
-    digits = metric.digits
-    records = [_row_power(table, depth, variant) for variant in variants]
-    paired = [record for _, record in records]
-    order = sorted(range(len(paired)), key=lambda i: paired[i]["sd"])
-    sds = [paired[i]["sd"] for i in order]
-    pairs = sorted({record["pairs"] for record in paired})
-    n = int(options.get("n", pairs[0]))
-    alphas = (ALPHA, _alpha(options.get("alpha", "holm"), paired[0]))
-    names = ", ".join(name(table.study, variant) for variant in variants)
-    each = " each" if len(variants) > 1 else ""
-    count = "/".join(str(p) for p in pairs)
-    text = (
-        f"sd of the per-seed differences {_span([_fmt(sd, digits) for sd in sds])} {metric.name} ({names}; "
-        f"{count} pair{'s' if pairs != [1] else ''}{each}); {n} seeds detect "
-        + " and ".join(
-            f"{_span([_fmt(detectable_gap(sd, n, alpha), digits) for sd in sds])} at alpha "
-            + f"{alpha:.4f}".rstrip("0")
-            for alpha in alphas
-        )
-        + f" with {POWER:.0%} power"
-    )
-    gaps: list[tuple[str, float]] = []
-    if "gap" in options:
-        gaps.append(_gap_of(options["gap"], root))
-    elif len(variants) == 1:
-        row, record = records[0]
-        if row["paper_gap"] is not None:
-            gaps.append(("the paper's gap", row["paper_gap"]))
-        gaps.append(("the observed gap", record["gap"]))
-    for label, gap in gaps:
-        needed = [_span([_count(seeds_needed(gap, sd, alpha)) for sd in sds]) for alpha in alphas]
-        text += f"; {label} {gap:+.{digits}f} needs {needed[0]} / {needed[1]} seeds"
-    return text
-
-
-def detectable(table: Table, depth: int, variants: list[str], options: dict[str, str]) -> str:
-    """The smallest gap the paired t-test over ``n`` seeds detects with 80% power at ``alpha``, from the row's sd of
-    the per-seed differences."""
-    (variant,) = variants
-    _, paired = _row_power(table, depth, variant)
-    gap = detectable_gap(paired["sd"], int(options["n"]), _alpha(options["alpha"], paired))
-    return _fmt(gap, table.study.metrics[0].digits)
-
-
 def generate(kind: str, spec: str, root: Path = ROOT) -> str:
     """The text of one marker, from the ``summary.json`` files under ``root``."""
+    from experiments import power_text  # which reads this module's tables
+
     table, depth, items, options = _parse(spec, root)
     if kind == "claim":
         return "; ".join(claim(table, depth, item) for item in items)
@@ -344,8 +245,8 @@ def generate(kind: str, spec: str, root: Path = ROOT) -> str:
     if kind == "spread":
         return spread(table, depth, items)
     if kind == "power":
-        return power(table, depth, items, options, root)
-    return (seeds if kind == "seeds" else detectable)(table, depth, items, options)
+        return power_text.power(table, depth, items, options, root)
+    return (power_text.seeds if kind == "seeds" else power_text.detectable)(table, depth, items, options)
 
 
 def fill(text: str, root: Path = ROOT) -> str:
@@ -356,10 +257,6 @@ def fill(text: str, root: Path = ROOT) -> str:
         ),
         text,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# The documents that carry markers, filled in place (results/README.md is written from its template instead).
 
 
 def filled_documents(root: Path = ROOT) -> dict[Path, str]:
@@ -379,127 +276,41 @@ def filled_documents(root: Path = ROOT) -> dict[Path, str]:
     return documents
 
 
-# --------------------------------------------------------------------------------------------
-# The check: a word that claims an order, a gain or its absence, near a figure, needs a generated verdict beside it
-# that says as much, for the rows the sentence names and in the direction the word says.
+def _head(text: str) -> str:
+    """A label's or a name's first part: ``RK2-block`` of ``RK2-block (learnable gamma), code F``."""
+    return re.split(r" \(|, ", text)[0]
 
-# Words of order, by what they say of the row they are said of (its subject): "better" and "worse" in the metric's
-# own sense, "higher" and "lower" of its value, "rank" an order among the rows named (each pair tested, beyond noise;
-# of one row, against its baseline in :data:`RANK_DIRECTION`'s sense), "steadier" and "wider" of the spread across
-# seeds.
-# "below" and "above" as positions in the text (see below; the table above) order nothing; nor does a word of
-# place before a figure, a threshold ("g below 0.01", "exceeds 8.86 x sd"), unless the figure counts layers.
-_PLACE = (
-    r"(?<!see )(?<!table )(?<!chosen )(?<!shown )(?<!listed )(?<!described )(?<!defined )(?<!rows )"
-    r"(?<!runs )(?<!given )(?<!section )(?:{})(?!\s*[.,;:)(\"]|$)"
-)
-_THRESHOLD = r"(?!\s+[+-]?\d[\d.,]*%?(?!\s*layers?))"
-ORDER_WORDS = {
-    "better": (
-        r"beat(?:s|ing)?|better|ahead|outperform(?:s|ed|ing)?|improve(?:s|d)?|recover(?:s|ed|ing)?|"
-        r"lead(?:s|ing)?(?!-3| of| to)|wins?|gains(?! nothing)|gained|(?:shows?|showed|has|had|gives?|gave) an? gain|"
-        r"superior|tops(?= the)"
+
+def _normal(alias: str) -> str:
+    return re.sub(r"[\s_-]+", " ", alias.lower())
+
+
+def _vocabulary() -> dict[str, set[tuple[str, str]]]:
+    """What prose calls each study's rows, lowercased: every variant's id, its label's head, its :func:`name` and
+    that name's head (a factor ``.pilot`` dropped: one row to a sentence), each with the (study, row) it names."""
+    names: dict[str, set[tuple[str, str]]] = {}
+    for key, study in STUDIES.items():
+        for variant in study.variants:
+            row = variant.partition(".")[0]
+            for alias in (row, _head(study.variants[variant].label), name(study, variant)):
+                for form in {alias, _head(alias)}:
+                    names.setdefault(_normal(form), set()).add((key, row))
+    return names
+
+
+VOCABULARY = _vocabulary()
+# An alias matches with "-", "_" and spaces alike ("RK2-gated", "rk2_gated", "RK2 gated"), in any case, longest first
+# so that "PC-RK4" is not read as "RK4".
+ROW_NAME = re.compile(
+    "|".join(
+        r"(?<![\w-])" + r"[\s_-]+".join(map(re.escape, alias.split(" "))) + r"(?![\w-])"
+        for alias in sorted(VOCABULARY, key=len, reverse=True)
     ),
-    "worse": r"trail(?:s|ed|ing)?|behind|worse|lag(?:s|ged|ging)?|loses?|hurts?|inferior",
-    "higher": rf"(?:{_PLACE.format('above')}|exceed(?:s|ed)?){_THRESHOLD}|higher",
-    # "under" as a comparison: after a figure, or before a row ("0.32 under RK2", "under residual")
-    "lower": (
-        rf"{_PLACE.format('below')}{_THRESHOLD}|lower|"
-        r"reduces?(?= (?:the |its )?(?:perplexity|BLEU|chrF|loss|error|gap))|"
-        r"(?<=\d )under|under(?= (?:the )?(?:residual|RK\d|PC-RK|its baseline|the baseline))"
-    ),
-    "rank": (
-        r"rank(?:s|ed|ing)?|(?:ranks?|comes?|came|is|are|places?|finish(?:es)?) first|(?:in )?the paper's order|"
-        r"order[^.;]*\bis the paper's|(?<!new )best(?! (?:validation|epoch|at epoch|checkpoint))|worst|lowest|"
-        r"highest|smallest|largest"
-    ),
-    "steadier": r"steadier|more stable|less variable|more consistent|var(?:y|ies) less",
-    "wider": r"less stable|more variable|less consistent|var(?:y|ies) more",
-}
-# What a word of rank says of one row against its baseline.
-RANK_DIRECTION = {
-    "best": "better",
-    "worst": "worse",
-    "lowest": "lower",
-    "smallest": "lower",
-    "highest": "higher",
-    "largest": "higher",
-}
-ORDER = "|".join(f"(?P<{kind}>{words})" for kind, words in ORDER_WORDS.items())
-# Words that claim no difference: nothing here tests an equivalence, so none is ever supported beside a figure (a
-# gap short of Holm p < 0.05 is "not measured", with its interval).
-_ROW_AHEAD = r"(?:(?:the|its|that of) )?(?:[\w-]+ ){0,2}?(?:residual|RK\d|PC-RK|baseline|paper's)"
-ABSENCE = (
-    r"no gain|gains? nothing|no better|not better|(?:is|are|stays?|was|were) level|level with|"
-    r"comparable (?:with|to)|no measurable difference|no difference|makes? no difference|"
-    r"(?:does|do|did) not help|doesn't help|no loss|costs? nothing|on par|"
-    rf"match(?:es|ed)? {_ROW_AHEAD}|(?:the )?same as|"
-    r"indistinguishable|no advantage|no edge"
-)
-COMPARISON = re.compile(rf"\b(?:(?P<absence>{ABSENCE})|{ORDER})\b", re.IGNORECASE)
-# A figure in any format: 5.72, -12.24, +0.35, 79, a percentage, 1,500; and fractions written out.
-FIGURE = re.compile(
-    r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?%?(?![\w])|\b(?:half|third|quarter|fifth|sixth|twice|double)s?\b",
     re.IGNORECASE,
 )
-# A section's number in a heading is no figure.
-SECTION_NUMBER = re.compile(r"^#+ \d+[a-z]?\.", re.MULTILINE)
-# What a sentence calls a row, as hand-written prose does: each alias and the name of :data:`NAMES` it stands for
-# (longest first, so that "RK2 gamma=1" is not read as "RK2"; "residual" in either case); a row's id in backticks is
-# its name too.
-ALIASES = [
-    (r"PC-RK2", "PC-RK2"),
-    (r"PC-RK4", "PC-RK4"),
-    (r"RK2[ -]?(?:block )?\(?gamma ?= ?1\)?|gamma ?= ?1", "RK2 gamma=1"),
-    (r"RK2-gated|(?i:gated) RK2|RK2 gated", "RK2-gated"),
-    (r"(?i:upcycled)(?: to)? RK2|RK2 upcycled", "RK2 upcycled"),
-    (r"(?i:upcycled)(?: to)? RK4|RK4 upcycled", "RK4 upcycled"),
-    (r"authors' gate", "authors' gate"),
-    (r"authors' (?:learnable )?scalars", "authors' scalars"),
-    (r"LN gate", "LN gate"),
-    (r"(?:6|six) residual layers|residual with 6", "6 residual layers"),
-    (r"(?:12|twelve) residual layers|residual with 12", "12 residual layers"),
-    (r"(?i:residual fine-tuned|fine-tuned residual)(?: model)?", "residual fine-tuned"),
-    (r"(?<!PC-)RK4(?:-block)?", "RK4"),
-    (r"(?<!PC-)RK2(?:-block)?(?![- ]gated| gamma| upcycled)", "RK2"),
-    (r"(?i:residual)", "residual"),
-]
-ROW = re.compile(
-    "|".join(f"(?P<a{i}>(?<![\\w-]){alias}(?![\\w-]))" for i, (alias, _) in enumerate(ALIASES))
-    + r"|`(?P<id>\w+)`",
-)
-# The rows a plural or "every" names: all the table's RK rows, or its PC rows.
-EVERY = re.compile(
-    r"\b(?:(?:every|each|all(?: the)?|both(?: the)?) (?:of the )?(?:(?P<pc>PC)|RK|ODE) blocks?|"
-    r"(?:the )?(?:(?P<pc2>PC)|RK|ODE) blocks)\b",
-    re.IGNORECASE,
-)
-# A conditional claims nothing ("beyond noise if the pairs' sd is below 2.39").
-CONDITIONAL = re.compile(r"\b(?:if|unless|would|should|whether)\b", re.IGNORECASE)
-# Which blocks of the guides are about the studies (every block of results/ and the study notebooks is): those that
-# name a study, a results folder, seeds, a row or a study's metric.
-STUDY_CONTEXT = re.compile(
-    r"\b(?:" + "|".join(STUDIES) + r")\b|results/|\bstud(?:y|ies)\b|\bseeds?\b|"
-    r"\b(?:PC-)?RK[24]\b|\bresidual\b|\bBLEU\b|\bchrF\b|\bperplexit(?:y|ies)\b|\bROUGE",
-    re.IGNORECASE,
-)
-# A guide's block about speed or memory (a benchmark's, not a study's figures) where it names no study metric.
-SPEED = re.compile(
-    r"\b(?:FLOPs?|ms|tokens/s|sentences/s|throughput|faster|slower|speed(?:up)?|latency|wall time|timing|rounds?|"
-    r"memory|peak|[GM]i?B)\b|\d(?:\.\d+)?x\b|\bx\d",
-    re.IGNORECASE,
-)
-QUALITY = re.compile(r"\b(?:BLEU|chrF|perplexit(?:y|ies)|ROUGE|F0\.5|seeds?)\b|beyond noise", re.IGNORECASE)
-NEAR = 200  # characters either side of a word in which a figure makes it a claim about a measured gap
-# Conventions, not claims: a metric's direction, what a sign means.
-CONVENTION = re.compile(
-    r"\b(?:lower|higher) is better\b|\bthe variant scored (?:higher|lower)\b|(?<=: )(?:higher|lower)(?=\))",
-    re.IGNORECASE,
-)
-QUOTED = re.compile(r'"[^"\n]{1,40}"')
-# A verdict typed by hand rather than generated: a p-value, an interval, "beyond/within noise", or a power figure
-# (the gap the seeds detect, the seeds a gap needs, the sd they rest on), which the ``power`` and ``seeds`` markers
-# write. (Quoted, "beyond noise" is the rule's name, not a verdict.)
+FIGURE = re.compile(r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?%?(?!\w)")
+# A verdict's figures, which only the markers write: a p-value, an interval, "beyond/within noise" (quoted, the
+# rule's name), the gap the seeds detect, the seeds a gap needs, the sd they rest on.
 HAND_VERDICT = re.compile(
     r"\bp 0\.\d{3}|95% CI \[|(?<!\")\b(?:beyond|within) (?:seed )?noise\b(?!\")|"
     r"\bdetects?\b(?: with \d+% power)?(?: only)?(?: a)? gaps? of (?:about )?[+-]?\d+\.\d+|\bdetects? [+-]?\d+\.\d+|"
@@ -507,358 +318,101 @@ HAND_VERDICT = re.compile(
     r"\b\d+ / \d+ seeds",
     re.IGNORECASE,
 )
-# Words that say work is under way: a document says what is committed and what a queue runs next, since nothing
-# keeps such a sentence true once the run ends or the machine goes.
+# Words that say work is under way: nothing keeps such a sentence true once the run ends or the machine goes.
 RUNNING = re.compile(
     r"\b(?:(?:is|are|now|still|currently) (?:being )?(?:running|training)|(?:is|are) being (?:run|trained)|"
     r"(?:now|still|currently) (?:being )?(?:run|trained)|in progress|under ?way|currently runs?)\b",
     re.IGNORECASE,
 )
+STUDY_NAME = re.compile(r"\b(?:" + "|".join(STUDIES) + r")\b", re.IGNORECASE)
+CODE = re.compile(r"^```.*?^```|`[^`]+`", re.DOTALL | re.MULTILINE)
+# A sentence ends at a full stop, "!" or "?" before a space, but for the abbreviations prose here uses.
+SENTENCE_END = re.compile(r"(?<!\bEq\.)(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bal\.)(?:(?<=[.!?])|(?<=[.!?]\*\*))\s+")
+QUOTED = "\x00"  # where a sentence quotes a marker: its generated text stands there, outside the hand's words
 
 
-def blocks(text: str) -> list[str]:
-    """The prose in the units a claim belongs to: paragraphs, each list item, each table line; a heading together
-    with the block that follows it (its figures sit there)."""
-    found: list[str] = []
-    current: list[str] = []
-    heading = ""
-    for line in [*text.splitlines(), ""]:
-        starts = line.startswith(("- ", "* ", "|", "#")) or not line.strip()
-        if starts and current:
-            found.append((heading + " " + " ".join(current)).strip())
-            current, heading = [], ""
-        if line.startswith("#"):
-            heading = line
-        elif line.startswith("|"):
-            found.append((heading + " " + line).strip())
-            heading = ""
-        elif line.strip():
-            current.append(line.strip())
-    return found + ([heading] if heading else [])
+def two_rows(text: str) -> set[str]:
+    """The studies two of whose rows ``text`` names: two names that stand for no row in common ("RK2-block" may be
+    RK2 or the gated RK2 block of a table, "residual" any residual row of it)."""
+    named: dict[str, list[set[str]]] = {}
+    for match in ROW_NAME.finditer(text):
+        rows: dict[str, set[str]] = {}
+        for study, row in VOCABULARY[_normal(match.group(0))]:
+            rows.setdefault(study, set()).add(row)
+        for study, these in rows.items():
+            named.setdefault(study, []).append(these)
+    return {study for study, sets in named.items() if any(a.isdisjoint(b) for a in sets for b in sets)}
 
 
-def _split_top(text: str, separator: str = "; ") -> list[str]:
-    """``text`` split at ``separator`` outside parentheses and brackets (a verdict's own "; " stays in it)."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        if depth == 0 and text.startswith(separator, i):
-            parts.append(text[start:i])
-            start = i + len(separator)
-    return [*parts, text[start:]]
+def sentences(text: str) -> list[tuple[str, str]]:
+    """Each sentence of the hand-written prose (code and HTML comments left out), with the text of the markers it
+    quotes; paragraphs, list items and table lines end a sentence too."""
+    quoted: list[str] = []
 
+    def quote(match: re.Match) -> str:
+        quoted.append(match.group(3))
+        return f"{QUOTED}{len(quoted) - 1}{QUOTED}"
 
-GENERATED_CLAIM = re.compile(
-    r"^(?P<subject>.+?) (?:(?P<direction>better|worse) than|against) (?P<other>.+?)"
-    r"(?: in (?P<metric>\S+))?(?:, not measured)?: (?P<rest>.*)$"
-)
-GENERATED_SPREAD = re.compile(
-    r"^(?P<subject>.+?)(?: varies (?P<direction>less|more) across seeds than |'s spread against |'s sd across "
-    r"seeds .*? against )(?P<other>.+?)(?:'s)?(?:, not measured| \S+)?: (?P<rest>.*)$"
-)
-SIGNED = re.compile(r"[+-]\d+(?:\.\d+)?")
-
-
-def _base_name(generated_name: str) -> str:
-    """A generated row name without its factor: ``RK4 (pilot)`` is RK4 to a sentence."""
-    return re.sub(r" \([\w.]+\)$", "", generated_name.strip())
-
-
-def generated_items(kind: str, text: str) -> list[dict[str, Any]]:
-    """The comparisons of one marker's generated text: each item's rows, its direction where its test is beyond
-    noise (better / worse; for a spread, less / more) and None otherwise, and the sign of its gap."""
-    items = []
-    for part in _split_top(text):
-        pattern = GENERATED_CLAIM if kind == "claim" else GENERATED_SPREAD
-        match = pattern.match(part.strip())
-        if match is None:
-            continue
-        gap = SIGNED.search(match.group("rest"))
-        items.append(
-            {
-                "kind": kind,
-                "subject": _base_name(match.group("subject")),
-                "other": _base_name(match.group("other")),
-                "direction": match.group("direction"),
-                "metric": match.groupdict().get("metric"),
-                "gap": float(gap.group(0)) if gap and "no comparable pair" not in part else None,
-            }
-        )
-    return items
-
-
-def _markers(block: str) -> list[dict[str, Any]]:
-    """The block's claim and spread markers: position, spec and items."""
-    return [
-        {
-            "at": (m.start() + m.end()) // 2,
-            "spec": m.group(2),
-            "items": generated_items(m.group(1), m.group(3)),
-        }
-        for m in MARKER.finditer(block)
-        if m.group(1) in ("claim", "spread")
-    ]
-
-
-def _hand(block: str) -> str:
-    """The block with generated text blanked out (same length, so positions hold), and the words that claim
-    nothing: a convention (lower is better), a word quoted as a word ("better than", "no gain")."""
-    hand = MARKER.sub(lambda m: " " * (m.end() - m.start()), block)
-    hand = COMMENT.sub(lambda m: " " * len(m.group(0)), hand)
-    return QUOTED.sub(lambda m: " " * len(m.group(0)), CONVENTION.sub(lambda m: " " * len(m.group(0)), hand))
-
-
-def _row_names(clause: str, offset: int) -> list[tuple[int, str]]:
-    """The rows a clause names, each with its position: an alias of :data:`ALIASES`, a row id in backticks, or
-    "every RK block" (``*RK``, ``*PC``)."""
-    names = []
-    for m in EVERY.finditer(clause):
-        names.append((offset + m.start(), "*PC" if (m.group("pc") or m.group("pc2")) else "*RK"))
-    taken = [range(m.start(), m.end()) for m in EVERY.finditer(clause)]
-    for m in ROW.finditer(clause):
-        if any(m.start() in span for span in taken):
-            continue
-        if m.group("id"):
-            base = m.group("id").removesuffix("_codeF")
-            if base in NAMES:
-                names.append(
-                    (offset + m.start(), NAMES[base] + (", code F" if base != m.group("id") else ""))
-                )
-            continue
-        index = next(int(key[1:]) for key, value in m.groupdict().items() if value and key != "id")
-        names.append((offset + m.start(), ALIASES[index][1]))
-    return sorted(names)
-
-
-def _every(spec: str, pc: bool, root: Path) -> list[str] | None:
-    """The names of the RK (or PC) rows of a marker's table at its depth, in the reading of F and under the factor
-    of the marker's first row; None where the table cannot be read."""
-    try:
-        table, depth, items, _ = _parse(spec, root)
-    except (FileNotFoundError, KeyError, ValueError):
-        return None
-    first = items[0].partition(":")[0].partition("/")[0] if items else ""
-    code_f, factor = first.partition(".")[0].endswith("_codeF"), first.partition(".")[2]
-    rows = []
-    for row in table.rows:
-        block, _, row_factor = row["variant"].partition(".")
-        if row["depth"] != depth or row["variant"] == row["baseline"] or row_factor != factor:
-            continue
-        if block.endswith("_codeF") != code_f or not re.match(r"pc_rk\d" if pc else r"rk\d", block):
-            continue
-        rows.append(_base_name(name(table.study, row["variant"])))
-    return rows
-
-
-def _find(
-    markers: list[dict[str, Any]], at: int, kind: str, row: str, other: str | None, metric: str | None = None
-):
-    """The item nearest ``at`` that compares ``row`` with ``other`` (with its baseline where ``other`` is None) in
-    ``metric`` (None: the study's primary one), and whether it states them the other way round."""
+    text = COMMENT.sub(" ", MARKER.sub(quote, CODE.sub(" ", text)))
     found = []
-    for marker in markers:
-        for item in marker["items"]:
-            if item["kind"] != kind or item.get("metric") != metric:
-                continue
-            if item["subject"] == row and other in (None, item["other"]):
-                found.append((abs(marker["at"] - at), item, False))
-            elif other is not None and item["subject"] == other and item["other"] == row:
-                found.append((abs(marker["at"] - at), item, True))
-    return min(found, key=lambda f: f[0])[1:] if found else (None, False)
-
-
-OPPOSITE = {"better": "worse", "worse": "better", "higher": "lower", "lower": "higher", "less": "more"}
-OPPOSITE.update({v: k for k, v in OPPOSITE.items()})
-
-
-def _says(item: dict[str, Any] | None, reversed_: bool, kind: str, direction: str | None) -> bool:
-    """Whether a generated item backs a word of ``kind`` (with ``direction``, for a word of rank) said of its
-    subject, or of its other row where ``reversed_``: beyond noise, and in the word's direction."""
-    if item is None or item["direction"] is None:
-        return False
-    if kind in ("steadier", "wider"):
-        said = "less" if kind == "steadier" else "more"
-        return item["kind"] == "spread" and item["direction"] == (OPPOSITE[said] if reversed_ else said)
-    wanted = direction if kind == "rank" else kind
-    if item["kind"] != "claim":
-        return False
-    if wanted is None:
-        return True
-    wanted = OPPOSITE[wanted] if reversed_ else wanted
-    if wanted in ("better", "worse"):
-        return item["direction"] == wanted
-    return item["gap"] is not None and (item["gap"] > 0) == (wanted == "higher")
-
-
-def _supported(
-    at: int,
-    word: str,
-    kind: str,
-    names: list[tuple[int, str]],
-    markers: list[dict[str, Any]],
-    metric: str | None,
-    root: Path,
-) -> bool:
-    """Whether the block's generated verdicts back a word of order at ``at``. The rows its clause names before the
-    word are said to stand so against those named after it, or, where all are named on one side, against their
-    baselines; each such comparison needs a generated test beyond noise in the word's direction (the nearest that
-    compares those rows). "Every RK block" stands for every RK row of the nearest marker's table; a word of rank
-    among several rows needs each pair of them tested; a clause that names no row needs every comparison of the
-    nearest marker to back it. All in ``metric`` (None: the study's primary one)."""
-    if not markers:
-        return False
-    nearest = min(markers, key=lambda m: abs(m["at"] - at))
-    direction = "better" if word.lower().endswith("first") else RANK_DIRECTION.get(word.lower())
-    item_kind = "spread" if kind in ("steadier", "wider") else "claim"
-    before: list[str] = []
-    after: list[str] = []
-    for position, row in names:
-        rows = [row]
-        if row.startswith("*"):
-            rows = _every(nearest["spec"], row == "*PC", root) or []
-            if not rows:
-                return False
-        side = before if position < at else after
-        side += [r for r in rows if r not in before + after]
-    named = before + after
-    if not named or named == ["residual"]:
-        items = [i for i in nearest["items"] if i["kind"] == item_kind and i.get("metric") == metric]
-        reversed_ = named == ["residual"]
-        return bool(items) and all(_says(item, reversed_, kind, direction) for item in items)
-    if kind == "rank" and len(named) > 1:
-        pairs = [(a, b) for i, a in enumerate(named) for b in named[i + 1 :]]
-        return all(_says(*_find(markers, at, item_kind, a, b, metric), kind, None) for a, b in pairs)
-    if before and after:
-        pairs = [(a, b) for a in before for b in after]
-    else:
-        pairs = [(row, None) for row in named if row != "residual"]
-    return all(_says(*_find(markers, at, item_kind, a, b, metric), kind, direction) for a, b in pairs)
-
-
-def _clauses(hand: str) -> list[tuple[int, str]]:
-    """The hand-written text's clauses, each with its offset: up to each full stop, semicolon or colon."""
-    found, start = [], 0
-    for m in re.finditer(r"[.;:!?](?=\s|$)", hand):
-        found.append((start, hand[start : m.end()]))
-        start = m.end()
-    return [*found, (start, hand[start:])]
-
-
-def _about_the_studies(hand: str) -> bool:
-    """Whether a guide's block is about the studies (:data:`STUDY_CONTEXT`), not only about speed or memory."""
-    return bool(STUDY_CONTEXT.search(hand)) and (not SPEED.search(hand) or bool(QUALITY.search(hand)))
-
-
-def unsupported_comparisons(text: str, everywhere: bool = True, root: Path = ROOT) -> list[str]:
-    """Each word of :data:`COMPARISON` in hand-written text with a figure within :data:`NEAR` characters (in the
-    hand-written or the generated text) that the block's generated verdicts do not back (:func:`_supported`); a
-    word of no difference is backed by none, and a conditional clause claims nothing. ``everywhere`` False: only
-    the blocks that are about the studies (:data:`STUDY_CONTEXT`), for the guides, where most figures are of speed
-    or of a demo."""
-    found = []
-    for block in blocks(text):
-        hand = _hand(block)
-        if not everywhere and not _about_the_studies(hand):
-            continue
-        markers = _markers(block)
-        if not everywhere and not markers and not _row_names(hand, 0):
-            continue  # in a guide, a comparison of the studies names its rows or stands beside a verdict
-        visible = COMMENT.sub(lambda m: " " * len(m.group(0)), block)  # a marker's own words are no figures
-        visible = SECTION_NUMBER.sub(lambda m: " " * len(m.group(0)), visible)
-        for offset, clause in _clauses(hand):
-            if CONDITIONAL.search(clause):
-                continue
-            names = _row_names(clause, offset)
-            metric = "chrF" if re.search(r"\bchrF\b", clause) else None  # the secondary metric a clause names
-            words = list(COMPARISON.finditer(clause))
-            for index, word in enumerate(words):
-                start, end = offset + word.start(), offset + word.end()
-                if not FIGURE.search(visible[max(0, start - NEAR) : end + NEAR]):
-                    continue
-                kind = next(k for k, v in word.groupdict().items() if v)
-                if kind == "absence":
-                    why = "a word of no difference, which no test here backs"
-                elif _supported(
-                    start, word.group(0), kind, _own(names, words, index, offset), markers, metric, root
-                ):
-                    continue
-                else:
-                    why = "no generated verdict beyond noise in its direction for the rows it names"
-                found.append(f"{word.group(0)!r} beside a figure, with {why}: {block[:200]}")
+    for block in re.split(r"\n\s*\n|\n(?=\s*(?:[-*] |\||#))", text):
+        for sentence in SENTENCE_END.split(" ".join(block.split())):
+            parts = sentence.split(QUOTED)
+            found.append(("".join(parts[0::2]), " ".join(quoted[int(i)] for i in parts[1::2])))
     return found
 
 
-def _own(
-    names: list[tuple[int, str]], words: list[re.Match], index: int, offset: int
-) -> list[tuple[int, str]]:
-    """The rows a clause's ``index``-th word of comparison is said of and against: those between it and its
-    neighbours (in "RK4 beats RK2-gated, and RK2-gated trails RK4" each word has its own), the subject it shares
-    with the word before where none stands between them."""
-    word = words[index]
-    low = offset + words[index - 1].end() if index else -1
-    high = offset + words[index + 1].start() if index + 1 < len(words) else math.inf
-    at = offset + word.start()
-    before = [n for n in names if low <= n[0] < at]
-    if not before and index:
-        before = [n for n in names if n[0] < offset + words[index - 1].start()]
-    return before + [n for n in names if offset + word.end() <= n[0] < high]
-
-
-def hand_typed_verdicts(text: str, everywhere: bool = True) -> list[str]:
-    """p-values, intervals and "beyond/within noise" typed by hand: a verdict is generated, never copied
-    (``everywhere`` as for :func:`unsupported_comparisons`)."""
+def problems(text: str, everywhere: bool = True) -> list[str]:
+    """What breaks the rule in ``text`` (see the module's docstring), and each sentence that says work is running
+    (``everywhere`` False, for a guide: only where it names a row or a study)."""
     found = []
-    for block in blocks(text):
-        if not everywhere and not _about_the_studies(_hand(block)):
-            continue
-        found += [f"{m.group(0)!r} typed by hand: {block[:200]}" for m in HAND_VERDICT.finditer(_hand(block))]
+    for hand, quotes in sentences(text):
+        pairs = sorted(two_rows(hand))
+        quoted = bool(pairs) and bool(ROW_NAME.search(quotes))
+        if pairs and not quoted and not FIGURE.search(hand):
+            found.append(
+                f"two rows of {pairs[0]} named with no marker that quotes their verdict: {hand[:200]}"
+            )
+        if verdict := HAND_VERDICT.search(hand):
+            found.append(f"{verdict.group(0)!r} typed by hand, which a marker writes: {hand[:200]}")
+        if (running := RUNNING.search(hand)) and (
+            everywhere or ROW_NAME.search(hand) or STUDY_NAME.search(hand)
+        ):
+            found.append(f"{running.group(0)!r} says work is under way; say what is committed: {hand[:200]}")
     return found
-
-
-def running_claims(text: str, everywhere: bool = True) -> list[str]:
-    """Sentences that say work is running or in progress (:data:`RUNNING`). ``everywhere`` False: only the blocks
-    about the studies, for the guides, whose operations prose says what a tool does while a run is training."""
-    return [
-        f"{m.group(0)!r} says work is under way; say what is committed and what runs next: {block[:200]}"
-        for block in blocks(text)
-        if everywhere or _about_the_studies(_hand(block))
-        for m in RUNNING.finditer(_hand(block))
-    ]
-
-
-def _string_constants(path: Path) -> str:
-    """The prose a module writes for users: its string constants with a space in them, one block each."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    strings = [
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and " " in node.value
-    ]
-    return "\n\n".join(strings)
 
 
 # Modules whose strings a user reads: the model card's text, and the words ode-train's log and the card share.
 USER_STRINGS = ("ode_transformer/model_card.py", "ode_transformer/wording.py")
+# Documents about the studies throughout: a sentence that says work is running is flagged wherever it stands.
+STUDY_DOCUMENTS = (
+    "docs/templates/results.md",
+    "notebooks/truncation_error.ipynb",
+    "notebooks/translation_study.ipynb",
+)
+
+
+def _string_constants(path: Path) -> str:
+    """The prose a module writes for users: its string constants with a space in them, one paragraph each."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    strings = [
+        node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and " " in str(node.value)
+    ]
+    return "\n\n".join(s for s in strings if isinstance(s, str))
 
 
 def prose(root: Path = ROOT) -> dict[str, str]:
-    """Every text the check reads, by name: README.md, docs/ (its templates are read as the documents they
-    become), results/ (the study document, the verdict plan and each table's README), the notebooks' markdown
-    cells and the user-facing strings of :data:`USER_STRINGS` (besides hub/README.md)."""
+    """Every hand-written text, by name: README.md, docs/ (results/README.md as its template), hub/README.md, the
+    notebooks' markdown cells and the strings of :data:`USER_STRINGS`. What code writes whole (each table's README,
+    results/verdict.md) is no one's prose."""
     import nbformat
 
-    paths = [
-        root / "README.md",
-        *sorted((root / "docs").glob("*.md")),
-        root / "results" / "README.md",
-        root / "results" / "verdict.md",
-        *sorted((root / "results").glob("*/*/README.md")),
-        root / "hub" / "README.md",
-    ]
+    paths = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     texts = {str(path.relative_to(root)): path.read_text(encoding="utf-8") for path in paths}
+    texts["docs/templates/results.md"] = fill(
+        (root / "docs" / "templates" / "results.md").read_text("utf-8"), root
+    )
+    texts["hub/README.md"] = (root / "hub" / "README.md").read_text(encoding="utf-8")
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         notebook = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
         for index, cell in enumerate(notebook.cells):
@@ -869,40 +423,20 @@ def prose(root: Path = ROOT) -> dict[str, str]:
     return texts
 
 
-# Documents about the studies throughout: every block is checked, not only those that name a study.
-STUDY_DOCUMENTS = ("results/", "notebooks/truncation_error.ipynb", "notebooks/translation_study.ipynb")
-# Documents experiments.report or experiments.verdict writes whole: their verdicts are copied from summary.json.
-GENERATED_DOCUMENTS = ("results/verdict.md",)
-
-
 def check(root: Path = ROOT) -> list[str]:
-    """Every comparison of :func:`prose` that its generated verdict does not support, every verdict typed by hand
-    outside the tables experiments.report writes (results/*/*/README.md, and their copies in results/README.md)
-    and the verdict plan experiments.verdict writes, and every sentence that says work is running."""
-    texts = prose(root)
-    tables = {
-        line
-        for name, text in texts.items()
-        if name.count("/") == 3
-        for line in text.splitlines()
-        if line[:1] == "|"
-    }
-    found = []
-    for name, text in texts.items():
-        everywhere = name.startswith(STUDY_DOCUMENTS)
-        found += [f"{name}: {problem}" for problem in unsupported_comparisons(text, everywhere, root)]
-        found += [f"{name}: {problem}" for problem in running_claims(text, everywhere)]
-        if name.count("/") != 3 and name not in GENERATED_DOCUMENTS:  # the report's own text throughout
-            own = "\n".join(line for line in text.splitlines() if line not in tables)
-            found += [f"{name}: {problem}" for problem in hand_typed_verdicts(own, everywhere)]
-    return found
+    """Every problem :func:`problems` finds in :func:`prose`."""
+    return [
+        f"{key}: {problem}"
+        for key, text in prose(root).items()
+        for problem in problems(text, everywhere=key.startswith(STUDY_DOCUMENTS))
+    ]
 
 
 def main() -> int:
     """``python -m experiments.claims``: print every problem :func:`check` finds; exit 1 if there is one."""
-    problems = check()
-    print("\n".join(problems) or "every comparison has its generated verdict")
-    return 1 if problems else 0
+    found = check()
+    print("\n".join(found) or "no sentence compares two rows or states a figure of a study outside a marker")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
