@@ -25,7 +25,7 @@ from modeling_ode import (
 from modeling_ode.compat import attention_implementation
 from ode_transformer.train.arguments import parse_arguments
 from ode_transformer.train.checks import check_settings
-from ode_transformer.train.data import load_jsonl, load_local_file, load_tsv
+from ode_transformer.train.file_readers import load_jsonl, load_local_file, load_tsv
 
 IDS = torch.tensor([[5, 6, 7, 2]])
 

@@ -196,13 +196,13 @@ def test_tracebacks_are_kept_only_for_unexpected_errors_and_do_not_pile_up(
 def test_a_builtin_failing_on_a_project_line_is_unexpected_and_keeps_its_traceback():
     """A refusal is a `raise` of the project's own; a builtin failing on one of its lines (a KeyError, a zip of
     unequal lengths) is an unexpected error, whose traceback is kept."""
-    from ode_transformer.train import data
+    from ode_transformer.train import file_readers, hub_datasets
 
     with pytest.raises(KeyError) as builtin:
-        data._get_field({}, "missing")
+        hub_datasets._get_field({}, "missing")
     assert not cli.raised_by_own_check(builtin.value)
     with pytest.raises(ValueError) as own:
-        data._file_pair("a,b,c")
+        file_readers._file_pair("a,b,c")
     assert cli.raised_by_own_check(own.value)
 
 

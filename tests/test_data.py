@@ -1,4 +1,5 @@
-"""Tests of ode_transformer.train.data (loaders, shared-corpus readers, data specs, word dropout) and of
+"""Tests of the loaders (ode_transformer.train.file_readers, ode_transformer.train.hub_datasets), of
+ode_transformer.train.data (shared-corpus readers, data specs), of word dropout and of
 ode_transformer.train.libreoffice_corpus (HTML pairing, cleaning, module split, corpus build)."""
 
 from __future__ import annotations
@@ -22,19 +23,21 @@ from ode_transformer.train.data import (
     cnndm,
     conll2013_test,
     fce,
-    iter_local_rows,
     jfleg_dev,
-    load_hub_dataset,
-    load_jsonl,
-    load_local_file,
-    load_parallel_files,
     load_task_data,
-    load_tsv,
     multi30k,
     ptb,
     wi_locness,
     wmt_test,
 )
+from ode_transformer.train.file_readers import (
+    iter_local_rows,
+    load_jsonl,
+    load_local_file,
+    load_parallel_files,
+    load_tsv,
+)
+from ode_transformer.train.hub_datasets import load_hub_dataset
 
 
 def _gz_lines(path: Path) -> list[str]:
@@ -62,7 +65,7 @@ def test_parallel_files_gz_and_plain(tmp_path, caplog):
     src = _write_gz(tmp_path / "a.en.gz", b"one\ntwo\nthree\n")
     tgt = tmp_path / "a.de"
     tgt.write_text("eins\nzwei\ndrei\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         ds = load_parallel_files(src, tgt)
     assert isinstance(ds, Dataset)
     assert ds.column_names == ["source", "target"]
@@ -85,7 +88,7 @@ def test_parallel_files_skip_and_report_bad_lines(tmp_path, caplog):
     tgt = tmp_path / "t"
     src.write_bytes(b"s1\ns2\n\xff\xfe bad\ns4\n   \ns6\n")
     tgt.write_bytes(b"t1\n\nt3\nt4\nt5\nt6\r\n")
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         ds = load_parallel_files(src, tgt)
     # no shift: every kept source line is still paired with the target of the same line
     assert list(zip(ds["source"], ds["target"])) == [("s1", "t1"), ("s4", "t4"), ("s6", "t6")]
@@ -96,7 +99,7 @@ def test_parallel_files_skip_and_report_bad_lines(tmp_path, caplog):
     assert f"{src} / {tgt}: 2 empty line(s) skipped (line numbers 2, 5); 3 of 6 rows loaded" in caplog.text
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         kept = load_parallel_files(src, tgt, skip_empty=False)
     # an evaluation set keeps every line, so hypotheses stay aligned with inputs and references
     assert kept.num_rows == 6 and kept["target"][1] == "" and kept["source"][2] == "\ufffd\ufffd bad"
@@ -148,7 +151,7 @@ def test_tsv_and_jsonl_rows_without_target_are_skipped_and_reported(tmp_path, ca
     jsonl.write_text(
         '{"source": "a", "target": "b"}\n{"source": "x"}\n{"source": "y", "target": "  "}\n', encoding="utf-8"
     )
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         from_tsv = load_tsv(tsv, "source", "target")
         from_jsonl = load_jsonl(jsonl, "source", "target")
     assert list(zip(from_tsv["source"], from_tsv["target"])) == [("a b", "c d"), ("g h", "i j")]
@@ -162,7 +165,7 @@ def test_language_model_training_file_drops_blank_lines(tmp_path, caplog):
     """A blank line of a language model's training file is skipped with a warning, not made a training example
     of <s> alone; an evaluation file keeps it (its perplexity is over every line)."""
     path = write_lines(tmp_path / "lm.txt", ["the dog runs", "", "  ", "a cat sleeps"])
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         assert load_local_file(str(path), "lm")["text"] == ["the dog runs", "a cat sleeps"]
     assert f"{path}: 2 empty line(s) skipped (line numbers 2, 3); 2 of 4 rows loaded" in caplog.text
     assert load_local_file(str(path), "lm", skip_empty=False)["text"] == [
@@ -202,7 +205,7 @@ def test_tsv_rows_are_read_as_written(tmp_path, caplog):
     path = write_lines(tmp_path / "d.tsv", ["source\ttarget", "one\t001", "", "two\t002"])
     kept = load_tsv(path, "source", "target", skip_empty=False)
     assert list(zip(kept["source"], kept["target"])) == [("one", "001"), ("", ""), ("two", "002")]
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         assert load_tsv(path, "source", "target")["target"] == ["001", "002"]
     assert f"{path}: 1 empty line(s) skipped (line numbers 3); 2 of 3 rows loaded" in caplog.text
     stamp = path.stat().st_mtime_ns
@@ -218,7 +221,7 @@ def test_jsonl_records_that_lack_a_nested_field_are_skipped(tmp_path, caplog):
     records = [{"translation": {"en": "Yes", "de": "Ja"}}, {"translation": {"en": "No"}}, {"translation": None},
                {"id": 4}, {"translation": {"en": "Hi", "de": "Hallo"}}]  # fmt: skip
     path = write_lines(tmp_path / "d.jsonl", [json.dumps(record) for record in records])
-    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+    with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
         pairs = load_jsonl(path, "translation.en", "translation.de")
     assert list(zip(pairs["source"], pairs["target"])) == [("Yes", "Ja"), ("Hi", "Hallo")]
     assert f"{path}: 3 empty line(s) skipped (line numbers 2, 3, 4); 2 of 5 rows loaded" in caplog.text

@@ -22,7 +22,7 @@ from tiny_run import (
 
 from ode_transformer.files import read_lines
 from ode_transformer.hub.export import export_for_hub
-from ode_transformer.train.data import load_local_file
+from ode_transformer.train.file_readers import load_local_file
 
 
 def test_input_from_a_pipe_or_device_reads_like_a_file_and_a_folder_is_named(tmp_path):

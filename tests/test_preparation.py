@@ -19,7 +19,7 @@ from tiny_run import (
 )
 
 from ode_transformer.files import read_lines
-from ode_transformer.train.data import load_local_file
+from ode_transformer.train.file_readers import load_local_file
 
 
 @pytest.mark.both_cpus
@@ -80,7 +80,7 @@ def test_streaming_warns_about_records_it_skips_as_the_whole_file_reader_does(tm
 
     def warnings(action) -> list[str]:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.data"):
+        with caplog.at_level(logging.WARNING, logger="ode_transformer.train.file_readers"):
             action()
         return [record.getMessage() for record in caplog.records]
 

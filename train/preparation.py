@@ -35,15 +35,9 @@ from ode_transformer.wording import GATED_RK2_FINDING, gated_rk2_sides
 from . import metrics
 from .arguments import DataArguments, ModelArguments, RunArguments, Settings
 from .batching import seq2seq_lengths
-from .data import (
-    SHARED_FOLDERS,
-    DataSpec,
-    MissingCorpusError,
-    iter_local_rows,
-    load_hub_dataset,
-    load_local_file,
-    load_task_data,
-)
+from .data import SHARED_FOLDERS, DataSpec, MissingCorpusError, load_task_data
+from .file_readers import iter_local_rows, load_local_file
+from .hub_datasets import load_hub_dataset
 from .tasks import get_task
 
 logger = logging.getLogger(__name__)
