@@ -44,7 +44,13 @@ from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
-from ode_transformer.model_card import METRICS_FILENAME, load_metrics, write_model_card
+from ode_transformer.model_card import (
+    METRICS_FILENAME,
+    load_metrics,
+    onnx_graphs,
+    onnx_section,
+    write_model_card,
+)
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
 
 from .onnx_export import (
@@ -143,15 +149,25 @@ def _write_generation_config(model: ODETransformerPreTrainedModel, out_dir: Path
 def _write_card(staged: Path, name: str, metrics, repo_id: str | None) -> None:
     """The card of ``staged``, written as if the folder were already ``name``: a card names its folder (the
     model's name, ``from_pretrained("path/to/NAME")``), and it must never name the staging folder, nor any local
-    path beyond that name."""
+    path beyond that name. It names the ONNX graphs ``staged/onnx`` holds."""
     with tempfile.TemporaryDirectory(prefix="ode-card-") as scratch:
         named = Path(scratch) / name
         named.mkdir()
         for file in ("config.json", "generation_config.json", *TOKENIZER_FILES):  # the card reads the trained
             if (staged / file).is_file():  # length from the tokenizer's files
                 shutil.copy2(staged / file, named / file)
-        write_model_card(named, metrics, repo_id)
+        write_model_card(named, metrics, repo_id, onnx_graphs(staged))
         shutil.move(named / "README.md", staged / "README.md")
+
+
+def _copy_card(card: Path, staged: Path, repo: str) -> None:
+    """The model folder's own card, copied, with the words on the ONNX graphs of ``staged/onnx`` added where the
+    export wrote them (that card, written before, names none)."""
+    text = card.read_text(encoding="utf-8")
+    section = onnx_section(onnx_graphs(staged), repo)
+    if section and "\n### ONNX\n" not in text:
+        text = text.rstrip("\n") + section + "\n"
+    (staged / "README.md").write_text(text, encoding="utf-8")
 
 
 def export_for_hub(
@@ -247,12 +263,12 @@ def _export(
             own_tokenizer_config(staged, tokenizer_folder or "the tokenizer")  # before anything loads it
             _fit_tokenizer(staged, model.config)
             own_tokenizer_config(staged, tokenizer_folder or "the tokenizer")
+        if onnx:  # before the card, which names them
+            export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
         if copy_card:
-            shutil.copy2(source_dir / "README.md", staged / "README.md")
+            _copy_card(source_dir / "README.md", staged, repo_id or f"path/to/{out_dir.resolve().name}")
         else:
             _write_card(staged, out_dir.resolve().name, metrics, repo_id)
-        if onnx:
-            export_onnx(model, staged / "onnx", dynamo=onnx_dynamo, quantize=onnx_quantize)
         _record_digest(staged)
     return out_dir
 

@@ -20,6 +20,11 @@ once per stage (the decoder subgraph reads stage 0's). The search runs in onnxru
 `session.run` per batch), with the options `SEARCH_OPTIONS` lists; `ode_transformer.onnx_search` decodes with it
 (`ONNXSearchGenerator` takes `generate`'s keywords for them and refuses the others by name).
 
+The graph takes int64 ``input_ids`` and ``attention_mask`` (what transformers and Optimum pass; the op's int32
+is cast inside), and returns ``sequences`` (int64, batch x num_return_sequences x max_length, the decoder start
+token first, padded with the model's pad id: ``tokenizer.batch_decode(sequences[:, 0])`` reads them),
+``sequences_scores`` and ``sequence_lengths`` (each sequence's tokens before its padding, the start token counted).
+
 The weights the two subgraphs share (the decoder's, in `decoder_model` and `decoder_with_past_model`) are stored
 once, in the main graph, which the subgraphs read from the outer scope.
 """
@@ -32,7 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from ode_transformer.onnx_generation import GRAPHS, CachePair, pair_name, parse_cache_name, quantized_name
-from ode_transformer.onnx_search import OP_PAD, SEARCH_GRAPH, SEARCH_INPUTS, search_graph_file
+from ode_transformer.onnx_search import (
+    OP_PAD,
+    SEARCH_GRAPH,
+    SEARCH_INPUTS,
+    SEQUENCE_LENGTHS,
+    search_graph_file,
+)
 
 __all__ = ["SEARCH_GRAPH", "build_search_graph", "search_graph_file", "write_search_graph"]
 
@@ -239,11 +250,38 @@ def _share_initializers(first, second) -> list:
     return list(shared.values())
 
 
+def _padded_with(pad_token_id: int) -> list:
+    """Nodes from the op's ``op/sequences`` (int32, each ended by `OP_PAD`, which no token has) to the graph's
+    ``sequences`` (int64, padded with the model's pad id, which ``tokenizer.batch_decode`` takes: -1 it cannot) and
+    ``sequence_lengths`` (each sequence's tokens before the padding, the start token counted: where it ends, even
+    where the model wrote its pad token inside it)."""
+    from onnx import TensorProto, helper
+
+    int64 = TensorProto.INT64
+    constants = {"op/op_pad": OP_PAD, "op/pad": pad_token_id}
+    return [
+        *(
+            helper.make_node("Constant", [], [name], value=helper.make_tensor(name, int64, [], [value]))
+            for name, value in constants.items()
+        ),
+        helper.make_node(
+            "Constant", [], ["op/last_axis"], value=helper.make_tensor("axes", int64, [1], [-1])
+        ),
+        helper.make_node("Cast", ["op/sequences"], ["op/sequences64"], to=int64),
+        helper.make_node("Equal", ["op/sequences64", "op/op_pad"], ["op/is_pad"]),
+        helper.make_node("Where", ["op/is_pad", "op/pad", "op/sequences64"], ["sequences"]),
+        helper.make_node("Not", ["op/is_pad"], ["op/is_token"]),
+        helper.make_node("Cast", ["op/is_token"], ["op/tokens"], to=int64),
+        helper.make_node("ReduceSum", ["op/tokens", "op/last_axis"], [SEQUENCE_LENGTHS], keepdims=0),
+    ]
+
+
 def build_search_graph(
     graphs: str | Path,
     out: str | Path,
     decoder_start_token_id: int,
     eos_token_id: int,
+    pad_token_id: int,
     early_stopping: bool = False,
     no_repeat_ngram_size: int = 0,
     files: dict[str, str] | None = None,
@@ -255,6 +293,8 @@ def build_search_graph(
             int8 `*_quantized.onnx`, named in `files`).
         out: the file to write.
         decoder_start_token_id, eos_token_id: the token ids (the op's attributes; it pads with `OP_PAD`).
+        pad_token_id: what the graph's ``sequences`` are padded with (int64, as ``generate`` returns them); each
+            one's length is the graph's ``sequence_lengths``.
         early_stopping, no_repeat_ngram_size: the op's attributes; `ONNXSearchGenerator` changes them per session.
         files: the file of each graph by its float32 name (default: the float32 files).
     Returns: `out`.
@@ -270,17 +310,17 @@ def build_search_graph(
     encoder_graph = _encoder_subgraph(encoder, decoder, slots)
     decoder_graph = _decoder_subgraph(with_past, slots)
     shared = _share_initializers(encoder_graph, decoder_graph)
-    int32, float32 = TensorProto.INT32, TensorProto.FLOAT
+    int64, int32, float32 = TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT
     scalars = {"length_penalty": float32, "repetition_penalty": float32}
     inputs = [
-        helper.make_tensor_value_info("input_ids", int32, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("input_ids", int64, ["batch_size", "sequence_length"]),
         *[helper.make_tensor_value_info(name, scalars.get(name, int32), [1]) for name in SEARCH_INPUTS],
-        helper.make_tensor_value_info("attention_mask", int32, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", int64, ["batch_size", "sequence_length"]),
     ]
     node = helper.make_node(
         "BeamSearch",
-        ["input_ids", *SEARCH_INPUTS, "", "", "attention_mask"],
-        ["sequences", "sequences_scores"],
+        ["op/input_ids", *SEARCH_INPUTS, "", "", "op/attention_mask"],
+        ["op/sequences", "sequences_scores"],
         name="BeamSearch",
         domain=MS_DOMAIN,
         eos_token_id=eos_token_id,
@@ -292,13 +332,19 @@ def build_search_graph(
         encoder=encoder_graph,
         decoder=decoder_graph,
     )
-    outputs = [
-        helper.make_tensor_value_info(
-            "sequences", int32, ["batch_size", "num_return_sequences", "max_length"]
-        ),
-        helper.make_tensor_value_info("sequences_scores", float32, ["batch_size", "num_return_sequences"]),
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["op/input_ids"], to=int32),  # the op takes int32 ids
+        helper.make_node("Cast", ["attention_mask"], ["op/attention_mask"], to=int32),
+        node,
+        *_padded_with(pad_token_id),
     ]
-    graph = helper.make_graph([node], "beam search", inputs, outputs, shared)
+    sequences_shape = ["batch_size", "num_return_sequences", "max_length"]
+    outputs = [
+        helper.make_tensor_value_info("sequences", int64, sequences_shape),
+        helper.make_tensor_value_info("sequences_scores", float32, ["batch_size", "num_return_sequences"]),
+        helper.make_tensor_value_info(SEQUENCE_LENGTHS, int64, ["batch_size", "num_return_sequences"]),
+    ]
+    graph = helper.make_graph(nodes, "beam search", inputs, outputs, shared)
     model = helper.make_model(graph, producer_name="ode-transformer", opset_imports=_opsets(models))
     out = Path(out)
     onnx.save(model, str(out))
@@ -317,6 +363,13 @@ def write_search_graph(model, folder: Path, quantize: str | None = None) -> Path
         folder / search_graph_file(quantize),
         config.decoder_start_token_id if start is None else start,
         int(eos[0] if isinstance(eos, (list, tuple)) else eos),
+        _pad_id(generation, config),
         early_stopping=True,
         files=dict(zip(GRAPHS, names)),
     )
+
+
+def _pad_id(generation, config) -> int:
+    """The pad id the search graph pads with: the generation config's, else the model config's."""
+    pad = generation.pad_token_id if generation.pad_token_id is not None else config.pad_token_id
+    return int(pad[0] if isinstance(pad, (list, tuple)) else pad)

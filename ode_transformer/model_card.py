@@ -73,6 +73,8 @@ __all__ = [
     "describe_ode",
     "trained_length",
     "load_metrics",
+    "onnx_graphs",
+    "onnx_section",
     "validate_card_locally",
     "write_model_card",
 ]
@@ -632,16 +634,49 @@ def _length_limits(length: int | None) -> str:
     )
 
 
+def onnx_graphs(model_dir: str | Path) -> list[str]:
+    """The ONNX graphs in ``model_dir/onnx`` (``ode-export --onnx`` writes them), by file name."""
+    return sorted(path.name for path in (Path(model_dir) / "onnx").glob("*.onnx"))
+
+
+def onnx_section(graphs: list[str], repo: str) -> str:
+    """The card's words on the ONNX graphs of its folder's ``onnx/`` (nothing where it has none): what they are and
+    what decodes them."""
+    if not graphs:
+        return ""
+    search = [name for name in graphs if name.startswith("beam_search_model")]
+    loop = [name for name in graphs if name not in search]
+    text = (
+        f"\n\n### ONNX\n\n`onnx/` holds this model's ONNX graphs (`ode-export --onnx`): "
+        f"{', '.join(f'`{name}`' for name in loop)}, named as 🤗 Optimum names a seq2seq model's"
+    )
+    if search:
+        text += (
+            f", and `{search[0]}`, the whole beam search in one graph (onnxruntime's `BeamSearch` op: int64 "
+            "`input_ids` and `attention_mask` in, `sequences` padded with the pad id out, which "
+            "`tokenizer.batch_decode` reads)"
+        )
+    return (
+        f"{text}. With the package's `[onnx]` extra, `ode-translate {repo} --backend onnx --input src.txt` decodes "
+        "with them; its ONNX guide (`hub/README.md`, shipped in the package as `ode_transformer/hub/README.md`) "
+        "describes their inputs and outputs and how onnxruntime or Optimum loads them."
+    )
+
+
 def _generation_defaults(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "generation_config.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def build_model_card(
-    model_dir: str | Path, metrics: str | Path | Mapping[str, Any] | None, repo_id: str | None = None
+    model_dir: str | Path,
+    metrics: str | Path | Mapping[str, Any] | None,
+    repo_id: str | None = None,
+    graphs: list[str] | None = None,
 ) -> ModelCard:
     """The card as a `ModelCard` (see :func:`write_model_card`)."""
     model_dir = Path(model_dir)
+    graphs = onnx_graphs(model_dir) if graphs is None else graphs
     config = _load_config(model_dir)
     data = load_metrics(metrics)
     model_name = (data or {}).get("model_name") or (
@@ -698,7 +733,7 @@ causal LM's batched prompts are padded on the left (its saved tokenizer does so)
 
 ## How to use
 
-{_usage(config, repo, data, _generation_defaults(model_dir), length)}
+{_usage(config, repo, data, _generation_defaults(model_dir), length)}{onnx_section(graphs, repo)}
 
 ## Citation
 
@@ -713,10 +748,12 @@ def write_model_card(
     model_dir: str | Path,
     metrics_path_or_dict: str | Path | Mapping[str, Any] | None,
     repo_id: str | None = None,
+    graphs: list[str] | None = None,
 ) -> Path:
     """Write `model_dir/README.md` from the folder's config.json and a metrics JSON (path or dict, schema in
-    this module's docstring; None writes a card without results). Returns the card's path."""
-    card = build_model_card(model_dir, metrics_path_or_dict, repo_id)
+    this module's docstring; None writes a card without results). Returns the card's path. ``graphs``: the ONNX
+    graphs the folder's ``onnx/`` holds, which the card names (default: those in it, :func:`onnx_graphs`)."""
+    card = build_model_card(model_dir, metrics_path_or_dict, repo_id, graphs)
     path = Path(model_dir) / "README.md"
     with replacing(path) as temporary:  # whole or not at all
         card.save(temporary)

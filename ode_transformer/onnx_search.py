@@ -31,6 +31,7 @@ __all__ = [
     "SEARCH_GRAPH",
     "SEARCH_INPUTS",
     "SEARCH_OPTIONS",
+    "SEQUENCE_LENGTHS",
     "ONNXSearchGenerator",
     "ORTSearchModel",
     "search_graph_file",
@@ -52,9 +53,12 @@ SEARCH_INPUTS = (
 SEARCH_ATTRIBUTES = ("early_stopping", "no_repeat_ngram_size", "eos_token_id")
 SEARCH_OPTIONS = (*SEARCH_INPUTS, *SEARCH_ATTRIBUTES, "max_new_tokens", "min_new_tokens")
 # The op pads its sequences with its `pad_token_id` attribute and returns no lengths: a sequence's end is its first
-# pad. The graph pads with -1, which no token has, so that a model emitting its pad token inside a sentence (as a
-# minimum length may make it) keeps it, as `generate` does.
+# pad. The op pads with -1, which no token has, so that a model emitting its pad token inside a sentence (as a
+# minimum length may make it) keeps it, as `generate` does. The graph's own `sequences` are int64 and padded with
+# the model's pad id (what `tokenizer.batch_decode` takes), and `SEQUENCE_LENGTHS` says where each one ends.
 OP_PAD = -1
+SEQUENCE_LENGTHS = "sequence_lengths"
+"""The search graph's output of each sequence's length (the start token counted, the padding not)."""
 
 
 def search_graph_file(quantize: str | None) -> str:
@@ -205,7 +209,7 @@ class ONNXSearchGenerator:
             import onnxruntime
             from onnx import helper
 
-            node = self.proto.graph.node[0]
+            node = next(node for node in self.proto.graph.node if node.op_type == "BeamSearch")
             names = ("early_stopping", "no_repeat_ngram_size", "eos_token_id", "pad_token_id")
             values = dict(zip(names, (*map(int, key), OP_PAD)))
             kept = [a for a in node.attribute if a.name not in values]
@@ -257,9 +261,10 @@ class ONNXSearchGenerator:
         """The op's sequences (batch, num_return_sequences, max_length) for GenerationConfig `config`."""
         max_length, min_length = lengths(config)
         beams = option(config, "num_beams")
+        ids_type = self.input_type("input_ids")
         feed = {
-            "input_ids": ids.astype(np.int32),
-            "attention_mask": mask.astype(np.int32),
+            "input_ids": ids.astype(ids_type),
+            "attention_mask": mask.astype(ids_type),
             "max_length": np.array([max_length], np.int32),
             "min_length": np.array([min_length], np.int32),
             "num_beams": np.array([beams], np.int32),
@@ -271,7 +276,22 @@ class ONNXSearchGenerator:
         session = self.session(
             early_stopping, option(config, "no_repeat_ngram_size"), _one(config.eos_token_id)
         )
-        return session.run(["sequences"], feed)[0]
+        if (
+            SEQUENCE_LENGTHS not in self.output_names()
+        ):  # a graph of an earlier export: the op's own sequences
+            return session.run(["sequences"], feed)[0]
+        sequences, ends = session.run(["sequences", SEQUENCE_LENGTHS], feed)
+        return np.where(np.arange(sequences.shape[-1]) < ends[..., None], sequences, OP_PAD)
+
+    def input_type(self, name: str) -> type:
+        """The numpy type of the graph's input `name`: int64 (int32 in a graph of an earlier export)."""
+        from onnx import helper
+
+        graph_input = next(value for value in self.proto.graph.input if value.name == name)
+        return helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type).type
+
+    def output_names(self) -> list[str]:
+        return [value.name for value in self.proto.graph.output]
 
     def exact(self):
         """`ONNXSeq2SeqGenerator` over the same folder's graphs (transformers' `generate`), for the sentences the

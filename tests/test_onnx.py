@@ -601,6 +601,35 @@ def test_ode_export_onnx_writes_the_graphs_that_decode_like_generate(tmp_path):
     np.testing.assert_array_equal(generator.generate(batch["input_ids"], batch["attention_mask"]), expected)
     search = ONNXSearchGenerator(out, session_options=session_options())  # the search graph beside them
     np.testing.assert_array_equal(search.generate(batch["input_ids"], batch["attention_mask"]), expected)
+    assert_the_search_graph_runs_as_hf_users_feed_it(out / "onnx" / SEARCH_GRAPH, tokenizer, model)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "### ONNX" in card and "`onnx/` holds this model's ONNX graphs" in card
+    assert all(f"`{name}`" in card for name in [*GRAPHS, SEARCH_GRAPH])
+
+
+def assert_the_search_graph_runs_as_hf_users_feed_it(graph: Path, tokenizer, model) -> None:
+    """onnxruntime alone on the search graph, fed as transformers and Optimum feed a model (a tokenizer's int64
+    `input_ids` and `attention_mask`): its `sequences` are int64, padded with the pad id, and
+    `tokenizer.batch_decode` reads them (-1 made it raise OverflowError) as `generate`'s texts."""
+    session = ort.InferenceSession(str(graph), session_options(), providers=["CPUExecutionProvider"])
+    types = {value.name: value.type for value in [*session.get_inputs(), *session.get_outputs()]}
+    assert types["input_ids"] == types["attention_mask"] == types["sequences"] == "tensor(int64)"
+    texts = ["the dog runs", "a cat sleeps on the warm mat in the park", "zwei"]
+    batch = tokenizer(texts, return_tensors="np", padding=True)
+    assert batch["input_ids"].dtype == np.int64
+    settings = {"max_length": 9, "min_length": 0, "num_beams": 2, "num_return_sequences": 1}
+    feed = {name: np.array([value], np.int32) for name, value in settings.items()}
+    feed |= {"length_penalty": np.array([0.6], np.float32), "repetition_penalty": np.array([1.0], np.float32)}
+    sequences, lengths = session.run(["sequences", "sequence_lengths"], {**batch, **feed})
+    pad = model.config.pad_token_id
+    for row, length in zip(sequences[:, 0], lengths[:, 0]):
+        assert (row[length:] == pad).all() and (row[:length] >= 0).all()
+    assert (sequences[:, 0] == pad).any(), "the test needs a padded sequence"
+    with torch.no_grad():
+        expected = model.generate(**tokenizer(texts, return_tensors="pt", padding=True))
+    assert tokenizer.batch_decode(sequences[:, 0], skip_special_tokens=True) == tokenizer.batch_decode(
+        expected, skip_special_tokens=True
+    )
 
 
 def test_the_default_exporter_is_torchscript_where_torch_still_has_it(tmp_path, monkeypatch, capsys):
