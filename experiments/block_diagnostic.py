@@ -22,12 +22,12 @@ holds): the statistics a study document quotes, committed beside the study's res
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from experiments.records import merge_json
 from modeling_ode.ode import GATED_MODES, StageCoefficients
 from ode_transformer.train.data import multi30k, ptb
 from ode_transformer.translate import load_for_generation
@@ -173,11 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, object]]]:
 
 
 def write_rows(path: Path, rows_by_run: dict[str, list[dict[str, object]]]) -> None:
-    """Merge ``rows_by_run`` into the JSON file at ``path`` (created if missing), runs sorted by name."""
-    merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    merged.update(rows_by_run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n", encoding="utf-8")
+    """Merge ``rows_by_run`` into the JSON file at ``path`` (created if missing), runs sorted by name: under a lock
+    and atomically (:func:`experiments.records.merge_json`), since parallel runs of a batch write one file."""
+    merge_json(path, rows_by_run)
 
 
 if __name__ == "__main__":

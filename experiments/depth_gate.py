@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         "folder", type=Path, help="a batch of tatoeba_depth, e.g. results/tatoeba_depth/cpu_h200"
     )
     folder = parser.parse_args(argv).folder
-    results = load_results(folder) if folder.is_dir() else []
+    # a folder of several commits is read: each stage pairs only runs of one commit (comparable)
+    results = load_results(folder, mixed=True) if folder.is_dir() else []
     schedules = chosen_schedules(results)
     print("schedules: " + ", ".join(f"{row} {s or 'not yet'}" for row, s in schedules.items()))
     gate = gate_rows(results, schedules)

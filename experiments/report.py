@@ -4,6 +4,9 @@
 Reads every ``results/<study>/<size>/*.json`` (``<size>_<batch>`` for a second batch, ``--batch``) and writes
 beside them ``README.md`` (a markdown table: mean +- std over seeds for each variant and depth, the paper's number
 beside ours, the gap to the baseline and whether it is more than noise), ``summary.json`` and ``summary.png``.
+A folder whose runs mix code commits, devices or precisions is refused, naming the files of each side, as is a
+record that is damaged, partial or has a NaN metric (``experiments.records``); ``--mixed`` reports a mixed folder
+anyway, pairing only runs that share all three and saying under the table what it mixes.
 
 Noise: a variant's run is paired with the baseline's run of the same seed, and only where both ran at the same
 code commit, on the same device (CPU model and capability) and in the same precision; a pair that is not is
@@ -36,6 +39,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from experiments.records import PROVENANCE, comparable, load_results, mixing, record_files, refuse_bad_records
 from experiments.significance import (
     ALPHA,
     MAX_SEEDS,
@@ -58,34 +62,15 @@ BOOTSTRAP_SAMPLES = 1000
 VERDICT_ALSO = ("chrF",)
 
 
-def load_results(folder: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(path.read_text(encoding="utf-8"))
-        for path in sorted(folder.glob("*.json"))
-        if path.name != "summary.json"
-    ]
-
-
 def mean_std(values: list[float]) -> tuple[float, float | None]:
     """Mean and sample standard deviation (None for a single value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def comparable(result: dict[str, Any]) -> tuple:
-    """What two runs must share for their scores to be compared: the code's commit, the device (CPU model and
-    the kernels PyTorch ran: its capability, where recorded) and the training precision (recorded, or read from
-    the flags of runs made before it was)."""
-    device = result.get("device", {})
-    recorded = (result.get("precision") or {}).get("precision")
-    precision = recorded or ("bf16" if result["flags"].get("bf16") else "fp32")
-    commit = (result.get("git") or {}).get("commit")
-    return commit, device.get("name"), device.get("capability"), precision
-
-
 def describe_mismatch(ours: dict[str, Any], baseline: dict[str, Any], whose: str = "the baseline's") -> str:
     """Why two runs are not paired: the parts of :func:`comparable` that differ (``whose``: the other run's
     owner, as the message names it)."""
-    names = ("commit", "device", "CPU capability", "precision")
+    names = PROVENANCE
 
     def shown(name: str, value: Any) -> str:
         return str(value)[:7] if name == "commit" and value else str(value)
@@ -472,9 +457,10 @@ def markdown(
     notes: list[str] = (),
     batch: str | None = None,
     options: str = "",
+    mixed: bool = False,
 ) -> str:
     """The study's table: one line per variant and depth, then ``notes`` (e.g. :func:`provenance`); ``options``:
-    the runs' own options of experiments.run (:func:`run_options`)."""
+    the runs' own options of experiments.run (:func:`run_options`); ``mixed``: reported with ``--mixed``."""
     primary = study.metrics[0]
     also = [m for m in study.metrics[1:] if m.name in VERDICT_ALSO]
     head = ["variant", "depth", "seeds", *(m.name for m in study.metrics)]
@@ -527,7 +513,7 @@ def markdown(
         *pairwise_table(study, rows),
         *reference_table(study, rows),
         f"Produced by `python -m experiments.run {study.name} {selection(size, batch)}{options}` and "
-        f"`python -m experiments.report {study.name} {selection(size, batch)}`.",
+        f"`python -m experiments.report {study.name} {selection(size, batch)}{' --mixed' if mixed else ''}`.",
         *notes,
     ]
     if any(row["resumed"] for row in rows):
@@ -655,11 +641,17 @@ def plot(study: Study, rows: list[dict[str, Any]], results: list[dict[str, Any]]
 
 
 def report(
-    study: Study, size: str, results_dir: Path = RESULTS, batch: str | None = None
+    study: Study, size: str, results_dir: Path = RESULTS, batch: str | None = None, mixed: bool = False
 ) -> list[dict[str, Any]]:
-    """Write README.md, summary.json and summary.png for one study and size (and batch); returns the rows."""
+    """Write README.md, summary.json and summary.png for one study and size (and batch); returns the rows. A folder
+    that mixes commits, devices or precisions is refused (:func:`experiments.records.load_results`) unless
+    ``mixed``; then the table says what it mixes.
+
+    Raises:
+        RecordError: a damaged record, or a mixed folder without ``mixed`` (the files named).
+    """
     folder = results_dir / study.name / batch_folder(size, batch)
-    results = load_results(folder)
+    results = load_results(folder, mixed)
     if not results:
         raise FileNotFoundError(
             f"no results in {folder}: run `python -m experiments.run {study.name} {selection(size, batch)}` first"
@@ -668,11 +660,16 @@ def report(
     references = test_references(study, size, len(results[0]["test_hypotheses"])) if seq2seq else None
     rows = aggregate(study, results, references)
     if study.reference is not None:
-        compare_with_reference(
-            study, rows, results, load_results(results_dir / study.reference[0] / batch_folder(size, batch))
+        reference = load_results(results_dir / study.reference[0] / batch_folder(size, batch), mixed)
+        compare_with_reference(study, rows, results, reference)
+    notes = provenance(study, results)
+    named = [(path.name, result) for path, result in zip(record_files(folder), results)]
+    if mixed and (what := mixing(named)):
+        notes.append(
+            f"**This folder mixes runs of {what}** (reported with --mixed): only runs sharing all three pair."
         )
     (folder / "README.md").write_text(
-        markdown(study, size, rows, provenance(study, results), batch, run_options(study, results)),
+        markdown(study, size, rows, notes, batch, run_options(study, results), mixed),
         encoding="utf-8",
     )
     (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
@@ -730,6 +727,7 @@ def study_document(template: Path = DOCS_TEMPLATE, root: Path = RESULTS.parent) 
     )
 
 
+@refuse_bad_records("python -m experiments.report")  # a damaged record, a mixed batch: one line
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.report", description=__doc__.split("\n\n")[0]
@@ -743,6 +741,12 @@ def main(argv: list[str] | None = None) -> None:
         help="a second batch of the size (experiments.run --batch)",
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="report a folder whose runs mix commits, devices or precisions (refused without): only runs that share "
+        "all three pair, and the table says what it mixes",
+    )
     parser.add_argument(
         "--write-docs", action="store_true", help="write results/README.md (the study document)"
     )
@@ -759,7 +763,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study is None:
         parser.error("give a STUDY, or --write-docs")
-    report(STUDIES[args.study], args.size, args.results, args.batch)
+    report(STUDIES[args.study], args.size, args.results, args.batch, args.mixed)
     folder = args.results / args.study / batch_folder(args.size, args.batch)
     print((folder / "README.md").read_text(encoding="utf-8"))
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments import depth_gate
-from experiments.report import RESULTS, load_results
+from experiments.records import load_results, refuse_bad_records
+from experiments.report import RESULTS
 from experiments.significance import ALPHA
 from experiments.studies import (
     STUDIES,
@@ -118,7 +119,7 @@ def pair_sd(folder: Path, metric: str, pairs: dict[str, str], depth: int | None 
     batch, and its degrees of freedom: the reference spread a new batch of the same recipe is sized with."""
     runs = {
         (r["variant"], r["seed"]): r["metrics"][metric]
-        for r in load_results(folder)
+        for r in load_results(folder, mixed=True)  # a folder of several devices (results/ptb/cpu)
         if depth is None or r["depth"] == depth
     }
     squares, df = 0.0, 0
@@ -383,6 +384,7 @@ def document(results: Path = RESULTS, devices: tuple[str, ...] = ("h200", "h100"
     return "\n".join(lines).rstrip() + "\n"
 
 
+@refuse_bad_records("python -m experiments.verdict")  # a damaged record or a mixed batch: one line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.verdict", description=__doc__.split("\n\n")[0]

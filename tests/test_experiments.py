@@ -505,6 +505,101 @@ def test_a_second_batch_has_a_folder_of_its_own_and_its_report_names_it(tmp_path
     assert "--batch: batch label 'h200_2': letters and digits only" in error
 
 
+def batch_record(variant: str, seed: int, bleu: float = 30.0, **provenance) -> dict:
+    """A multi30k run's record as the report reads it (fake_result, of ``provenance``'s device and commit, with
+    the keys a whole record has)."""
+    return {**fake_result(variant, seed, bleu, **provenance), "study": "multi30k", "size": "cpu",
+            "config": {"vocab_size": 8000}, "data": {"files": {}}}  # fmt: skip
+
+
+def write_batch(folder, records: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, record in records.items():
+        (folder / name).write_text(record if isinstance(record, str) else json.dumps(record))
+
+
+def test_a_batch_that_mixes_commits_devices_or_precisions_is_refused_by_name(tmp_path, refused):
+    """One batch is one commit, one device and one precision: the report refuses a folder that mixes them, naming
+    the files of each side and the fix, and writes nothing; `--mixed` reports it, pairing only runs that share all
+    three, and says under the table what it mixes."""
+    folder = tmp_path / "multi30k" / "cpu"
+    argv = ["multi30k", "--results", str(tmp_path)]
+    base = {
+        "residual-3-seed0.json": batch_record("residual", 0),
+        "rk4-3-seed0.json": batch_record("rk4", 0, 31.0),
+    }
+    for name, other in [
+        ("commit", batch_record("residual", 1, commit="def")),
+        ("device", batch_record("residual", 1, device="Intel Xeon")),
+        ("precision", {**batch_record("residual", 1), "precision": {"precision": "bf16"}}),
+    ]:
+        write_batch(folder, {**base, "residual-3-seed1.json": other})
+        error = refused(report_module.main, argv)
+        assert error.count("\n") == 1 and "Traceback" not in error, error
+        assert f"{folder} mixes runs of {name} " in error and "residual-3-seed1.json" in error, error
+        assert "rk4-3-seed0.json" in error and "experiments.report --mixed" in error
+        assert not (folder / "README.md").exists()
+    report_module.main([*argv, "--mixed"])
+    table = (folder / "README.md").read_text()
+    assert (
+        "**This folder mixes runs of precision fp32 (residual-3-seed0.json, rk4-3-seed0.json) / bf16" in table
+    )
+    assert "`python -m experiments.report multi30k --size cpu --mixed`" in table
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        (
+            '{"variant": "rk4", "seed": 0, "metr',
+            "is not complete JSON (Unterminated string",
+        ),  # a write cut off
+        ({"variant": "rk4", "seed": 0}, "is not a run's result record: it lacks metrics (half-written"),
+        (
+            {**batch_record("rk4", 0), "metrics": {"chrF": 50.0}},
+            "has no 'BLEU' metric, which every run of multi30k",
+        ),
+        (
+            {**batch_record("rk4", 0), "metrics": {"BLEU": math.nan, "chrF": 50.0}},
+            "has metric 'BLEU' = nan, not a number",
+        ),
+    ],
+    ids=["malformed", "partial", "no-metric", "nan"],
+)
+def test_a_damaged_record_is_named_with_its_fix_in_one_line(tmp_path, refused, record, said):
+    """A malformed, half-written, metric-less or NaN record: the report names the file, what is wrong and the fix
+    (run it again), in one line, never a traceback (a JSONDecodeError, KeyError or a NaN inside the statistics)."""
+    folder = tmp_path / "multi30k" / "cpu"
+    write_batch(folder, {"residual-3-seed0.json": batch_record("residual", 0), "rk4-3-seed0.json": record})
+    error = refused(report_module.main, ["multi30k", "--results", str(tmp_path)])
+    assert error.startswith(f"python -m experiments.report: error: {folder / 'rk4-3-seed0.json'} "), error
+    assert said in error and "run that run again" in error and error.count("\n") == 1
+
+
+def test_parallel_writers_of_gates_json_keep_every_run(tmp_path):
+    """diagnostics/gates.json is read, merged and written back by every gated run of a batch (and by lease
+    collects): under its lock, writers at once keep every row, and the file is never seen half-written."""
+    import threading
+
+    from experiments import block_diagnostic
+
+    gates = tmp_path / "diagnostics" / "gates.json"
+
+    def write(writer: int) -> None:
+        for index in range(20):
+            block_diagnostic.write_rows(gates, {f"run{writer}-{index}": [{"block": index}]})
+            json.loads(gates.read_text())  # whole at every moment
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(6)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    rows = json.loads(gates.read_text())
+    assert len(rows) == 120 and list(rows) == sorted(rows)
+    assert [path.name for path in gates.parent.iterdir()] == ["gates.json"]  # no lock or temporary file left
+
+
 def test_unknown_variant_or_size_is_a_clear_error(refused):
     assert "unknown variants ['rk5']" in refused(runner.parse_args, ["ptb", "--only", "rk5"])
     assert "has sizes cpu, not 'paper'" in refused(runner.parse_args, ["ptb_pilot", "--size", "paper"])
