@@ -18,25 +18,34 @@ study has its first seed complete before the next one starts. ``--parallel N`` r
 A study that fine-tunes trained models (``multi30k_upcycle``) starts each run from its seed's model
 (``--model_name_or_path``): the study's ``source`` folder, or ``--source PATH`` with ``{seed}`` for the seed; a run
 whose source is missing fails with that message and trains nothing.
+
+One process trains a run at a time: a second start of a run (or a second runner of the same run) while another
+process trains it is refused, naming that process, and deletes nothing. A runner that is stopped stops its runs:
+SIGINT or SIGTERM stops its training processes before it exits, and each of them dies with the runner even where
+the runner is killed outright (SIGKILL; Linux's parent-death signal).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, batch_label, describe_changes, run_id
-from ode_transformer.files import write_atomic
+from ode_transformer.files import InUseError, claim, real_path, write_atomic
 from ode_transformer.train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +117,57 @@ def to_argv(flags: dict[str, Any]) -> list[str]:
     for key, value in flags.items():
         argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return argv
+
+
+# Run first in every child: it asks Linux to SIGKILL it when the runner dies (PR_SET_PDEATHSIG, 1), which exec keeps,
+# then becomes the command. A kill of the runner that no handler sees (SIGKILL) would otherwise leave its training
+# process running on, orphaned. (Not subprocess's preexec_fn: it is unsafe in a process with threads, as the runner's
+# pool is.) A runner that died before the request leaves nothing to wait for: the child exits at once.
+DIE_WITH_RUNNER = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+except (AttributeError, OSError):
+    pass  # not Linux: the runner's own handlers still stop its children
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class Children:
+    """The runner's child processes: each started so that it dies with the runner (:data:`DIE_WITH_RUNNER`), and all
+    of them stopped at once by :meth:`stop` (the runner's SIGINT and SIGTERM handler), after which none starts."""
+
+    def __init__(self) -> None:
+        self._live: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def run(self, command: list[str], **popen: Any) -> int:
+        """Run ``command`` to its end (``popen``: Popen's arguments) and return its exit code; -SIGTERM, without
+        starting it, once the runner is stopping."""
+        with self._lock:
+            if self.stopping:
+                return -signal.SIGTERM
+            guarded = [sys.executable, "-c", DIE_WITH_RUNNER, str(os.getpid()), *command]
+            process = subprocess.Popen(guarded, **popen)
+            self._live.add(process)
+        try:
+            return process.wait()
+        finally:
+            with self._lock:
+                self._live.discard(process)
+
+    def stop(self) -> None:
+        """Kill every live child and start no other."""
+        with self._lock:
+            self.stopping = True
+            for process in self._live:
+                process.kill()
+
+
+CHILDREN = Children()
 
 
 def has_checkpoint(folder: Path) -> bool:
@@ -281,7 +341,7 @@ def run_extra_tests(
         scores.unlink(missing_ok=True)
         commands = extra_test_commands(test, out, flags, args.device, args.data_root)
         for command in commands:
-            code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            code = CHILDREN.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
             if code != 0:
                 return code, records
         metrics = json.loads(scores.read_text(encoding="utf-8"))
@@ -324,7 +384,26 @@ def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[
 
 
 def execute(run: Run, args: argparse.Namespace) -> str:
-    """Train, test and record one run; returns a one-line status."""
+    """Train, test and record one run, holding its work folder's lock (one process trains a run at a time); returns
+    a one-line status."""
+    out = real_path(run.work_dir(args.work_dir))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pid_file = out.with_name(f".{out.name}.pid")
+    try:
+        with claim(out, out.with_name(f".{out.name}.lock"), pid_file, "--work-dir", holder="run"):
+            return _execute(run, args)
+    except InUseError:  # never the trainer's "--overwrite_output_dir" advice: it would delete the live run
+        try:
+            pid = pid_file.read_text(encoding="utf-8").strip() or "unknown"
+        except FileNotFoundError:  # it has just finished: starting again skips or resumes it
+            pid = "that just ended"
+        return (
+            f"FAILED {run.id}: another run (pid {pid}) is training this ({out}); wait for it to end, or stop it and "
+            "start this again (it resumes from its last checkpoint)"
+        )
+
+
+def _execute(run: Run, args: argparse.Namespace) -> str:
     result = run.result_path(args.results)
     changes = changes_since_result(run, args)
     if changes is not None:
@@ -356,13 +435,11 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(out.parent / f"{run.id}.log", "a", encoding="utf-8") as log:
-        code = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = CHILDREN.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         if code == 0:  # trained and tested: the extra test sets are decoded from the saved model
             code, extra = run_extra_tests(run, out, flags, args, env, log)
         if code == 0 and (diagnostic := gate_diagnostic_command(run, out, flags, args)):
-            code = subprocess.run(
-                diagnostic, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            ).returncode
+            code = CHILDREN.run(diagnostic, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - start
     if code != 0:
         return f"FAILED {run.id} (exit {code}; log: {out.parent / f'{run.id}.log'})"
@@ -461,11 +538,38 @@ def main(argv: list[str] | None = None) -> int:
             print(state, run.id, " ".join(train_command(run, args.work_dir, args.device, args.set)[1:]))
         return 0
     failed = 0
-    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        for status in pool.map(lambda run: execute(run, args), runs):
-            print(time.strftime("%H:%M:%S"), status, flush=True)
-            failed += status.startswith(("FAILED", "STALE"))
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
+    try:
+        with children_stopped_on_signals():
+            for status in pool.map(lambda run: execute(run, args), runs):
+                print(time.strftime("%H:%M:%S"), status, flush=True)
+                failed += status.startswith(("FAILED", "STALE"))
+    finally:  # stopped: the runs not started yet never start, and those running end with their killed children
+        pool.shutdown(wait=True, cancel_futures=True)
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def children_stopped_on_signals() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM stop every child of this runner at once, then the runner (exit code
+    128 + the signal, as a shell reports a kill by it); the handlers before are restored after. Without them, a
+    SIGTERM ended the runner and left its runs training, orphaned, and a SIGINT of the runner alone left its pool's
+    threads waiting on them."""
+    CHILDREN.stopping = False  # a new start in this process (tests call main more than once)
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        CHILDREN.stop()
+        raise SystemExit(128 + signum)
+
+    before = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -600,6 +602,80 @@ def test_parallel_writers_of_gates_json_keep_every_run(tmp_path):
     assert [path.name for path in gates.parent.iterdir()] == ["gates.json"]  # no lock or temporary file left
 
 
+def test_a_second_start_of_a_run_in_training_is_refused_and_deletes_nothing(tmp_path):
+    """While another process trains a run (it holds the run's folder), a second start of it is refused, naming that
+    process, and leaves the folder alone: no advice to pass --overwrite_output_dir, which would delete it."""
+    from ode_transformer.files import claim
+
+    args = runner.parse_args(
+        ["ptb", "--results", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")]
+    )
+    run = runner.plan(STUDIES["ptb"], "cpu", [0], ["residual"], [1])[0]
+    out = run.work_dir(args.work_dir)
+    out.mkdir(parents=True)
+    (out / "events.log").write_text("the live run's first steps")  # no checkpoint yet: a start would clear it
+    with claim(out, out.with_name(f".{out.name}.lock"), out.with_name(f".{out.name}.pid"), "--work-dir"):
+        status = runner.execute(run, args)
+    assert status.startswith(f"FAILED residual-1-seed0: another run (pid {os.getpid()}) is training this"), (
+        status
+    )
+    assert "overwrite" not in status and (out / "events.log").read_text() == "the live run's first steps"
+
+
+# The training process of the signal test: it says it started (its pid, in the file it is given), then trains on.
+FAKE_TRAINING = (
+    "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(600)"
+)
+# experiments.run in a process of its own, its training command the fake one (the process is the subject here)
+RUNNER = """
+import sys
+from experiments import run
+run.train_command = lambda *_: [sys.executable, "-c", {fake!r}, {started!r}]
+sys.exit(run.main(["ptb", "--only", "residual", "--seeds", "0", "--depths", "1", "--results", {results!r},
+                   "--work-dir", {work!r}]))
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie left for its new parent to reap counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc (Linux)")
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_stopped_runner_stops_its_training_process(tmp_path, signum):
+    """SIGINT or SIGTERM of experiments.run (the runner alone, not its process group) stops its training process
+    before the runner exits; a SIGKILL, which no handler sees, stops it too (its parent-death signal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    started = tmp_path / "started"
+    code = RUNNER.format(
+        fake=FAKE_TRAINING, started=str(started), results=str(tmp_path / "r"), work=str(tmp_path / "w")
+    )
+    runner_process = subprocess.Popen([sys.executable, "-c", code], cwd=runner.REPO)
+    try:
+        deadline = time.monotonic() + 60  # a bound, not a pace: each wait ends as soon as its condition holds
+        while not (started.is_file() and started.read_text()):
+            assert runner_process.poll() is None and time.monotonic() < deadline, "the training never started"
+            time.sleep(0.02)
+        child = int(started.read_text())
+        runner_process.send_signal(getattr(signal, signum))
+        exit_code = runner_process.wait(timeout=60)
+        while not _gone(child):
+            assert time.monotonic() < deadline, f"the training process {child} outlived its runner"
+            time.sleep(0.02)
+    finally:
+        runner_process.kill()
+        runner_process.wait()
+    assert exit_code == {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9}[signum]
+
+
 def test_unknown_variant_or_size_is_a_clear_error(refused):
     assert "unknown variants ['rk5']" in refused(runner.parse_args, ["ptb", "--only", "rk5"])
     assert "has sizes cpu, not 'paper'" in refused(runner.parse_args, ["ptb_pilot", "--size", "paper"])
@@ -693,7 +769,7 @@ def test_a_result_made_with_other_flags_is_kept_and_reported_stale(tmp_path, mon
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))
     before = path.read_text()
-    monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: pytest.fail("nothing may be trained"))
+    monkeypatch.setattr(runner.CHILDREN, "run", lambda *a, **k: pytest.fail("nothing may be trained"))
     args = ["ptb", "--only", "residual", "--depths", "1", "--seeds", "0", "--results", str(results),
             "--work-dir", str(tmp_path / "work")]  # fmt: skip
     assert runner.main([*args, "--dry-run"]) == 0
@@ -873,7 +949,6 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
     """When decoding JFLEG fails after a (resumed) gec run trained, the run is FAILED with the decoder's exit code,
     the scoring command never runs, an earlier attempt's hypotheses are gone and no result file is written."""
     import argparse
-    import subprocess
 
     study = STUDIES["gec"]
     run = runner.Run(study, "cpu", "residual", 3, 0)
@@ -886,11 +961,11 @@ def test_a_failing_extra_test_stops_there_and_records_nothing(tmp_path, monkeypa
     stale.write_text("an earlier attempt's output\n")
     modules = []
 
-    def fake_run(command, **kwargs):
+    def fake_run(command, **kwargs):  # every child of the runner starts here: its exit code
         modules.append(command[2])
-        return subprocess.CompletedProcess(command, 3 if command[2] == "ode_transformer.translate" else 0)
+        return 3 if command[2] == "ode_transformer.translate" else 0
 
-    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    monkeypatch.setattr(runner.CHILDREN, "run", fake_run)
     status = runner.execute(run, args)
     assert status.startswith(f"FAILED {run.id} (exit 3;")
     assert modules == ["ode_transformer.train.run", "ode_transformer.translate"]
