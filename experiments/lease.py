@@ -20,14 +20,17 @@ The device tool's call: ``run`` with ``command`` ``python3 -m experiments.lease 
    stopped, which later plans read as a cost).
 
 A batch (one folder per tier and device) holds one commit and one device: a tier whose folder holds runs of another
-commit or device is refused with the reason. To start new batches at a later commit, change ``COMMIT`` and the
-device label (``--label``), not the runs already committed.
+commit or device is refused with the reason, and ``collect`` refuses a lease whose runs would mix into a batch of
+another commit, device or precision (naming the files). To start new batches at a later commit, change ``COMMIT``
+and the device label (``--label``), not the runs already committed. A lease whose budget fits no run says so before
+its clone and install, and exits 1; a damaged ``lease.tgz`` or record is named with the fix, in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -38,11 +41,22 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.report import load_results
+from experiments.records import (
+    RecordError,
+    load_results,
+    merge_json,
+    mixing,
+    read_record,
+    record_files,
+    refuse_bad_records,
+)
+from experiments.studies import batch_folder
 from experiments.verdict import TIERS, Tier
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,9 +118,9 @@ def measured_costs(device: str, results: Path = RESULTS) -> Costs:
     """The costs on ``device`` (a GPU's name, as results record it) from every committed result and lease record."""
     costs = Costs(device)
     for path in sorted(results.glob("*/*/*-seed*.json")):
-        costs.add_result(json.loads(path.read_text(encoding="utf-8")))
+        costs.add_result(read_record(path))
     for path in sorted(results.glob("leases/*/lease.json")):
-        lease = json.loads(path.read_text(encoding="utf-8"))
+        lease = read_lease_record(path)
         if lease.get("device") != device:
             continue
         for run in lease["runs"]:
@@ -115,12 +129,27 @@ def measured_costs(device: str, results: Path = RESULTS) -> Costs:
     return costs
 
 
+def read_lease_record(path: Path, shown: str | None = None) -> dict[str, Any]:
+    """A lease's ``lease.json`` (``shown``: its name in messages, where it was unpacked elsewhere).
+
+    Raises:
+        RecordError: not a lease record (named, with the fix).
+    """
+    try:
+        lease = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        lease = error  # refused below, outside the except: one line
+    if not isinstance(lease, dict) or not isinstance(lease.get("runs"), list):
+        raise RecordError(
+            f"{shown or path} is not a lease's record (lease.json, with its runs): restore it from git, or fetch the "
+            "lease's files again"
+        )
+    return lease
+
+
 def last_setup_seconds(device: str, results: Path = RESULTS) -> float:
-    setups = [
-        json.loads(path.read_text(encoding="utf-8")).get("setup_s")
-        for path in sorted(results.glob("leases/*/lease.json"))
-        if json.loads(path.read_text(encoding="utf-8")).get("device") == device
-    ]
+    leases = [read_lease_record(path) for path in sorted(results.glob("leases/*/lease.json"))]
+    setups = [lease.get("setup_s") for lease in leases if lease.get("device") == device]
     setups = [s for s in setups if s]
     return setups[-1] if setups else SETUP_GUESS_S
 
@@ -132,11 +161,15 @@ def last_setup_seconds(device: str, results: Path = RESULTS) -> float:
 def refusal(tier: Tier, label: str, device: str, commit: str, results: Path = RESULTS) -> str | None:
     """Why a tier may not add runs to its batch folder (runs there of another commit or device), or None."""
     folder = tier.folder(label, results)
-    runs = load_results(folder) if folder.is_dir() else []
+    runs = (
+        load_results(folder, mixed=True) if folder.is_dir() else []
+    )  # a mixed folder is named here, not raised
     commits = {(r.get("git") or {}).get("commit") or "none" for r in runs if not _same_commit(r, commit)}
     devices = {(r.get("device") or {}).get("name") or "none" for r in runs} - {device}
     why = [f"commit {', '.join(sorted(c[:7] for c in commits))}"] if commits else []
     why += [f"device {', '.join(sorted(devices))}"] if devices else []
+    if not why and (mixed := mixing([(path.name, r) for path, r in zip(record_files(folder), runs)])):
+        why = [mixed]  # e.g. two precisions: its own runs do not compare
     if not why:
         return None
     return (
@@ -197,18 +230,26 @@ def simulate(
     return plan
 
 
-def print_plan(seconds: float, label: str, device: str, slots: int, results: Path = RESULTS) -> None:
+def lease_plan(
+    seconds: float, label: str, device: str, slots: int, commit: str = COMMIT, results: Path = RESULTS
+) -> tuple[float, dict[str, str], list[tuple[float, Planned]]]:
+    """What a lease of ``seconds`` would do: (its setup's measured or guessed seconds, each refused tier's reason by
+    label, the plan of :func:`simulate` after the setup and the margin)."""
     setup = last_setup_seconds(device, results)
+    refused = {t.label: why for t in TIERS if (why := refusal(t, label, device, commit, results))}
+    allowed = tuple(t for t in TIERS if t.label not in refused)
+    costs = measured_costs(device, results)
+    return setup, refused, simulate(queue(label, results, allowed), costs, seconds - setup - MARGIN_S, slots)
+
+
+def print_plan(seconds: float, label: str, device: str, slots: int, results: Path = RESULTS) -> None:
+    setup, refused, plan = lease_plan(seconds, label, device, slots, COMMIT, results)
     print(
         f"lease of {seconds:.0f} s on {device} (batches cpu_{label}...), pinned commit {COMMIT}: "
         f"setup {setup:.0f} s, then {slots} runs at a time"
     )
-    for tier in TIERS:
-        if why := refusal(tier, label, device, COMMIT, results):
-            print(f"({tier.label}) REFUSED: {why}")
-    allowed = tuple(t for t in TIERS if refusal(t, label, device, COMMIT, results) is None)
-    costs = measured_costs(device, results)
-    plan = simulate(queue(label, results, allowed), costs, seconds - setup - MARGIN_S, slots)
+    for tier, why in refused.items():
+        print(f"({tier}) REFUSED: {why}")
     for start, run in plan:
         cost = (
             "unmeasured here: runs as its own measurement" if run.cost is None else f"about {run.cost:.0f} s"
@@ -262,32 +303,125 @@ def carry(
 
 def collect(files: Path, results: Path = RESULTS) -> list[Path]:
     """Unpack a lease's ``lease.tgz`` (from ``files``): new result files into ``results``, never over one there, and
-    the lease's record and logs into ``results/leases/<its start>/``; returns the result files added."""
+    the lease's record and logs into ``results/leases/<its start>/``; returns the result files added. Every file is
+    written whole or not at all, and a ``gates.json`` is merged into the one there under a lock (two collects at
+    once keep both). Nothing is written where the archive is damaged, or where its runs would mix into a batch of
+    another commit, device or precision, or sit in another batch than their own.
+
+    Raises:
+        RecordError: the archive, or a file in it, is damaged, or its runs do not belong where they would go (one
+            line, the files named).
+    """
+    archive = files / "lease.tgz"
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(files / "lease.tgz") as archive:
-            archive.extractall(tmp, filter="data")
         unpacked = Path(tmp)
-        lease = json.loads((unpacked / "lease.json").read_text(encoding="utf-8"))
+        unpack(archive, unpacked)
+        lease = read_lease_record(unpacked / "lease.json", f"{archive}'s lease.json")
+        incoming = {
+            source.relative_to(unpacked): read_record(source, f"{archive}'s {source.relative_to(unpacked)}")
+            for source in sorted((unpacked / "results").glob("*/*/*-seed*.json"))
+        }
+        refuse_foreign_runs(archive, lease, incoming, results)
         added = []
-        for source in sorted((unpacked / "results").glob("*/*/*-seed*.json")):
-            target = results / source.relative_to(unpacked / "results")
+        for name in incoming:
+            target = results / name.relative_to("results")
             if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target)
+                _write(target, (unpacked / name).read_bytes())
                 added.append(target)
         for source in sorted((unpacked / "results").glob("*/*/diagnostics/gates.json")):
-            target = results / source.relative_to(unpacked / "results")
-            merged = json.loads(target.read_text(encoding="utf-8")) if target.exists() else {}
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(
-                json.dumps({**json.loads(source.read_text(encoding="utf-8")), **merged}, indent=1) + "\n"
-            )
+            shown = f"{archive}'s {source.relative_to(unpacked)}"
+            merge_json(results / source.relative_to(unpacked / "results"), _json_object(source, shown), True)
         record = results / "leases" / lease["started"].replace(":", "")
-        record.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(unpacked / "lease.json", record / "lease.json")
+        _write(record / "lease.json", (unpacked / "lease.json").read_bytes())
         for log in sorted((unpacked / "logs").glob("*.log")):
-            shutil.copy2(log, record / log.name)
+            _write(record / log.name, log.read_bytes())
     return added
+
+
+def unpack(archive: Path, into: Path) -> None:
+    """Extract a lease's archive into ``into``.
+
+    Raises:
+        RecordError: no such archive, or a truncated or damaged one (named, with the fix).
+    """
+    if not archive.is_file():
+        raise RecordError(
+            f"no {archive}: give the folder the device tool returned the lease's files in (files_at)"
+        )
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise RecordError(
+            f"{archive} is truncated or damaged ({_first_line(error)}): fetch the lease's files again; a "
+            "lease rewrites it whole after every run, so the last one it returned is complete"
+        ) from None
+    if not (into / "lease.json").is_file():
+        raise RecordError(
+            f"{archive} holds no lease.json, so it is not a lease's archive: give the lease's own"
+        )
+
+
+def refuse_foreign_runs(
+    archive: Path, lease: dict[str, Any], incoming: dict[Path, dict[str, Any]], results: Path
+) -> None:
+    """Refuse a lease's runs (``incoming``: each record by its path in the archive) that do not belong where they
+    would go: a run of another commit or device than the lease's, in another batch than its folder's, or one that
+    would make its batch folder mix commits, devices or precisions.
+
+    Raises:
+        RecordError: the first such run or folder (the files named, and the fix).
+    """
+    by_folder: dict[Path, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for name, record in incoming.items():
+        device = (record.get("device") or {}).get("name")
+        if not _same_commit(record, lease.get("commit") or "") or device != lease.get("device"):
+            commit = ((record.get("git") or {}).get("commit") or "none")[:7]
+            raise RecordError(
+                f"{archive}'s {name} is a run of commit {commit} on {device}, not of the lease's commit "
+                f"{(lease.get('commit') or 'none')[:7]} on {lease.get('device')}: the archive is not one lease's; "
+                "collect nothing from it, and fetch the lease's own files"
+            )
+        folder = batch_folder(record.get("size") or "cpu", record.get("batch"))
+        if folder != name.parent.name:
+            raise RecordError(
+                f"{archive}'s {name} is a run of batch {folder}, not of the folder it would go into: collect nothing "
+                "from it; the run belongs in its own batch's folder"
+            )
+        by_folder[results / name.parent.relative_to("results")].append((str(name), record))
+    for folder, named in by_folder.items():
+        there = load_results(folder, mixed=True) if folder.is_dir() else []
+        existing = [(str(path), r) for path, r in zip(record_files(folder), there)]
+        if what := mixing(existing + named):
+            raise RecordError(
+                f"{archive}'s runs would make {folder} mix {what}: one batch is one commit, one device and one "
+                "precision, so nothing was collected; run the lease with another --label (a batch of its own), or "
+                "pin the batch's commit"
+            )
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0].rstrip(":") if str(error) else type(error).__name__
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write a collected file whole or not at all (the project's atomic writer), its folder created."""
+    from ode_transformer.files import write_atomic  # not at import: the lease runs on a bare Python
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data)
+
+
+def _json_object(path: Path, shown: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        value = None
+    if not isinstance(value, dict):
+        raise RecordError(
+            f"{shown} is not a JSON object: the archive is damaged; fetch the lease's files again"
+        )
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,6 +575,23 @@ def run_lease(
     return lease
 
 
+def nothing_to_run(
+    seconds: float, label: str, device: str, slots: int, results: Path = RESULTS
+) -> str | None:
+    """Why a lease of ``seconds`` would start no run (every run done or refused, or none fitting the budget after
+    the setup), or None."""
+    setup, refused, plan = lease_plan(seconds, label, device, slots, COMMIT, results)
+    if plan:
+        return None
+    if not queue(label, results, tuple(t for t in TIERS if t.label not in refused)):
+        return f"no run to do on {device} (batches cpu_{label}...): every tier's runs are done or refused"
+    return (
+        f"nothing fits a lease of {seconds:.0f} s on {device}: its setup takes about {setup:.0f} s and the last pack "
+        f"{MARGIN_S:.0f} s, and no waiting run fits what is left; not cloning or installing. Give it more seconds "
+        f"(`python -m experiments.lease plan SECONDS --device '{device}'` shows what a lease would run)"
+    )
+
+
 def _entry(run: Planned, start: float) -> dict[str, Any]:
     return {
         "tier": run.tier.label,
@@ -514,6 +665,7 @@ def _stop(process: subprocess.Popen) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
+@refuse_bad_records("python -m experiments.lease")  # a damaged archive or record: one line, not a trace
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.lease", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -543,6 +695,11 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(os.environ["OUT"])
         device = gpu_name()
         label = args.label or card_label(device)
+        if why := nothing_to_run(
+            args.seconds, label, device, args.slots
+        ):  # before minutes of clone and install
+            print(f"python -m experiments.lease run: {why}", file=sys.stderr)
+            return 1
         commit = (CARRY / "commit").read_text().strip()
         tree = pinned_tree(CARRY / "pinned.bundle", commit, Path(tempfile.mkdtemp()) / "pinned")
         python = install(tree, Path(tempfile.mkdtemp()) / "venv", REPO / ".whl")

@@ -158,11 +158,15 @@ def test_a_lease_cut_off_keeps_its_finished_runs_and_the_next_continues_at_the_p
 
 
 def record(folder: Path, variant: str, seed: int, commit: str, device: str, wall: float = 100.0) -> None:
+    study = STUDIES.get(folder.parent.name)
+    metrics = (
+        {m.name: 100.0 for m in study.metrics if not m.per_word_of} if study else {}
+    )  # each one a run records
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{variant}-1-seed{seed}.json").write_text(
         json.dumps(
             {"study": folder.parent.name, "variant": variant, "seed": seed, "steps": 1000, "wall_time_s": wall,
-             "git": {"commit": commit}, "device": {"name": device}, "metrics": {}}
+             "git": {"commit": commit}, "device": {"name": device}, "metrics": metrics}
         )
     )  # fmt: skip
 
@@ -175,6 +179,133 @@ def test_a_batch_of_another_commit_or_device_is_refused_by_name(tmp_path):
     why = lease.refusal(tier, "toy", DEVICE, "def5678", tmp_path)
     assert "commit abc1234" in why and "another --label" in why
     assert "device Toy GPU" in lease.refusal(tier, "toy", "Other GPU", "abc1234", tmp_path)
+
+
+PINNED = "abc1234" + "f" * 33
+
+
+def lease_archive(out: Path, runs: dict[str, dict], commit: str = PINNED, gates: dict | None = None) -> Path:
+    """A lease's lease.tgz as `run_lease` packs it: its record, the runs' results (by path under results/), a gates
+    file and a log."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "lease.tgz", "w:gz") as archive:
+
+        def add(name: str, data: bytes) -> None:
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            archive.addfile(member, __import__("io").BytesIO(data))
+
+        lease_record = {"started": "2026-12-01T00:00:00Z", "device": DEVICE, "label": "toy", "commit": commit,
+                        "runs": []}  # fmt: skip
+        add("lease.json", json.dumps(lease_record).encode())
+        for name, run in runs.items():
+            add(f"results/{name}", json.dumps(run).encode())
+        if gates is not None:
+            add("results/toy/cpu_toy/diagnostics/gates.json", json.dumps(gates).encode())
+        add("logs/lease-toy-quick-seed0.log", b"trained\n")
+    return out
+
+
+def toy_run(variant: str, seed: int, commit: str = PINNED, device: str = DEVICE, batch: str = "toy") -> dict:
+    return {"study": "toy", "size": "cpu", "batch": batch, "variant": variant, "depth": 1, "seed": seed,
+            "steps": 10, "wall_time_s": 1.0, "metrics": {}, "git": {"commit": commit}, "device": {"name": device}}  # fmt: skip
+
+
+def test_collect_adds_runs_whole_and_merges_gates_under_its_lock(tmp_path):
+    """A lease's runs go into their batch, written whole (no temporary file left), never over one there; its gates
+    rows are merged into the batch's gates.json (the rows there kept), and its record and log are kept."""
+    results = tmp_path / "results"
+    gates = results / "toy" / "cpu_toy" / "diagnostics" / "gates.json"
+    gates.parent.mkdir(parents=True)
+    gates.write_text(json.dumps({"quick-1-seed9": ["there"]}))
+    files = lease_archive(tmp_path / "out", {"toy/cpu_toy/quick-1-seed0.json": toy_run("quick", 0)},
+                          gates={"quick-1-seed0": ["new"], "quick-1-seed9": ["the lease's"]})  # fmt: skip
+    assert lease.collect(files, results) == [results / "toy" / "cpu_toy" / "quick-1-seed0.json"]
+    assert json.loads(gates.read_text()) == {"quick-1-seed0": ["new"], "quick-1-seed9": ["there"]}
+    record = results / "leases" / "2026-12-01T000000Z"
+    assert sorted(p.name for p in record.iterdir()) == ["lease-toy-quick-seed0.log", "lease.json"]
+    assert sorted(p.name for p in (results / "toy" / "cpu_toy").iterdir()) == [
+        "diagnostics",
+        "quick-1-seed0.json",
+    ]
+    assert sorted(p.name for p in gates.parent.iterdir()) == ["gates.json"]  # no lock or temporary file left
+
+
+@pytest.mark.parametrize(
+    ("runs", "said"),
+    [
+        (
+            {"toy/cpu_toy/quick-1-seed1.json": toy_run("quick", 1, commit="def5678" + "0" * 33)},
+            "toy/cpu_toy/quick-1-seed1.json is a run of commit def5678 on Toy GPU, not of the lease's commit abc1234",
+        ),
+        (
+            {"toy/cpu_toy/quick-1-seed1.json": toy_run("quick", 1, device="Other GPU")},
+            "is a run of commit abc1234 on Other GPU, not of the lease's commit abc1234 on Toy GPU",
+        ),
+        (
+            {"toy/cpu_toy/quick-1-seed1.json": toy_run("quick", 1, batch="h200")},
+            "toy/cpu_toy/quick-1-seed1.json is a run of batch cpu_h200, not of the folder it would go into",
+        ),
+    ],
+    ids=["commit", "device", "batch"],
+)
+def test_collect_refuses_a_run_of_another_commit_device_or_batch(tmp_path, runs, said):
+    results = tmp_path / "results"
+    files = lease_archive(tmp_path / "out", runs)
+    with pytest.raises(lease.RecordError, match="collect nothing") as refused:
+        lease.collect(files, results)
+    assert str(refused.value).startswith(f"{files / 'lease.tgz'}'s results/") and said in str(refused.value)
+    assert not results.exists()  # nothing written
+
+
+def test_collect_refuses_a_lease_that_would_mix_its_batch(tmp_path):
+    """A batch holding runs of another commit (or device) takes none of this lease's: one line naming the folder,
+    the files of each side and the fix, and nothing written (before, the whole tier was refused from then
+    on, until someone found the file)."""
+    results = tmp_path / "results"
+    record(results / "toy" / "cpu_toy", "quick", 0, "0ld0ld0" + "0" * 33, DEVICE)
+    files = lease_archive(tmp_path / "out", {"toy/cpu_toy/quick-1-seed1.json": toy_run("quick", 1)})
+    with pytest.raises(lease.RecordError) as refused:
+        lease.collect(files, results)
+    message = str(refused.value)
+    folder = results / "toy" / "cpu_toy"
+    assert f"would make {folder} mix commit 0ld0ld0 ({folder / 'quick-1-seed0.json'}) / abc1234" in message
+    assert "results/toy/cpu_toy/quick-1-seed1.json" in message and "another --label" in message
+    assert sorted(p.name for p in (results / "toy" / "cpu_toy").iterdir()) == ["quick-1-seed0.json"]
+    assert not (results / "leases").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an archive", "missing"])
+def test_a_damaged_lease_archive_is_named_in_one_line(tmp_path, refused, damage):
+    files = lease_archive(tmp_path / "out", {"toy/cpu_toy/quick-1-seed0.json": toy_run("quick", 0)})
+    archive = files / "lease.tgz"
+    if damage == "truncated":
+        archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    elif damage == "not an archive":
+        archive.write_bytes(b"<html>502 Bad Gateway</html>")
+    else:
+        archive.unlink()
+    error = refused(lease.main, ["collect", str(files)])
+    assert error.startswith("python -m experiments.lease: error: ") and error.count("\n") == 1, error
+    assert str(archive) in error and ("fetch the lease's files again" in error or "files_at" in error), error
+
+
+def test_a_lease_whose_budget_fits_no_run_says_so_before_its_clone(monkeypatch, capsys):
+    """`lease run` with a budget below its setup: one line saying nothing fits, exit 1, and no clone or install
+    (before, it cloned and installed, then exited 0 without a word)."""
+
+    def never(*args):
+        raise AssertionError("cloned or installed")
+
+    monkeypatch.setenv("OUT", "/nonexistent")
+    monkeypatch.setattr(lease, "gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(lease, "pinned_tree", never)
+    monkeypatch.setattr(lease, "install", never)
+    assert lease.main(["run", "60"]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(
+        "python -m experiments.lease run: nothing fits a lease of 60 s on NVIDIA H200"
+    ) and ("not cloning or installing" in error)
 
 
 def test_the_plan_fits_the_lease_in_priority_order_with_measured_costs(tmp_path):
@@ -242,7 +373,9 @@ def test_card_labels_and_the_dry_run_command(capsys):
 def test_verdict_tiers_are_the_issues_priorities():
     assert [t.label for t in verdict.TIERS] == ["a", "b", "c", "d"]
     a, b, c, d = verdict.TIERS
-    assert (a.study, set(a.variants), a.seeds) == ("ptb_paper", {"residual", "rk4"}, (0, 1, 2))
+    assert (a.study, set(a.variants), a.seeds) == ("ptb_paper", {"residual", "rk4"}, (0, 1, 2, 3, 4, 5))
+    own = [seeds for _, seeds in a.device_seeds]
+    assert len({s for seeds in own for s in seeds}) == sum(map(len, own))  # each device kind's seeds its own
     assert b.study == "multi30k_paired" and "rk2_gated" in b.variants and len(b.seeds) == verdict.POWER_SEEDS
     assert set(a.variants) | set(c.variants) == set(STUDIES["ptb_paper"].variants)
     assert d.study == "tatoeba_depth" and d.pending([])  # the probe's first stage
