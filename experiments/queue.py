@@ -7,13 +7,17 @@ interruption loses at most the epoch in flight.
     python -m experiments.queue ptb_paper --dry-run   # print the worktree and each lane's commands
 
 The lanes of a queue never share a run: the pinned commit may predate the output-folder lock, so two runners
-must not train the same run. Each finished run's JSON lands in this checkout's results/ (it records the commit
-it trained on); commit it and regenerate the study's table (`python -m experiments.report STUDY --size cpu`).
+must not train the same run. For the same reason a queue starts once: its lanes hold a lock
+(``runs/queue/<queue>.lock``) while any of them runs, and a second start is refused, naming them. Each finished
+run's JSON lands in this checkout's results/ (it records the commit it trained on); commit it and regenerate the
+study's table (`python -m experiments.report STUDY --size cpu`).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import shlex
 import shutil
 import subprocess
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+LOCKS = REPO / "runs" / "queue"  # git-ignored: each queue's lock and the pids of its lanes
 
 # (seeds, variants) of one `experiments.run` call; () = all variants
 Step = tuple[tuple[int, ...], tuple[str, ...]]
@@ -194,6 +199,12 @@ def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
     if not (repo / ".venv" / "bin" / "python").exists():
         raise SystemExit(f"{repo / '.venv'} is missing: run `make setup` first (the lanes use it)")
     if not tree.exists():
+        known = ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{queue.commit}^{{commit}}"]
+        if subprocess.run(known, capture_output=True).returncode:
+            raise SystemExit(
+                f"commit {queue.commit}, which the queue pins, is not in {repo}: fetch it (git fetch origin; in a "
+                "shallow clone, git fetch --unshallow), then start the queue again"
+            )
         subprocess.run(
             ["git", "-C", str(repo), "worktree", "add", "-f", "--detach", str(tree), queue.commit], check=True
         )
@@ -292,7 +303,50 @@ def wrong_cpu(queue: Queue, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None
 
 
 def running(study: str) -> bool:
+    """Whether a runner of ``study`` is running (also one started by hand), by its command line. Not a lock: two
+    starts at once both see none, so a start holds :func:`lock_queue` first."""
     return subprocess.run(["pgrep", "-f", f"experiments.run {study} "], capture_output=True).returncode == 0
+
+
+def lock_queue(name: str, locks: Path | None = None) -> int:
+    """Take the queue's lock, ``LOCKS/NAME.lock``, and return its file descriptor: the lanes inherit it
+    (:func:`start_lane`), so it stays held while any lane runs and is released when the last one ends (the kernel
+    drops a flock with its last holder, also a killed one). Not :func:`ode_transformer.files.claim`: its lock ends
+    with this process, and the lanes outlive it.
+
+    Raises:
+        SystemExit: another start holds it, or its lanes still run ("another run (pid N) is training this").
+    """
+    locks = locks or LOCKS
+    locks.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        pids = locks / f"{name}.pid"
+        pid = pids.read_text().strip() if pids.is_file() else ""
+        raise SystemExit(
+            f"another run (pid {pid or 'unknown'}) is training this: queue {name} is already started; wait for its "
+            f"lanes to end, or stop them (kill -- -PID for each lane) and start it again (runs resume)"
+        ) from None
+    (locks / f"{name}.pid").write_text(f"{os.getpid()}\n")  # this start, until its lanes replace it
+    return descriptor
+
+
+def start_lane(command: str, tree: Path, log: Path, lock: int) -> subprocess.Popen:
+    """Start one lane's shell command in the background, in a session of its own (a logout does not stop it),
+    holding the queue's ``lock`` (:func:`lock_queue`) while it runs."""
+    with log.open("a") as out:
+        return subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=tree,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(lock,),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if why := wrong_cpu(queue):
         print(why, file=sys.stderr)
         return 1
+    lock = lock_queue(args.queue)  # before running(): two starts at once both pass it
     if running(queue.study):
         print(f"a runner of {queue.study} is already running: not starting another", file=sys.stderr)
         return 1
@@ -324,18 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copied {copy.relative_to(REPO)} from the worktree: commit it")
     logs = tree / "runs" / "queue"
     logs.mkdir(parents=True, exist_ok=True)
+    lanes = []
     for index, command in enumerate(commands):
         log = logs / f"lane{index}.log"
-        with log.open("a") as out:
-            subprocess.Popen(
-                ["bash", "-c", command],
-                cwd=tree,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        print(f"lane {index} started, log {log}: {shlex.quote(command)}")
+        lanes.append(start_lane(command, tree, log, lock))
+        print(f"lane {index} started (pid {lanes[-1].pid}), log {log}: {shlex.quote(command)}")
+    (LOCKS / f"{args.queue}.pid").write_text(", ".join(str(lane.pid) for lane in lanes) + "\n")
     return 0
 
 
