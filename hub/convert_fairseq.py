@@ -325,13 +325,10 @@ def config_from_fairseq_args(args: Any, state: Mapping[str, torch.Tensor], paddi
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _rename(key: str) -> str | None:
-    """fairseq key -> our key (without the `model.` prefix of the generation model); None for split keys."""
+def _rename(key: str) -> str:
+    """fairseq key -> our key (without the `model.` prefix of the generation model); the fused `in_proj` keys are
+    split by `convert_state_dict`."""
     rules = [
-        (
-            r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$",
-            r"\1.layers.\2.self_attn.qkv_proj.\3",
-        ),
         (
             r"^(encoder|decoder)\.layers\.(\d+)\.self_attn\.relative_position_keys$",
             r"\1.layers.\2.self_attn.relative_keys",
@@ -369,11 +366,10 @@ def _rename(key: str) -> str | None:
         ),
         (r"^encoder\.gate_linear\.(weight|bias)$", r"encoder.ode_coefficients.0.gate.\1"),
         (r"^encoder\.alpha$", r"encoder.ode_coefficients.0.weight"),
-        (r"^decoder\.layers\.(\d+)\.encoder_attn\.in_proj_(weight|bias)$", None),
     ]
     for pattern, replacement in rules:
         if re.match(pattern, key):
-            return None if replacement is None else re.sub(pattern, replacement, key)
+            return re.sub(pattern, replacement, key)
     return key  # same name in both (out_proj, layer norms of the decoder, final layer_norm, embeddings)
 
 
@@ -386,7 +382,6 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], config) -> dict[str, t
         target = ODETransformerForConditionalGeneration(config).state_dict()
     out: dict[str, torch.Tensor] = {}
     unused = []
-    d = config.d_model
     for key, tensor in state.items():
         if _DROPPED.search(key):
             continue
@@ -401,11 +396,15 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], config) -> dict[str, t
         if key == "decoder.embed_out":
             out["lm_head.weight"] = tensor
             continue
-        match = re.match(r"^decoder\.layers\.(\d+)\.encoder_attn\.in_proj_(weight|bias)$", key)
+        # fairseq's in_proj stacks q, k and v (self- and cross-attention alike): our separate projections
+        match = re.match(
+            r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.in_proj_(weight|bias)$", key
+        )
         if match:
-            prefix = f"model.decoder.layers.{match.group(1)}.encoder_attn"
-            out[f"{prefix}.q_proj.{match.group(2)}"] = tensor[:d]
-            out[f"{prefix}.kv_proj.{match.group(2)}"] = tensor[d:]
+            side, layer, attention, kind = match.groups()
+            # (a tensor of another size leaves a part missing or misshapen: refused below, by name)
+            for part, rows in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3), strict=False):
+                out[f"model.{side}.layers.{layer}.{attention}.{part}.{kind}"] = rows
             continue
         name = "model." + _rename(key)
         if name in target:

@@ -464,8 +464,8 @@ def fuse_graph(path: Path, config) -> dict[str, int]:
     for BART, `opt_level` 0: the session applies onnxruntime's own graph optimizations when it loads the graph).
     It fuses each residual add with the LayerNorm after it (`SkipLayerNormalization`) and folds the shape
     arithmetic the exporters leave per layer; the weights are not copied (an RK block's stages still read one F's).
-    Its attention fusions look for BART's separate q/k/v products and find none in the fused `qkv_proj` (checked:
-    onnxruntime 1.32.0). Returns the count of each fused operator."""
+    Its attention fusions look for BART's q/k/v products and find none in ours, separate q/k/v projections
+    included (checked: onnxruntime 1.32.0). Returns the count of each fused operator."""
     import logging
 
     from onnxruntime.transformers.optimizer import optimize_model

@@ -46,6 +46,7 @@ __all__ = [
     "order_argument_groups",
     "parser_actions",
     "raise_recompile_limit",
+    "register_weight_splits",
     "reset_compiled_graphs",
     "without_length_clash_warning",
 ]
@@ -128,6 +129,26 @@ def without_length_clash_warning() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(not_the_clash)
+
+
+def register_weight_splits(model_type: str, splits: Mapping[str, Sequence[str]]) -> None:
+    """Make `from_pretrained` split each checkpoint weight matching a key of `splits` (a fragment of its name, such
+    as "self_attn.qkv_proj") into equal chunks along dim 0, named by replacing that fragment with each of its parts
+    in turn: transformers' checkpoint conversion mapping, `WeightConverter` with the `Chunk` operation, registered
+    for every model of `model_type`. Registering again replaces the mapping (the modeling file is imported once as
+    this package and once more as remote code).
+
+    Why here: `transformers.conversion_mapping` and `transformers.core_model_loading` are public modules but not
+    re-exported at the top level, and are new in transformers 5; the mapping is also reverted by `save_pretrained`
+    unless it is called with `save_original_format=False`. Checked: transformers 5.23.0, 5.24.0."""
+    from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+    from transformers.core_model_loading import Chunk, WeightConverter
+
+    converters = [
+        WeightConverter(source_patterns=fused, target_patterns=list(parts), operations=[Chunk(dim=0)])
+        for fused, parts in splits.items()
+    ]
+    register_checkpoint_conversion_mapping(model_type, converters, overwrite=True)
 
 
 def compile_on_any_device(compile_config: CompileConfig) -> CompileConfig:

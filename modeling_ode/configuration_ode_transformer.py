@@ -9,9 +9,16 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
-from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
 from transformers.utils import logging
+
+try:  # transformers 5, whose configs are dataclasses
+    from transformers import PreTrainedConfig
+
+    DATACLASS_CONFIGS = True
+except ImportError:  # transformers 4.x (what Optimum pins), for the remote code of an exported folder
+    from transformers import PretrainedConfig as PreTrainedConfig
+
+    DATACLASS_CONFIGS = False
 
 from .ode import (
     GATED_MODES,
@@ -155,7 +162,40 @@ def _check_token_id(field: str, value: Any, vocab_size: int) -> None:
         )
 
 
-@strict
+def _config_class(cls: type) -> type:
+    """transformers 5: the config as a strict dataclass (``@strict``, its fields type-checked on assignment).
+    transformers 4.x, whose configs are no dataclasses: a dataclass without a generated ``__init__``, which
+    :func:`_init_without_dataclass_configs` builds as 4.x builds a config, with the same checks; enough for Optimum's
+    ``ORTModelForSeq2SeqLM`` to read an exported folder's config.json with ``trust_remote_code=True``."""
+    if DATACLASS_CONFIGS:
+        from huggingface_hub.dataclasses import strict
+
+        return strict(cls)
+    cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
+    cls.__init__ = _init_without_dataclass_configs
+    return cls
+
+
+def _init_without_dataclass_configs(self, **kwargs: Any) -> None:
+    """transformers 4.x: every field from ``kwargs`` or its default, set by ``PretrainedConfig.__init__`` (which keeps
+    any keyword as an attribute), then checked as transformers 5's ``__post_init__`` checks them."""
+    _drop_label_smoothing(kwargs)
+    fields = {field.name: kwargs.pop(field.name, field.default) for field in dataclasses.fields(type(self))}
+    PreTrainedConfig.__init__(self, **fields, **kwargs)
+    self._prepare_fields()
+
+
+def _drop_label_smoothing(kwargs: dict) -> None:
+    """`label_smoothing`: a field of configs saved by earlier versions, dropped with a warning."""
+    if (smoothing := kwargs.pop("label_smoothing", None)) is not None:
+        logger.warning(
+            f"config field `label_smoothing`={smoothing} is no longer used: the model returns plain cross "
+            "entropy, as BART and Marian do. Label smoothing is the Trainer's: "
+            f"`Seq2SeqTrainingArguments(label_smoothing_factor={smoothing})` (ode-train sets the paper's 0.1)."
+        )
+
+
+@_config_class
 class ODETransformerConfig(PreTrainedConfig):
     r"""Configuration of an ODE Transformer (Li et al., ACL 2022): a pre-norm Transformer whose blocks are
     Runge-Kutta ODE solvers. The defaults are the paper's base model (6-6, 512/2048, 8 heads) with an RK2
@@ -265,13 +305,13 @@ class ODETransformerConfig(PreTrainedConfig):
     weights_digest: str | None = None
 
     def __post_init__(self, **kwargs):
-        # `label_smoothing`: a field of configs saved by earlier versions
-        if (smoothing := kwargs.pop("label_smoothing", None)) is not None:
-            logger.warning(
-                f"config field `label_smoothing`={smoothing} is no longer used: the model returns plain cross "
-                "entropy, as BART and Marian do. Label smoothing is the Trainer's: "
-                f"`Seq2SeqTrainingArguments(label_smoothing_factor={smoothing})` (ode-train sets the paper's 0.1)."
-            )
+        _drop_label_smoothing(kwargs)
+        self._prepare_fields()
+        super().__post_init__(**kwargs)
+
+    def _prepare_fields(self) -> None:
+        """A method given as a ButcherTableau written as its dict, one embedding table where the sizes agree, the
+        paper's coefficients where none are given, and every field checked."""
         if isinstance(self.encoder_ode_method, ButcherTableau):
             self.encoder_ode_method = self.encoder_ode_method.to_dict()
         if isinstance(self.decoder_ode_method, ButcherTableau):
@@ -281,7 +321,6 @@ class ODETransformerConfig(PreTrainedConfig):
             self.source_vocab_size = None
         self._resolve_coefficients()
         self._check_fields()
-        super().__post_init__(**kwargs)
 
     def validate_ode_transformer(self) -> None:
         """`@strict` class validator: the checks of construction, run again by `validate()`, which models call

@@ -12,7 +12,7 @@ Sources (`SUPPORTED`):
 - `M2M100ForConditionalGeneration` (M2M100, NLLB-200 such as facebook/nllb-200-distilled-600M): pre-norm layers with
   final LayerNorms, fairseq's sinusoidal positions counted over non-padding tokens from padding_idx + 1
   (`position_offset = pad_token_id + 1`), sqrt(d)-scaled embeddings shared by encoder, decoder and output, biases on
-  every projection. Its q/k/v projections become the fused `qkv_proj` (cross-attention: `q_proj` and `kv_proj`).
+  every projection. Its attention projections keep their names (`q_proj`, `k_proj`, `v_proj`, `out_proj`).
 - a residual `ODETransformerForConditionalGeneration` (Euler blocks, e.g. a `ode_transformer.train.run` model of the residual
   recipe): its weights as they are, its connections, positions and F kept; only the blocks change.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Any
 
 import torch
@@ -240,33 +241,16 @@ def _m2m100_base(source: PretrainedConfig) -> dict[str, Any]:
 
 
 _EULER = {"ode_method": "euler", "ode_coefficients": "tableau", "ode_function": "layer"}
-# target parameter -> the source parameters it is made of (concatenated along dim 0), for M2M100's fused projections
-_FUSED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "encoder_attn.kv_proj": ("encoder_attn.k_proj", "encoder_attn.v_proj"),
-    "ffn.fc1": ("fc1",),
-    "ffn.fc2": ("fc2",),
-}
 
 
 def _m2m100_state_dict(source: PreTrainedModel) -> dict[str, torch.Tensor]:
-    """M2M100's weights under this model's names: fused q/k/v (and cross-attention k/v), `ffn.` in front of the
-    feed-forward layers, everything else by its own name. Every source weight is used (`_load` checks it); the
+    """M2M100's weights under this model's names: `ffn.` in front of the feed-forward layers, everything else (the
+    attention projections included) by its own name. Every source weight is used (`_load` checks it); the
     positions are a buffer that both models rebuild."""
     state = source.state_dict()
     # untied (tie_word_embeddings=False), M2M100 keeps no `shared` table: its decoder's is this model's `shared`
     state.setdefault("model.shared.weight", state["model.decoder.embed_tokens.weight"])
-    out, used = {}, set()
-    for key in state:
-        for target, parts in _FUSED.items():
-            marker = f".{parts[0]}."  # the first part names the fused parameter once
-            if marker in key:
-                prefix, _, kind = key.partition(marker)
-                names = [f"{prefix}.{part}.{kind}" for part in parts]
-                out[f"{prefix}.{target}.{kind}"] = torch.cat([state[name] for name in names])
-                used.update(names)
-    out.update({key: tensor for key, tensor in state.items() if key not in used})
-    return out
+    return {re.sub(r"\.(fc1|fc2)\.", r".ffn.\1.", key): tensor for key, tensor in state.items()}
 
 
 def _ode_base(source: ODETransformerConfig, blocks: dict[str, Any]) -> dict[str, Any]:

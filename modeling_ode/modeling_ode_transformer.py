@@ -57,9 +57,10 @@ from .compat import (
     attention_implementation,
     cache_argument,
     is_loaded_weight,
+    register_weight_splits,
 )
 from .configuration_ode_transformer import ODETransformerConfig
-from .lora import LoraTargetCheck, register_peft_target_modules
+from .lora import register_peft_target_modules
 from .ode import (
     CROSS_ATTENTION,
     FFN,
@@ -519,6 +520,12 @@ def _collecting_attention_weights() -> bool:
     return bool(collecting) and ("attentions" in collecting or "cross_attentions" in collecting)
 
 
+def _fused_gain(parts: int) -> float:
+    """The xavier-uniform gain that gives a (d, d) projection the bound of a fused (parts * d, d) matrix's:
+    sqrt(6 / (d + parts * d)) = gain * sqrt(6 / (d + d))."""
+    return math.sqrt(2 / (1 + parts))
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -538,9 +545,39 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "kv_proj": ("k_proj", "v_proj")}
+"""Fused projections of earlier checkpoints -> the projections they stack along dim 0: self-attention's `qkv_proj`
+(fairseq's `in_proj`) and cross-attention's `kv_proj`. Such checkpoints load into the separate projections,
+through `from_pretrained` (`register_weight_splits`) and `load_state_dict` (`split_fused_projections`)."""
+
+
+def split_fused_projections(state_dict: dict[str, torch.Tensor], prefix: str = "") -> None:
+    """Replace, in place, the fused projections (`FUSED_PROJECTIONS`) of the attention module under `prefix` by
+    the separate ones they stack: `prefix + "qkv_proj.weight"` becomes the q, k and v weights, and so on."""
+    for fused, parts in FUSED_PROJECTIONS.items():
+        for kind in ("weight", "bias"):
+            tensor = state_dict.pop(f"{prefix}{fused}.{kind}", None)
+            if tensor is not None:
+                for part, chunk in zip(parts, tensor.chunk(len(parts)), strict=True):
+                    state_dict[f"{prefix}{part}.{kind}"] = chunk
+
+
+register_weight_splits(
+    ODETransformerConfig.model_type,
+    {
+        f"{attention}.{fused}": [f"{attention}.{part}" for part in FUSED_PROJECTIONS[fused]]
+        for attention, fused in (("self_attn", "qkv_proj"), ("encoder_attn", "kv_proj"))
+    },
+)
+
+
 class ODETransformerAttention(nn.Module):
-    """Multi-head attention. Self-attention has a fused q/k/v projection (fairseq's `in_proj`) and optional Shaw
-    relative position tables shared by all heads; cross-attention projects q and the fused k/v separately."""
+    """Multi-head attention with BART's projections, `q_proj`, `k_proj`, `v_proj` and `out_proj`, in self- and
+    cross-attention alike; self-attention has optional Shaw relative position tables shared by all heads.
+
+    Earlier checkpoints fused q, k and v (`FUSED_PROJECTIONS`); they load into these, and these are initialised as
+    rows of those fused matrices were (xavier-uniform over self-attention's 3d rows, cross-attention's 2d k/v rows:
+    the gain `_fused_gain`), so that a seed builds the same model as before."""
 
     def __init__(self, config: ODETransformerConfig, num_heads: int, is_cross_attention: bool):
         super().__init__()
@@ -552,12 +589,13 @@ class ODETransformerAttention(nn.Module):
         self.is_cross_attention = is_cross_attention
         self.is_causal = False  # masks are always explicit (they carry the relative-position bias)
         d = config.d_model
-        if is_cross_attention:
-            self.q_proj = nn.Linear(d, d)
-            self.kv_proj = nn.Linear(d, 2 * d)
-        else:
-            self.qkv_proj = nn.Linear(d, 3 * d)
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
         self.out_proj = nn.Linear(d, d)
+        fused = (self.k_proj, self.v_proj) if is_cross_attention else (self.q_proj, self.k_proj, self.v_proj)
+        for projection in fused:
+            projection.xavier_gain = _fused_gain(len(fused))  # read by `_init_weights`
         num_buckets = 2 * config.max_relative_position + 1
         use_relative = not is_cross_attention and config.max_relative_position > 0
         self.relative_keys = nn.Parameter(torch.empty(num_buckets, self.head_dim)) if use_relative else None
@@ -567,11 +605,15 @@ class ODETransformerAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        split_fused_projections(state_dict, prefix)  # an earlier checkpoint's fused q/k/v (Trainer's resume)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _cached_key_values(self, hidden_states, key_value_states, cache, cache_slot):
         """Keys and values for this call, read from or written to the cache slot of this (layer, stage)."""
         if not self.is_cross_attention:
-            query, key, value = self.qkv_proj(hidden_states).chunk(3, dim=-1)
-            key, value = self._heads(key), self._heads(value)
+            query = self.q_proj(hidden_states)
+            key, value = self._heads(self.k_proj(hidden_states)), self._heads(self.v_proj(hidden_states))
             if cache is not None:
                 key, value = self_attention_cache(cache).update(key, value, cache_slot)
             return query, key, value
@@ -589,8 +631,7 @@ class ODETransformerAttention(nn.Module):
                 f"repeats them: {hidden_states.shape[0]} decoder rows, {key_value_states.shape[0]} encoder rows"
             )
         key_value_states = key_value_states[::beams]
-        key, value = self.kv_proj(key_value_states).chunk(2, dim=-1)
-        key, value = self._heads(key), self._heads(value)
+        key, value = self._heads(self.k_proj(key_value_states)), self._heads(self.v_proj(key_value_states))
         if cache is not None:
             key, value = cache.cross_attention_cache.update(key, value, cache_slot)
             cache.is_updated[cache_slot] = True
@@ -953,7 +994,7 @@ _UNSUPPORTED_ATTENTION = (
 )
 
 
-class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
+class ODETransformerPreTrainedModel(PreTrainedModel):
     config: ODETransformerConfig
     config_class = ODETransformerConfig
     base_model_prefix = "model"
@@ -1003,6 +1044,9 @@ class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
         self.config.weights_digest = None
         if generation_digest is not None:
             delattr(generation, WEIGHTS_DIGEST)
+        # the weights under the modules' own names: transformers' default would write the fused projections that
+        # `from_pretrained` splits (`FUSED_PROJECTIONS`) back, as it reverts every registered conversion
+        kwargs.setdefault("save_original_format", False)
         try:
             super().save_pretrained(save_directory, *args, **kwargs)
         finally:
@@ -1058,14 +1102,15 @@ class ODETransformerPreTrainedModel(PreTrainedModel, LoraTargetCheck):
         raise ValueError(_UNSUPPORTED_ATTENTION.format("flex_attention"))
 
     def _init_weights(self, module: nn.Module) -> None:
-        """fairseq init: xavier-uniform linears (gates too, unless `ode_gate_init`) with zero bias, N(0, d^-0.5)
-        embeddings with a zero padding row."""
+        """fairseq init: xavier-uniform linears (gates too, unless `ode_gate_init`; q, k and v scaled as rows of
+        the fused matrix they were, `ODETransformerAttention`) with zero bias, N(0, d^-0.5) embeddings with a zero
+        padding row."""
         std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
         if isinstance(module, StageGate) and self.config.ode_gate_init != "xavier":
             init.zeros_(module.weight)  # the same gamma on every token (GATE_INITS)
             init.copy_(module.bias, module.bias.new_tensor(module.start_logits(self.config.ode_gate_init)))
         elif isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+            init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -1523,7 +1568,6 @@ class ODETransformerForConditionalGeneration(ODETransformerPreTrainedModel, ODEG
         **kwargs: Unpack[ODETransformerKwargs],
     ) -> ODESeq2SeqLMOutput:
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=False)
-        self.check_lora_targets()
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1605,7 +1649,6 @@ class ODETransformerForCausalLM(ODETransformerPreTrainedModel, ODEGenerationMixi
         # the Trainer wait for both before it computes an evaluation loss (`transformers.utils.find_labels`).
         shift_labels = kwargs.pop("shift_labels", None)
         check_labels(input_ids, labels, self.config.vocab_size, same_shape=True)
-        self.check_lora_targets()
         if labels is not None or shift_labels is not None:
             use_cache = False  # training and scoring see whole sequences (as in the seq2seq model)
         outputs = self.model(

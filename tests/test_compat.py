@@ -215,6 +215,65 @@ def test_forget_auto_class_keeps_save_pretrained_from_writing_an_auto_map(tmp_pa
     assert "auto_map" not in json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
 
 
+def fused_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` as earlier releases saved it: self-attention's q, k and v stacked in one `qkv_proj`,
+    cross-attention's k and v in one `kv_proj` (fairseq's `in_proj` order)."""
+    out = dict(state)
+    for attention, first, fused, parts in (
+        ("self_attn", "q", "qkv", "qkv"),
+        ("encoder_attn", "k", "kv", "kv"),
+    ):
+        for key in [key for key in state if f".{attention}.{first}_proj." in key]:
+            names = [key.replace(f".{first}_proj.", f".{part}_proj.") for part in parts]
+            out[key.replace(f".{first}_proj.", f".{fused}_proj.")] = torch.cat(
+                [out.pop(name) for name in names]
+            )
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal_lm"])
+def test_register_weight_splits_loads_a_fused_checkpoint_with_the_same_outputs(tmp_path, causal):
+    """`register_weight_splits`: a folder saved with the fused projections of earlier releases loads through
+    `from_pretrained` with nothing missing or unexpected and the same logits and beam search; saved again, its
+    weights carry the separate names. Checked: transformers 5.23.0, 5.24.0."""
+    from safetensors.torch import load_file, save_file
+
+    from modeling_ode import ODETransformerForCausalLM
+
+    cls = ODETransformerForCausalLM if causal else ODETransformerForConditionalGeneration
+    torch.manual_seed(0)
+    model = cls(ODETransformerConfig.from_preset("tiny", is_encoder_decoder=not causal)).eval()
+    model.save_pretrained(tmp_path / "old")
+    weights = tmp_path / "old" / "model.safetensors"
+    separate = load_file(weights)
+    old = fused_layout(separate)
+    assert any(".qkv_proj." in key for key in old) and any(".kv_proj." in key for key in old) != causal
+    save_file(old, weights, metadata={"format": "pt"})
+
+    loaded, info = cls.from_pretrained(tmp_path / "old", output_loading_info=True)
+    assert all(not keys for keys in info.values()), info
+    ids = torch.randint(4, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(input_ids=ids).logits, model(input_ids=ids).logits)
+        beams = {"num_beams": 3, "max_new_tokens": 5, "min_new_tokens": 5}
+        assert torch.equal(loaded.generate(input_ids=ids, **beams), model.generate(input_ids=ids, **beams))
+    loaded.save_pretrained(tmp_path / "new")
+    assert load_file(tmp_path / "new" / "model.safetensors").keys() == separate.keys()
+
+
+def test_load_state_dict_splits_the_fused_projections_as_trainer_resume_needs():
+    """`load_state_dict` (what `Trainer` resumes and loads the best checkpoint with, outside `from_pretrained`)
+    splits the fused projections too (`split_fused_projections`): every key matches and the logits are equal."""
+    model = tiny_seq2seq()
+    state = fused_layout(model.state_dict())
+    torch.manual_seed(1)
+    other = ODETransformerForConditionalGeneration(model.config).eval()
+    assert not other.load_state_dict(state, strict=True).missing_keys
+    ids = torch.randint(4, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(other(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
 def test_order_argument_groups_puts_the_named_groups_first_in_help():
     """`order_argument_groups` (argparse's `_action_groups`). Checked: Python 3.11.7."""
     parser = argparse.ArgumentParser(prog="p")

@@ -669,3 +669,24 @@ def test_every_parameter_takes_part_in_a_training_step(fields):
     labels = ids if causal else torch.randint(3, config.vocab_size, (2, 5))
     model(input_ids=ids, labels=labels).loss.backward()
     assert [name for name, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_q_k_v_start_at_the_scale_of_the_fused_matrices_they_were_rows_of():
+    """Separate q/k/v projections are initialised as rows of the fused ones were (xavier-uniform over
+    self-attention's 3d rows, cross-attention's 2d k/v rows; cross-attention's q over its own d): the same seed
+    builds the same model as with the fused layout."""
+    torch.manual_seed(0)
+    config = ODETransformerConfig.from_preset("tiny")
+    model = ODETransformerForConditionalGeneration(config)
+    d = config.d_model
+    layer = model.model.decoder.layers[0]
+    bounds = {
+        layer.self_attn.q_proj: (6 / (d + 3 * d)) ** 0.5,
+        layer.self_attn.v_proj: (6 / (d + 3 * d)) ** 0.5,
+        layer.encoder_attn.q_proj: (6 / (d + d)) ** 0.5,
+        layer.encoder_attn.k_proj: (6 / (d + 2 * d)) ** 0.5,
+        layer.encoder_attn.out_proj: (6 / (d + d)) ** 0.5,
+    }
+    for projection, bound in bounds.items():
+        largest = projection.weight.abs().max().item()
+        assert 0.95 * bound < largest <= bound

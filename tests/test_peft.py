@@ -4,6 +4,7 @@ gives the adapted model's outputs."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def documented_target_modules() -> list[str]:
 
 def test_lora_on_the_documented_modules_trains_reloads_and_merges(tmp_path):
     targets = documented_target_modules()
-    assert set(targets) == {"qkv_proj", "q_proj", "kv_proj", "out_proj", "fc1", "fc2"}
+    assert set(targets) == {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}
     torch.manual_seed(0)
     config = ODETransformerConfig.from_preset(
         "tiny", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0
@@ -71,34 +72,34 @@ def test_lora_on_the_documented_modules_trains_reloads_and_merges(tmp_path):
                            reloaded.generate(input_ids=source, num_beams=2, max_new_tokens=6))  # fmt: skip
 
 
-def test_lora_defaults_and_bart_names_on_the_fused_attention():
-    """A model built after `import peft` gives PEFT its defaults, every attention projection on both sides.
-    BART's target names `q_proj`/`v_proj` adapt cross-attention's queries alone (self-attention is a fused
-    `qkv_proj`): adapters on cross-attention alone warn once, at the first forward, naming `qkv_proj`; the
-    documented target modules warn of nothing."""
-    import warnings
-
+def test_bart_target_names_adapt_q_and_v_of_every_attention():
+    """BART's usual `target_modules=["q_proj", "v_proj"]` puts LoRA on the queries and values of every attention:
+    encoder self-attention, decoder self-attention and cross-attention, in every layer; a model built after
+    `import peft` gives PEFT the same default (`LoraConfig()` without `target_modules`)."""
     config = ODETransformerConfig.from_preset("tiny")
     ids = torch.randint(4, config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))
 
-    def adapted(targets):
+    def adapted(targets) -> dict[str, int]:
         model = peft.get_peft_model(
             ODETransformerForConditionalGeneration(config),
             peft.LoraConfig(task_type=peft.TaskType.SEQ_2_SEQ_LM, r=2, target_modules=targets),
         )
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model(input_ids=ids, labels=ids)
-            model(input_ids=ids, labels=ids)
-        names = {
-            ".".join(name.split(".")[-2:])
+        model(input_ids=ids, labels=ids).loss.backward()
+        counts = Counter(
+            ("encoder." if ".encoder.layers." in name else "decoder.") + ".".join(name.split(".")[-2:])
             for name, module in model.named_modules()
             if hasattr(module, "lora_A")
-        }
-        return names, [str(w.message) for w in caught if "LoRA adapts only cross-attention" in str(w.message)]
+        )
+        return dict(counts)
 
-    names, warned = adapted(None)
-    assert names == {"self_attn.qkv_proj", "encoder_attn.q_proj", "encoder_attn.kv_proj"} and warned == []
-    names, warned = adapted(["q_proj", "v_proj"])
-    assert names == {"encoder_attn.q_proj"} and len(warned) == 1 and "'qkv_proj'" in warned[0]
-    assert adapted(documented_target_modules())[1] == []
+    every_block = {
+        f"{where}.{projection}": layers
+        for where, layers in (
+            ("encoder.self_attn", config.encoder_layers),
+            ("decoder.self_attn", config.decoder_layers),
+            ("decoder.encoder_attn", config.decoder_layers),
+        )
+        for projection in ("q_proj", "v_proj")
+    }
+    assert adapted(["q_proj", "v_proj"]) == every_block
+    assert adapted(None) == every_block
