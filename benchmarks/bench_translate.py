@@ -1,5 +1,6 @@
-"""Translation speed on CPU, side by side in one run: HF MarianMT, the ODE Transformer (residual, RK2 and RK4
-encoder blocks) in float32, in dynamic int8 and compiled, and CTranslate2's Marian in float32 and int8.
+"""Translation speed on CPU on synthetic input (random sentences, random weights), side by side in one run: HF
+MarianMT, the ODE Transformer (residual, RK2 and RK4 encoder blocks) in float32, in dynamic int8 and compiled, and
+CTranslate2's Marian in float32 and int8.
 
     .venv/bin/python -m benchmarks.bench_translate --threads 1    # d 512, 6-6 layers, vocab 8k
     .venv/bin/python -m benchmarks.bench_translate --quick        # tiny dims, a smoke run (tests/test_benchmarks.py)
@@ -30,32 +31,15 @@ depend on them).
 
 Writes <out-dir>/translate-<time stamp>.json and <out-dir>/translate.json/.md (the newest).
 
-Real text (issue #57, `--real-text MODEL_DIR`): a trained model folder on real sentences of real lengths, decoded
-as `ode-translate` decodes (its tokenization, batches sorted by length, `generate_ids`, early stopping at EOS and the
-generation config's max length; length penalty 0.6 with beams), in two settings (batch 16 beam 4, batch 1 greedy)
-and four paths: PyTorch float32 and int8 (`load_for_generation`), ONNX float32 and int8 (the folder's graphs
-exported into a temporary folder, decoded by `load_onnx_for_generation`, as `ode-translate --backend onnx`). The
-same interleaved rounds as above (`run_rounds`), best round; then BLEU / chrF (sacrebleu, as
-`ode_transformer.train.metrics` scores the demo) of float32, PyTorch int8 and ONNX int8 on the whole test split
-(batch 16, beam 4). Goals: each int8 path within `BLEU_WITHIN` BLEU of float32, and the backend `ode-translate --backend auto`
-picks (ode_transformer/translate.py `FASTEST`) is the faster one measured at each setting and precision: where a row is
-unmet, refill `FASTEST` from this run's speeds. Writes <out-dir>/translate-real-<time stamp>.json and
-translate-real.json/.md.
-
-    .venv/bin/python -m ode_transformer.train.demo --output_dir outputs/libreoffice_demo   # the demo model
-    .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --threads 1
-        # 256 test sentences, best of 3, quality on the whole test split (an idle machine for the speeds)
-    .venv/bin/python -m benchmarks.bench_translate --real-text outputs/libreoffice_demo --sentences 64 --rounds 2 \
-        --quality-sentences 0 --out-dir /tmp/real   # a short look at the speeds only
+A trained model on real text is the other benchmark's, `benchmarks.bench_real_text`; `--real-text MODEL_DIR`
+(the spelling older results files record) runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -63,8 +47,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import common
-from benchmarks.common import BASE_DIMS, TINY_DIMS
+from benchmarks import bench_real_text, common
+from benchmarks.common import BASE_DIMS, TINY_DIMS, log, spreads, write_results
 from modeling_ode.compat import raise_recompile_limit
 from modeling_ode.quantization import quantize_int8
 from ode_transformer.cli import positive_int
@@ -130,10 +114,6 @@ RK_GOALS = tuple(
     )
     for rk in ("rk2", "rk4")
 )
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -416,56 +396,19 @@ def inputs_for(setting: str, setup: dict) -> list[tuple[torch.Tensor, torch.Tens
     return calls
 
 
-def run_rounds(
-    systems: dict, setup: dict, settings: tuple[str, ...] = tuple(SETTINGS), calls_for=None
-) -> dict:
-    """Seconds per call set, every system in turn in each round; the first call of each (compiling, warming the
-    allocator) is not timed. `calls_for(setting, setup)`: the argument tuples of a setting's calls, each passed with
-    the beams to a system (default `inputs_for`'s random batches; the real-text mode's batches of sentences)."""
-    calls_for = calls_for or inputs_for
-    times = {setting: {name: [] for name in systems if runs_in(name, setting)} for setting in settings}
-    new_tokens = {setting: {} for setting in settings}
-    for setting in settings:
-        calls, beams = calls_for(setting, setup), SETTINGS[setting][1]
-        for name, translate in systems.items():
-            if not runs_in(name, setting):
-                continue
-            begin = time.perf_counter()
-            output = translate(*calls[0], beams)
-            if not name.endswith(ENCODER):
-                new_tokens[setting][name] = count_tokens(output, len(calls[0][0]), beams)
-            log(f"warm-up {setting} {name}: {time.perf_counter() - begin:.1f} s")
-    for round_index in range(setup["rounds"]):
-        for setting in settings:
-            calls, beams = calls_for(setting, setup), SETTINGS[setting][1]
-            for name in rotated(list(systems), round_index):
-                if not runs_in(name, setting):
-                    continue
-                translate = systems[name]
-                begin = time.perf_counter()
-                for call in calls:
-                    translate(*call, beams)
-                times[setting][name].append(time.perf_counter() - begin)
-        log(f"round {round_index + 1} done")
-    return {"seconds_all": times, "new_tokens": new_tokens}
+def run_rounds(systems: dict, setup: dict) -> dict:
+    """`common.run_rounds` of the systems on `inputs_for`'s random batches, in every setting each system runs in;
+    and the new tokens of each system's first output (every system must make exactly `new_tokens`)."""
+    new_tokens = {setting: {} for setting in SETTINGS}
 
+    def count(setting: str, name: str, output, call: tuple) -> None:
+        if not name.endswith(ENCODER):
+            new_tokens[setting][name] = count_tokens(output, len(call[0]), SETTINGS[setting][1])
 
-def rotated(names: list[str], round_index: int) -> list[str]:
-    """The systems' order in round `round_index`: each round starts one system later, so that no system is always
-    timed first (after another setting's systems) or always after the same neighbour."""
-    shift = round_index % len(names)
-    return names[shift:] + names[:shift]
-
-
-def spread(seconds: list[float], sentences: int) -> dict[str, float]:
-    """A system's sentences/s over the rounds: best (min time), median and worst, and the relative spread
-    worst-to-best time, (max - min) / min."""
-    return {
-        "max": sentences / min(seconds),
-        "median": sentences / statistics.median(seconds),
-        "min": sentences / max(seconds),
-        "relative": max(seconds) / min(seconds) - 1,
-    }
+    seconds = common.run_rounds(
+        systems, SETTINGS, setup["rounds"], lambda setting: inputs_for(setting, setup), runs_in, count
+    )
+    return {"seconds_all": seconds, "new_tokens": new_tokens}
 
 
 def profile_top_ops(translate, setup: dict, setting: str, rows: int = 12) -> list[dict]:
@@ -593,14 +536,6 @@ def noise_flag(
     allowed = system["relative"] + residual["relative"] + (encoder["relative"] * share if encoder else 0.0)
     noise = row["ratio"] > 1 + allowed or row["of_predicted"] > 1 + allowed
     return {"allowed": allowed, "noise": noise, **({"met": None} if noise else {})}
-
-
-def spreads(seconds_all: dict, sentences: dict[str, int]) -> dict:
-    """`spread` of every system in every setting."""
-    return {
-        setting: {name: spread(times, sentences[setting]) for name, times in per_system.items()}
-        for setting, per_system in seconds_all.items()
-    }
 
 
 def markdown(results: dict) -> str:
@@ -758,270 +693,11 @@ def graph_table(setting: str, by_model: dict, flops: dict) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Real text (issue #57): a trained model folder, real sentences, decoded as users decode
-# ----------------------------------------------------------------------------------------------------------
-
-REAL_SETTINGS = ("batch16_beam4", "batch1_greedy")
-REAL_FULL = {"sentences": 256, "rounds": 3, "quality_sentences": None}  # None: the whole test split
-REAL_QUICK = {"sentences": 4, "rounds": 1, "quality_sentences": 4}
-LENGTH_PENALTY = 0.6  # the demo's (train/recipes/libreoffice_demo.yaml), in speed and quality alike
-REAL_SYSTEMS = {  # name -> (ode-translate --backend, --quantize)
-    "pytorch-fp32": ("pytorch", None),
-    "pytorch-int8": ("pytorch", "int8"),
-    "onnx-fp32": ("onnx", None),
-    "onnx-int8": ("onnx", "int8"),
-}
-QUALITY_SYSTEMS = ("pytorch-fp32", "pytorch-int8", "onnx-int8")
-# dynamic int8 quantises each batch as a whole: its hypotheses depend on batching
-QUALITY_SETTING = "batch16_beam4"
-BLEU_WITHIN = 0.3  # issue #57: each int8 path's BLEU within this of fp32's
-
-
-def real_sentences(test_files: list[Path] | None) -> tuple[list[str], list[str], str]:
-    """Sources, references and where they come from: the demo's test split (the LibreOffice-help corpus that
-    `ode_transformer.train.demo` trains and scores on), or two parallel text files."""
-    if test_files:
-        from ode_transformer.files import read_lines
-
-        sources, references = (read_lines(path) for path in test_files)
-        if len(sources) != len(references) or not sources:
-            raise SystemExit(f"--test-files: {len(sources)} sources against {len(references)} references")
-        return sources, references, f"{test_files[0]} / {test_files[1]}"
-    from ode_transformer.train.data import libreoffice
-
-    test = libreoffice("test")
-    return list(test["source"]), list(test["target"]), "the demo's LibreOffice-help test split (en-de)"
-
-
-def real_systems(model_dir: str, threads: int, folder: Path) -> tuple[dict, list[str]]:
-    """{name: (model, tokenizer)} of REAL_SYSTEMS, loaded as `ode-translate --backend B [--quantize int8]` loads
-    them (the ONNX graphs exported into `folder`, where ode-export would write MODEL/onnx); the ONNX rows are
-    skipped with a note without the onnx extra."""
-    from ode_transformer.translate import load_for_generation, load_onnx_for_generation
-
-    systems, notes = {}, []
-    for name, (backend, quantize) in REAL_SYSTEMS.items():
-        if backend == "pytorch":
-            systems[name] = load_for_generation(model_dir, quantize=quantize)
-            continue
-        try:
-            from ode_transformer.hub.onnx_export import export_onnx
-        except ImportError:
-            notes.append(f"{name}: the onnx extra is not installed (pip install '.[onnx]'): skipped")
-            continue
-        graphs = folder / name
-        # the TorchScript exporter, as the synthetic rows: much quicker than dynamo, the same operators
-        export_onnx(systems["pytorch-fp32"][0], graphs, dynamo=False, quantize=quantize)
-        systems[name] = load_onnx_for_generation(model_dir, quantize, graphs=graphs, threads=threads)
-    return systems, notes
-
-
-def decode_system(model) -> object:
-    """A system of `run_rounds`: one batch of token-id sequences through `generate_ids`, ode-translate's decoder
-    (padding, the generation config's max length and early stopping at EOS), with the beams of the setting."""
-    from ode_transformer.translate import generate_ids
-
-    def translate(sequences, beams):
-        penalty = {"length_penalty": LENGTH_PENALTY} if beams > 1 else {}
-        return generate_ids(model, sequences, batch_size=len(sequences), num_beams=beams, **penalty)
-
-    return translate
-
-
-def real_calls(setting: str, setup: dict) -> list[tuple[list[list[int]]]]:
-    """A setting's calls: the sentences in ode-translate's batches (`length_batches`: longest first)."""
-    from ode_transformer.translate import length_batches
-
-    sequences = setup["sequences"]
-    batches = length_batches([len(ids) for ids in sequences], SETTINGS[setting][0])
-    return [([sequences[i] for i in batch],) for batch in batches]
-
-
-def quality(systems: dict, sources: list[str], references: list[str]) -> dict:
-    """BLEU and chrF (sacrebleu, as `ode_transformer.train.metrics` scores the demo) of QUALITY_SYSTEMS on
-    `sources`, decoded as `ode-translate` decodes (QUALITY_SETTING's batch and beams, LENGTH_PENALTY)."""
-    from ode_transformer.train import metrics
-    from ode_transformer.translate import generate_texts
-
-    batch, beams = SETTINGS[QUALITY_SETTING]
-    out = {}
-    for name in QUALITY_SYSTEMS:
-        if name not in systems:
-            continue
-        begin = time.perf_counter()
-        hypotheses = generate_texts(
-            *systems[name], sources, batch_size=batch, num_beams=beams, length_penalty=LENGTH_PENALTY
-        )
-        bleu = metrics.sacrebleu_score(hypotheses, references)
-        out[name] = {
-            "bleu": bleu["score"],
-            "chrf": metrics.chrf_score(hypotheses, references)["score"],
-            "bleu_signature": bleu["signature"],
-            "sentences": len(sources),
-            "seconds": time.perf_counter() - begin,
-        }
-        log(f"quality {name}: BLEU {out[name]['bleu']:.2f}, chrF {out[name]['chrf']:.2f}")
-    return out
-
-
-def real_goals(results: dict) -> list[dict]:
-    """Issue #57's goals on real text: each int8 path's BLEU within BLEU_WITHIN of fp32's, and, per setting and
-    precision, the backend ode-translate's table (`FASTEST`) picks is the faster one measured."""
-    from ode_transformer.translate import fastest_backend
-
-    rows = []
-    scores = results["quality"]
-    for name in QUALITY_SYSTEMS[1:]:
-        difference = None
-        if name in scores and "pytorch-fp32" in scores:
-            difference = scores[name]["bleu"] - scores["pytorch-fp32"]["bleu"]
-        rows.append(
-            {
-                "goal": f"{name} BLEU within {BLEU_WITHIN} of pytorch-fp32",
-                "setting": "quality",
-                "value": difference,
-                "met": None if difference is None else abs(difference) <= BLEU_WITHIN,
-            }
-        )
-    for setting in REAL_SETTINGS:
-        batch, beams = SETTINGS[setting]
-        for precision, suffix in (("float32", "fp32"), ("int8", "int8")):
-            picked, _ = fastest_backend(batch, beams, precision)
-            speeds = {
-                b: results["sentences_per_s"][setting].get(f"{b}-{suffix}") for b in ("pytorch", "onnx")
-            }
-            fastest = max(speeds, key=speeds.get) if None not in speeds.values() else None
-            rows.append(
-                {
-                    "goal": f"ode-translate --backend auto ({precision}) picks the faster path (ode_transformer/translate.py FASTEST)",
-                    "setting": setting,
-                    "value": {"picked": picked, "fastest": fastest, "sentences_per_s": speeds},
-                    "met": None if fastest is None else picked == fastest,
-                }
-            )
-    return rows
-
-
-def real_markdown(results: dict) -> str:
-    m, setup = results["machine"], results["setup"]
-    lengths = setup["source_tokens"]
-    lines = [
-        "# Translation speed and quality on real text (sentences/s)",
-        "",
-        f"`{results['command']}` on {m['cpu_model']} ({m['logical_cores']} logical cores; {common.describe_cpu(m)}), "
-        f"{results['threads']} thread(s), torch {m['torch']}, transformers {m['transformers']}"
-        f"{', onnxruntime ' + results['onnxruntime'] if results['onnxruntime'] else ''}. Model {results['model']} "
-        f"({results['model_summary']}); {setup['sentences']} sentences of {results['text']} (source {lengths['min']}-"
-        f"{lengths['max']} tokens, median {lengths['median']}), in ode-translate's batches sorted by length, decoded "
-        f"as ode-translate decodes (early stopping at EOS, the generation config's max length; length penalty "
-        f"{LENGTH_PENALTY} with beams); best of {setup['rounds']} interleaved rounds.",
-        "",
-    ]
-    if m["load_average_at_start"][0] > 1.5:
-        lines += [
-            f"**The machine had other load: load average {m['load_average_at_start'][0]:.2f} at the start.**",
-            "",
-        ]
-    lines += [f"- {note}" for note in results["notes"]] + [""]
-    lines += ["| system | " + " | ".join(s.replace("_", ", ") for s in REAL_SETTINGS) + " |"]
-    lines += ["|---|" + "---:|" * len(REAL_SETTINGS)]
-    for name in results["systems"]:
-        cells = [f"{results['sentences_per_s'][s][name]:.2f}" for s in REAL_SETTINGS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    batch, beams = SETTINGS[QUALITY_SETTING]
-    lines += ["", f"## Quality (batch {batch}, beam {beams}, length penalty {LENGTH_PENALTY})", ""]
-    if results["quality"]:
-        lines += ["| system | BLEU | chrF | sentences |", "|---|---:|---:|---:|"]
-        for name, q in results["quality"].items():
-            lines.append(f"| {name} | {q['bleu']:.2f} | {q['chrf']:.2f} | {q['sentences']} |")
-        lines += ["", f"BLEU signature: `{next(iter(results['quality'].values()))['bleu_signature']}`"]
-    else:
-        lines.append("Not measured in this run (--quality-sentences 0).")
-    lines += ["", "## Goals", "", "| goal | setting | measured | met |", "|---|---|---|---|"]
-    for goal in results["goals"]:
-        value = goal["value"]
-        if isinstance(value, dict):
-            value = f"picks {value['picked']}; fastest {value['fastest']}"
-        elif value is not None:
-            value = f"{value:+.2f} BLEU"
-        met = {None: "n/a", True: "met", False: "**unmet**"}[goal["met"]]
-        lines.append(f"| {goal['goal']} | {goal['setting'].replace('_', ', ')} | {value or 'n/a'} | {met} |")
-    lines += ["", "ode-translate's table (ode_transformer/translate.py `FASTEST`, as of this run):", ""]
-    lines += ["| batch, beams | float32 | int8 |", "|---|---|---|"]
-    for setting, picks in results["fastest_table"].items():
-        lines.append(f"| {setting} | {picks.get('float32', '-')} | {picks.get('int8', '-')} |")
-    return "\n".join(lines) + "\n"
-
-
-def run_real_text(args: argparse.Namespace, argv: list[str], machine: dict) -> dict:
-    """The real-text mode: speed of REAL_SYSTEMS in REAL_SETTINGS, quality of QUALITY_SYSTEMS, its goals."""
-    from ode_transformer.translate import FASTEST, encode_texts
-
-    setup = dict(REAL_QUICK if args.quick else REAL_FULL)
-    setup.update(
-        {k: v for k in ("sentences", "rounds", "quality_sentences") if (v := getattr(args, k)) is not None}
-    )
-    sources, references, text = real_sentences(args.test_files)
-    begin = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench_translate_real_") as folder:
-        systems, notes = real_systems(str(args.real_text), args.threads, Path(folder))
-        model, tokenizer = systems["pytorch-fp32"]
-        # the split's first sentences, tokenized as ode-translate tokenizes them
-        setup["sequences"] = encode_texts(model, tokenizer, sources[: setup["sentences"]])
-        log(f"systems: {', '.join(systems)}")
-        measured = run_rounds(
-            {name: decode_system(m) for name, (m, _) in systems.items()}, setup, REAL_SETTINGS, real_calls
-        )
-        count = len(sources) if setup["quality_sentences"] is None else setup["quality_sentences"]
-        scores = quality(systems, sources[:count], references[:count]) if count else {}
-    lengths = sorted(len(ids) for ids in setup.pop("sequences"))
-    setup["sentences"] = len(lengths)
-    setup["source_tokens"] = {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]}
-    config = model.config
-    onnxruntime = importlib.util.find_spec("onnxruntime") and __import__("onnxruntime").__version__
-    results = {
-        "command": " ".join(["python -m benchmarks.bench_translate", *argv]),
-        "machine": machine,
-        "threads": args.threads,
-        "onnxruntime": onnxruntime or None,
-        "model": str(args.real_text),
-        "model_summary": f"d {config.d_model}, {config.encoder_layers}-{config.decoder_layers} layers, encoder "
-        f"{config.encoder_ode_method}, {model.num_parameters() / 1e6:.1f}M parameters",
-        "text": text,
-        "setup": setup,
-        "settings": {name: dict(zip(("batch", "beams"), SETTINGS[name])) for name in REAL_SETTINGS},
-        "systems": list(systems),
-        "notes": notes,
-        "seconds_all": measured["seconds_all"],
-        "sentences_per_s": {
-            setting: {name: setup["sentences"] / min(t) for name, t in per_system.items()}
-            for setting, per_system in measured["seconds_all"].items()
-        },
-        "spread": spreads(
-            measured["seconds_all"], dict.fromkeys(measured["seconds_all"], setup["sentences"])
-        ),
-        "quality": scores,
-        "fastest_table": {f"{b}, {k}": picks for (b, k), picks in FASTEST.items()},
-        "wall_s": time.time() - begin,
-    }
-    results["goals"] = real_goals(results)
-    write_results(
-        results,
-        args.out_dir,
-        "translate-real",
-        real_markdown(results),
-    )
-    return results
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_translate", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny dims (or few sentences), one round: a smoke run"
-    )
+    parser.add_argument("--quick", action="store_true", help="tiny dims, one round: a smoke run")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch (and CTranslate2) threads; the issue's: 1"
     )
@@ -1034,35 +710,22 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="leave out the compiled int8 systems (10-60 s of compiling per batch shape): a shorter run",
     )
-    real = parser.add_argument_group("real text (issue #57)")
-    real.add_argument(
+    parser.add_argument(
         "--real-text",
         type=Path,
         metavar="MODEL_DIR",
-        help="time a trained model folder on real sentences (the demo's: python -m ode_transformer.train.demo)",
+        help="run the real-text benchmark instead, with the flags that follow: python -m benchmarks.bench_real_text "
+        "MODEL_DIR (the older results files record this spelling)",
     )
-    real.add_argument("--sentences", type=positive_int, default=None, help="sentences timed (default 256)")
-    real.add_argument(
-        "--quality-sentences",
-        type=int,
-        default=None,
-        help="sentences scored for BLEU / chrF (default: the whole test split; 0: none)",
-    )
-    real.add_argument(
-        "--test-files",
-        type=Path,
-        nargs=2,
-        metavar=("SOURCE", "REFERENCE"),
-        help="parallel text files in place of the demo's test split",
-    )
-    args = parser.parse_args(argv)
-    if args.real_text is None and (args.sentences or args.quality_sentences is not None or args.test_files):
-        parser.error("--sentences, --quality-sentences and --test-files belong to --real-text MODEL_DIR")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, real_text_flags = parser.parse_known_args(argv)
+    if args.real_text is not None:
+        return real_text_benchmark(args, real_text_flags)
+    if real_text_flags:
+        parser.error(f"unrecognized arguments: {' '.join(real_text_flags)}")
     machine = common.machine_info()  # the load average before this run adds its own
     common.configure_process(args.threads, "keep-freed")
     machine["torch_threads"] = torch.get_num_threads()
-    if args.real_text is not None:
-        return run_real_text(args, sys.argv[1:] if argv is None else list(argv), machine)
     setup = QUICK if args.quick else FULL
     if args.rounds is not None:
         setup = {**setup, "rounds": args.rounds}
@@ -1140,14 +803,12 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def write_results(results: dict, out_dir: Path, stem: str, report: str) -> None:
-    """<stem>-<time stamp>.json, and <stem>.json / <stem>.md (the newest); the report printed."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=1) + "\n"
-    (out_dir / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
-    (out_dir / f"{stem}.json").write_text(text)
-    (out_dir / f"{stem}.md").write_text(report)
-    print(report)
+def real_text_benchmark(args: argparse.Namespace, flags: list[str]) -> dict:
+    """`--real-text MODEL_DIR FLAGS`: `python -m benchmarks.bench_real_text MODEL_DIR FLAGS`, the shared flags passed
+    on (`--no-compiled` has no real-text systems to leave out)."""
+    shared = ["--threads", str(args.threads), "--out-dir", str(args.out_dir)]
+    shared += ["--quick"] * args.quick + (["--rounds", str(args.rounds)] if args.rounds else [])
+    return bench_real_text.main([str(args.real_text), *shared, *flags])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: model variants, the analytic FLOP count, the machine description and the
-measurement workers that run in fresh processes (one per measured point, so that peak memory is its own).
+"""Shared pieces of the benchmarks: model variants, the analytic FLOP count, the machine description, the
+measurement workers that run in fresh processes (one per measured point, so that peak memory is its own), and the
+interleaved rounds and results files of the translation benchmarks (`bench_translate`, `bench_real_text`).
 
 Peak memory method: every measured point runs in a fresh process forked from a `forkserver` that has only
 imported torch/transformers/modeling_ode (no tensors, no threads started). Two figures per training variant:
@@ -18,10 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import platform
+import statistics
+import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -521,3 +527,90 @@ def encoder_worker(spec: dict) -> dict:
 
     times = [timed(step, device) for _ in range(spec["warmup"] + spec["reps"])][spec["warmup"] :]
     return {"step_s_all": times, "peak_mem_mb": process_peak_mb(device, start_kb)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Interleaved rounds: the timing and the results files of the translation benchmarks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _always(system: str, setting: str) -> bool:
+    return True
+
+
+def run_rounds(
+    systems: Mapping[str, Callable],
+    settings: Mapping[str, tuple[int, int]],
+    rounds: int,
+    calls_for: Callable[[str], list[tuple]],
+    runs_in: Callable[[str, str], bool] = _always,
+    on_warm_up: Callable[[str, str, object, tuple], None] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per call set, {setting: {system: [one per round]}}, every system in turn in each round (`rotated`).
+
+    `settings`: name -> (batch size, beams); `calls_for(setting)`: the argument tuples of a setting's calls, each
+    passed with the setting's beams to a system; `runs_in(system, setting)`: whether a system runs in a setting.
+    The first call of each system (compiling, warming the allocator) is not timed: `on_warm_up(setting, system,
+    its output, the call)` sees it.
+    """
+    times = {setting: {name: [] for name in systems if runs_in(name, setting)} for setting in settings}
+    for setting, (_, beams) in settings.items():
+        first = calls_for(setting)[0]
+        for name in times[setting]:
+            begin = time.perf_counter()
+            output = systems[name](*first, beams)
+            if on_warm_up is not None:
+                on_warm_up(setting, name, output, first)
+            log(f"warm-up {setting} {name}: {time.perf_counter() - begin:.1f} s")
+    for round_index in range(rounds):
+        for setting, (_, beams) in settings.items():
+            calls = calls_for(setting)
+            for name in rotated(list(systems), round_index):
+                if name not in times[setting]:
+                    continue
+                begin = time.perf_counter()
+                for call in calls:
+                    systems[name](*call, beams)
+                times[setting][name].append(time.perf_counter() - begin)
+        log(f"round {round_index + 1} done")
+    return times
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    """The systems' order in round `round_index`: each round starts one system later, so that no system is always
+    timed first (after another setting's systems) or always after the same neighbour."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def spread(seconds: list[float], sentences: int) -> dict[str, float]:
+    """A system's sentences/s over the rounds: best (min time), median and worst, and the relative spread
+    worst-to-best time, (max - min) / min."""
+    return {
+        "max": sentences / min(seconds),
+        "median": sentences / statistics.median(seconds),
+        "min": sentences / max(seconds),
+        "relative": max(seconds) / min(seconds) - 1,
+    }
+
+
+def spreads(seconds_all: dict, sentences: Mapping[str, int]) -> dict:
+    """`spread` of every system in every setting."""
+    return {
+        setting: {name: spread(times, sentences[setting]) for name, times in per_system.items()}
+        for setting, per_system in seconds_all.items()
+    }
+
+
+def write_results(results: dict, out_dir: Path, stem: str, report: str) -> None:
+    """<stem>-<time stamp>.json, and <stem>.json / <stem>.md (the newest); the report printed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=1) + "\n"
+    (out_dir / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    (out_dir / f"{stem}.json").write_text(text)
+    (out_dir / f"{stem}.md").write_text(report)
+    print(report)

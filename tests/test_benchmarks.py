@@ -426,7 +426,8 @@ def test_translate_benchmark_rotates_the_systems_and_flags_rk_rows_beyond_the_sp
     """Issue 66: each round starts one system later, so every system is timed first once in as many rounds; an RK
     row is noise, not a result, when RK beats residual, or its FLOP prediction, by more than the two systems'
     spreads over the rounds allow."""
-    from benchmarks.bench_translate import noise_flag, rotated, spread
+    from benchmarks.bench_translate import noise_flag
+    from benchmarks.common import rotated, spread
 
     names = ["residual", "rk2", "rk4", "ct2"]
     assert [rotated(names, r)[0] for r in range(4)] == names and rotated(names, 5) == rotated(names, 1)
@@ -472,8 +473,8 @@ def test_rk_prediction_scales_only_the_residual_encoders_measured_time():
     assert predict_from_encoder(seconds, flops, "rk4", "") is None  # the fp32 rows did not run
 
 
-def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks_the_table(tmp_path):
-    """`benchmarks.bench_translate --real-text MODEL --quick` on a tiny saved folder and two parallel files: every
+def test_real_text_benchmark_quick_run_times_the_four_paths_and_checks_the_table(tmp_path):
+    """`benchmarks.bench_real_text MODEL --quick` on a tiny saved folder and two parallel files: every
     path (PyTorch and ONNX, float32 and int8) timed in both settings, speeds are the sentences over the best round,
     the int8 paths' BLEU is compared with fp32's, and the table rows say whether ode-translate's FASTEST picks the
     faster backend measured, as the speeds say."""
@@ -481,7 +482,7 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
 
     from tiny_folder import save_tiny_folder
 
-    from benchmarks import bench_translate
+    from benchmarks import bench_real_text
     from ode_transformer.translate import fastest_backend
 
     if not all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime")):
@@ -502,19 +503,20 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
         "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
     }
     command = [
-        sys.executable, "-m", "benchmarks.bench_translate", "--real-text", str(tmp_path / "model"), "--quick",
+        sys.executable, "-m", "benchmarks.bench_real_text", str(tmp_path / "model"), "--quick",
         "--test-files", str(tmp_path / "src.txt"), str(tmp_path / "ref.txt"), "--out-dir", str(tmp_path / "out"),
     ]  # fmt: skip
     subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True)
     results = json.loads((tmp_path / "out" / "translate-real.json").read_text())
+    assert results["command"].startswith(f"python -m benchmarks.bench_real_text {tmp_path / 'model'} --quick")
     assert len(list((tmp_path / "out").glob("translate-real-*.json"))) == 1
-    assert results["systems"] == list(bench_translate.REAL_SYSTEMS)
-    assert results["setup"]["sentences"] == bench_translate.REAL_QUICK["sentences"]
+    assert results["systems"] == list(bench_real_text.REAL_SYSTEMS)
+    assert results["setup"]["sentences"] == bench_real_text.REAL_QUICK["sentences"]
     assert set(results["machine"]["cpu_features"]) == set(common.CPU_FEATURES)
-    for setting in bench_translate.REAL_SETTINGS:
+    for setting in bench_real_text.REAL_SETTINGS:
         for name, seconds in results["seconds_all"][setting].items():
             assert math.isclose(results["sentences_per_s"][setting][name], 4 / min(seconds))
-    assert set(results["quality"]) == set(bench_translate.QUALITY_SYSTEMS)
+    assert set(results["quality"]) == set(bench_real_text.QUALITY_SYSTEMS)
     assert all(q["sentences"] == 4 and 0 <= q["bleu"] <= 100 for q in results["quality"].values())
     goals = {(g["goal"].split(" ")[0], g["setting"]): g for g in results["goals"]}
     for name in ("pytorch-int8", "onnx-int8"):
@@ -522,11 +524,11 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
         assert math.isclose(
             goal["value"], results["quality"][name]["bleu"] - results["quality"]["pytorch-fp32"]["bleu"]
         )
-        assert goal["met"] == (abs(goal["value"]) <= bench_translate.BLEU_WITHIN)
+        assert goal["met"] == (abs(goal["value"]) <= bench_real_text.BLEU_WITHIN)
     table_rows = [g for g in results["goals"] if g["setting"] != "quality"]
-    assert len(table_rows) == 2 * len(bench_translate.REAL_SETTINGS)
+    assert len(table_rows) == 2 * len(bench_real_text.REAL_SETTINGS)
     for goal in table_rows:
-        batch, beams = bench_translate.SETTINGS[goal["setting"]]
+        batch, beams = bench_real_text.REAL_SETTINGS[goal["setting"]]
         precision = "int8" if "(int8)" in goal["goal"] else "float32"
         suffix = {"float32": "fp32", "int8": "int8"}[precision]
         speeds = {
@@ -540,6 +542,44 @@ def test_translate_benchmark_real_text_quick_run_times_the_four_paths_and_checks
     assert f"PyTorch kernels {results['machine']['cpu_capability']}; has " in report
     q = results["quality"]["onnx-int8"]
     assert f"| onnx-int8 | {q['bleu']:.2f} | {q['chrf']:.2f} | 4 |" in report
+
+
+def test_the_recorded_real_text_command_of_bench_translate_runs_bench_real_text(monkeypatch):
+    """`bench_translate --real-text MODEL_DIR FLAGS`, the command older results files record, runs
+    `bench_real_text MODEL_DIR` with the same flags; `--no-compiled` has nothing to leave out there, and a flag of
+    neither benchmark is refused as before."""
+    from benchmarks import bench_real_text, bench_translate
+
+    calls = []
+    monkeypatch.setattr(bench_real_text, "main", lambda argv: calls.append(argv) or {})
+    bench_translate.main(
+        [
+            "--real-text",
+            "demo",
+            "--threads",
+            "2",
+            "--no-compiled",
+            "--sentences",
+            "64",
+            "--quality-sentences",
+            "0",
+        ]
+    )
+    assert calls == [
+        [
+            "demo",
+            "--threads",
+            "2",
+            "--out-dir",
+            str(bench_translate.RESULTS),
+            "--sentences",
+            "64",
+            "--quality-sentences",
+            "0",
+        ]
+    ]
+    with pytest.raises(SystemExit):
+        bench_translate.main(["--sentences", "64"])
 
 
 def test_bench_precision_quick_times_both_precisions_and_records_the_choice(tmp_path):
