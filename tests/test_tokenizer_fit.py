@@ -1,6 +1,6 @@
 """ode-train refuses, at start, a tokenizer that does not fit the model it trains: another tokenizer for a saved
 model (another size, other special ids, another vocabulary), and a broken folder of a handful of tokens that a new
-model would be built on."""
+model would be built on; and the config a trained folder keeps."""
 
 from __future__ import annotations
 
@@ -129,3 +129,10 @@ def test_a_broken_five_token_tokenizer_is_refused_for_a_new_model(tmp_path):
         "name a folder that holds a whole tokenizer, or leave --tokenizer_name out to train one"
     )
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_trained_folder_keeps_use_cache_true(tmp_path):
+    """The Trainer turns `use_cache` off for training (its `--use_cache` is false by default); the saved
+    config.json keeps the class default, true, which generation reads."""
+    out = ode_train_main(tmp_path)
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True

@@ -81,6 +81,7 @@ from .preparation import (
 )
 from .recipe_files import RecipeError, RecipeNotFoundError
 from .saved_model import (
+    cache_on,
     check_fresh_model_tokenizer,
     check_resume_config,
     check_resume_tokenizer,
@@ -159,7 +160,8 @@ def _train(trainer, run_args: RunArguments, resume: str | None) -> tuple[dict, T
     trainer.log_metrics("train", metrics)
     if run_args.average_last_checkpoints > 1:
         load_average(trainer, run_args.average_last_checkpoints)
-    save_final_model(trainer)
+    with cache_on(trainer.model):  # the saved config keeps the class default, not training's setting
+        save_final_model(trainer)
     return metrics, copy.deepcopy(trainer.state)
 
 

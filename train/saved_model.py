@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -309,6 +311,21 @@ def _file_content(path: Path) -> object:
     except (UnicodeDecodeError, ValueError):
         return path.read_bytes()
     return {k: v for k, v in value.items() if k not in _LOADING_RECORD} if isinstance(value, dict) else value
+
+
+@contextmanager
+def cache_on(model) -> Iterator[None]:
+    """``model.config.use_cache`` true inside the block, the class default, which generation wants: the Trainer
+    sets it to its ``--use_cache`` (false by default) for training, and the saved config.json kept that."""
+    config = getattr(model, "config", None)
+    if config is None:
+        yield
+        return
+    saved, config.use_cache = config.use_cache, True
+    try:
+        yield
+    finally:
+        config.use_cache = saved
 
 
 def load_state(model, state: dict, source) -> None:
