@@ -363,16 +363,45 @@ def test_the_map_names_every_module_and_only_modules_that_exist():
 
 
 def test_recipe_a_method_is_one_tableau(monkeypatch, device):
-    """Heun's third-order method, added to the catalogue alone, builds encoder and decoder blocks and decodes with
-    beams (the per-stage cache has its stages)."""
+    """Heun's third-order method added as docs/architecture.md says: its name in the `ODEMethodName` Literal and its
+    tableau, with its order, in `ODE_METHODS`, its step written out by hand. The checks tests/test_ode.py runs on
+    every entry hold for it (the Literal is the catalogue, the block is the hand-written step, the declared order is
+    the conditions' and the measured one), and it builds encoder and decoder blocks that decode with beams (the
+    per-stage cache has its stages)."""
+    from typing import Literal, get_args
+
+    import pytest
     import torch
+    from tableau_order import linear_order, measured_slope, order_from_conditions
 
     from modeling_ode import ButcherTableau, ODETransformerConfig, ODETransformerForConditionalGeneration, ode
 
     heun3 = ButcherTableau(
-        a=((), (1 / 3,), (0.0, 2 / 3)), b=(0.25, 0.0, 0.75), c=(0.0, 1 / 3, 2 / 3), order=3
+        a=((), (1 / 3,), (0.0, 2 / 3)),
+        b=(0.25, 0.0, 0.75),
+        c=(0.0, 1 / 3, 2 / 3),
+        order=3,
+        equation="y + F1 / 4 + 3 F3 / 4, F2 = F(y + F1 / 3), F3 = F(y + 2 F2 / 3)",
+        description="a third-order Runge-Kutta block (Heun's third-order method)",
     )
+    monkeypatch.setattr(ode, "ODEMethodName", Literal[(*get_args(ode.ODEMethodName), "heun3")])
     monkeypatch.setitem(ode.ODE_METHODS, "heun3", heun3)
+
+    def by_hand(f, y, h):
+        k1 = f(y)
+        k2 = f(y + h / 3 * k1)
+        k3 = f(y + 2 * h / 3 * k2)
+        return y + h * (k1 / 4 + 3 * k3 / 4)
+
+    assert get_args(ode.ODEMethodName) == tuple(ode.ODE_METHODS)
+    y = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    coefficients = ode.StageCoefficients("tableau", heun3, 6).to(device=device, dtype=torch.float64)
+    step = ode.ode_step(y, lambda x, i: torch.tanh(x), heun3, coefficients, step_size=0.3)
+    torch.testing.assert_close(step, by_hand(torch.tanh, y, 0.3), rtol=1e-12, atol=1e-12)
+    assert heun3.order == order_from_conditions(heun3) == 3
+    assert measured_slope(heun3, "nonlinear", device) == pytest.approx(4, abs=0.15)
+    assert measured_slope(heun3, "linear", device) == pytest.approx(linear_order(heun3) + 1, abs=0.15)
+
     config = ODETransformerConfig.from_preset("tiny", encoder_ode_method="heun3", decoder_ode_method="heun3")
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(config).to(device).eval()

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from tableau_order import linear_order, measured_slope, order_from_conditions, rooted_trees
 
 from modeling_ode import ODETransformerConfig
 from modeling_ode.modeling_ode_transformer import LayerConnections, ODETransformerLayer
@@ -173,25 +174,34 @@ def test_gate_generalises_to_rk4_as_softmax_with_a_reference_logit(nonlinear_f, 
     torch.testing.assert_close(gamma.sum(0), torch.ones_like(gamma[0]))
 
 
-@pytest.mark.parametrize(
-    "method,order",
-    [("euler", 1), ("rk2", 2), ("midpoint", 2), ("ralston", 2), ("rk3", 3), ("rk4", 4), ("rk4_38", 4)],
-)
-def test_local_error_falls_with_the_methods_order(method, order, device):
-    """dy/dt = A y: one step's error against exp(hA) y is O(h^(p+1)); the log-log slope tells p + 1."""
-    g = torch.Generator().manual_seed(5)
-    a = (torch.randn(D, D, generator=g) / D**0.5).to(device)
-    y = torch.randn(D, generator=g).to(device)
+@pytest.mark.parametrize("method", list(ODE_METHODS))
+def test_the_declared_order_is_the_one_the_order_conditions_give(method):
+    """Every catalogue entry's `order` is what Butcher's conditions give its tableau; a block that is not even
+    consistent (weight sharing adds F twice) or no Runge-Kutta method (PolyNet) declares none."""
     tableau = ODE_METHODS[method]
-    coefficients = StageCoefficients("tableau", tableau, D).to(device)
-    steps = [0.2 / 2**k for k in range(5)]
-    errors = []
-    for h in steps:
-        out = ode_step(y, lambda x, i: x @ a.T, tableau, coefficients, step_size=h)
-        errors.append((out - torch.linalg.matrix_exp(h * a) @ y).norm().item())
-    slope = (math.log(errors[0]) - math.log(errors[-1])) / (math.log(steps[0]) - math.log(steps[-1]))
-    assert slope == pytest.approx(order + 1, abs=0.15)
-    assert tableau.order == order
+    assert tableau.order == (order_from_conditions(tableau) or None)
+
+
+@pytest.mark.parametrize("method", list(ODE_METHODS))
+@pytest.mark.parametrize("problem", ["linear", "nonlinear"])
+def test_local_error_falls_with_the_methods_order(method, problem, device):
+    """One step's error is O(h^(p+1)): the measured log-log slope is p + 1, p the order the tableau's conditions
+    give (on dy/dt = A y, those of a linear F; a block with no order errs by O(h))."""
+    tableau = ODE_METHODS[method]
+    order = linear_order(tableau) if problem == "linear" else order_from_conditions(tableau) or 0
+    assert measured_slope(tableau, problem, device) == pytest.approx(order + 1, abs=0.15)
+
+
+def test_the_order_conditions_tell_each_order_apart():
+    """The conditions' count of trees, and tableaux that fail them where they should: Euler's b scaled (not
+    consistent), RK3's last stage moved (order 2), RK4 with one a_ij changed (order 3 or less)."""
+    assert [len(rooted_trees(n)) for n in range(1, 7)] == [1, 1, 2, 4, 9, 20]
+    scaled = ButcherTableau(a=((),), b=(2.0,), c=(0.0,))
+    rk3 = ODE_METHODS["rk3"]
+    moved = ButcherTableau(a=(rk3.a[0], rk3.a[1], (0.0, 1.0)), b=rk3.b, c=rk3.c)
+    rk4 = ODE_METHODS["rk4"]
+    changed = ButcherTableau(a=(*rk4.a[:3], (0.0, 0.5, 0.5)), b=rk4.b, c=rk4.c)
+    assert [order_from_conditions(t) for t in (scaled, moved, changed)] == [0, 2, 3]
 
 
 def test_user_tableau_and_invalid_tableaus():
