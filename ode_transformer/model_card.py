@@ -272,6 +272,11 @@ def _method_in_words(method: str | dict, tableau, mode: str, step_size: float) -
     if not isinstance(method, str):
         return f"a user Butcher tableau {tableau.to_dict()}, {equation}"
     stages = f"{tableau.num_stages} stage{'s' if tableau.num_stages > 1 else ''}"
+    if method == "rk2" and mode == "gated":  # the paper's own block, by the paper's name first
+        return (
+            "the paper's RK2-block (learnable gamma), Eq. (learnable): a second-order Runge-Kutta block gating the 2 "
+            f"stages of improved Euler / Heun (Eq. (rk2)), {equation}"
+        )
     return f"{tableau.description} with {stages}, {equation}"
 
 
