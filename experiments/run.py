@@ -383,14 +383,20 @@ def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[
     return run.study.flag_changes(json.loads(result.read_text(encoding="utf-8")), args.set, run.source)
 
 
+def runner_lock(out: Path) -> tuple[Path, Path]:
+    """The lock and pid files a runner holds beside a run's work folder ``out``: not its ``.NAME.lock``, which the
+    training process takes itself (ode_transformer.files.claim_output)."""
+    return out.with_name(f".{out.name}.runner.lock"), out.with_name(f".{out.name}.runner.pid")
+
+
 def execute(run: Run, args: argparse.Namespace) -> str:
     """Train, test and record one run, holding its work folder's lock (one process trains a run at a time); returns
     a one-line status."""
     out = real_path(run.work_dir(args.work_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
-    pid_file = out.with_name(f".{out.name}.pid")
+    lock_file, pid_file = runner_lock(out)
     try:
-        with claim(out, out.with_name(f".{out.name}.lock"), pid_file, "--work-dir", holder="run"):
+        with claim(out, lock_file, pid_file, "--work-dir", holder="run"):
             return _execute(run, args)
     except InUseError:  # never the trainer's "--overwrite_output_dir" advice: it would delete the live run
         try:

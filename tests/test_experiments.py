@@ -614,7 +614,7 @@ def test_a_second_start_of_a_run_in_training_is_refused_and_deletes_nothing(tmp_
     out = run.work_dir(args.work_dir)
     out.mkdir(parents=True)
     (out / "events.log").write_text("the live run's first steps")  # no checkpoint yet: a start would clear it
-    with claim(out, out.with_name(f".{out.name}.lock"), out.with_name(f".{out.name}.pid"), "--work-dir"):
+    with claim(out, *runner.runner_lock(out), "--work-dir"):
         status = runner.execute(run, args)
     assert status.startswith(f"FAILED residual-1-seed0: another run (pid {os.getpid()}) is training this"), (
         status
