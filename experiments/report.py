@@ -11,13 +11,14 @@ anyway, pairing only runs that share all three and saying under the table what i
 Noise: a variant's run is paired with the baseline's run of the same seed, and only where both ran at the same
 code commit, on the same device (CPU model and capability) and in the same precision; a pair that is not is
 dropped and listed under the table. The gap is the mean over the pairs; its p-value is a paired t-test over them,
-Holm-corrected across the rows of the table, and "beyond noise" means p < 0.05; the gap's 95% confidence interval is
+Holm-corrected over the tests the study declares (``Study.holm_family``: every row against its baseline and every
+declared test between rows, run or not), and "beyond noise" means p < 0.05; the gap's 95% confidence interval is
 the paired t interval over the same differences (not Holm-adjusted). For translation, sacreBLEU's paired bootstrap
 (1,000 resamples) of each pair on the same test set gives a p-value per seed, signed by that seed's gap.
 
 Power: under the table, each tested row's smallest gap that the paired t-test detects with 80% power at the seeds
 run, and the seeds it needs to detect the paper's gap and the observed one, at alpha 0.05 and at Holm's first
-step (alpha / the number of tested rows), all from the row's observed sd of the per-seed differences.
+step (alpha / the number of declared tests), all from the row's observed sd of the per-seed differences.
 
 ``--write-docs`` writes ``results/README.md``, the study document the project README links to: the prose of
 ``docs/templates/results.md`` with each ``<!-- table: results/STUDY/SIZE -->`` marker replaced by the table of
@@ -302,17 +303,18 @@ def aggregate(
                 }
             rows.append(row)
     add_pairwise(study, rows, by_cell)
-    for metric in study.metrics:  # Holm across the rows of the table, metric by metric
+    for metric in study.metrics:  # Holm over the study's declared tests, metric by metric
+        primary = metric == study.metrics[0]
         compared = [row[metric.name]["paired"] for row in rows if "paired" in row[metric.name]]
-        if metric == study.metrics[0]:  # the declared tests between rows join the primary metric's family
+        if primary:  # the declared tests between rows join the primary metric's family
             compared += [comparison for row in rows for comparison in row.get("pairwise", [])]
-        tested = sum(c["p"] is not None for c in compared)
-        for comparison, p_holm in zip(compared, holm([c["p"] for c in compared])):
+        family = study.holm_family(primary)
+        for comparison, p_holm in zip(compared, holm([c["p"] for c in compared], family)):
             comparison["p_holm"] = p_holm
             comparison["verdict"] = verdict(comparison, metric.digits)
         for row in rows:
             if "paired" in row[metric.name]:
-                row[metric.name]["paired"]["power"] = power_analysis(row[metric.name]["paired"], row, tested)
+                row[metric.name]["paired"]["power"] = power_analysis(row[metric.name]["paired"], row, family)
     return rows
 
 
@@ -364,15 +366,15 @@ def paper_gap(study: Study, variant: str, depth: int) -> float | None:
     return study.paper_gap.get(variant)
 
 
-def power_analysis(comparison: dict[str, Any], row: dict[str, Any], tested: int) -> dict[str, Any] | None:
+def power_analysis(comparison: dict[str, Any], row: dict[str, Any], family: int) -> dict[str, Any] | None:
     """What the row's seeds can detect, from its observed sd of the per-seed differences (None for a row that
-    was not tested): at alpha 0.05 and at Holm's first step over the table's ``tested`` rows (alpha / tested, the
-    bar the row's smallest p must pass), the gap detectable with 80% power at the pairs run, and the seeds needed
+    was not tested): at alpha 0.05 and at Holm's first step over the ``family`` of declared tests (alpha / family,
+    the bar the smallest p must pass), the gap detectable with 80% power at the pairs run, and the seeds needed
     for the paper's gap and for the observed one."""
     if comparison.get("p_holm") is None:
         return None
     sd, n = comparison["sd"], comparison["pairs"]
-    alphas = {"alpha": ALPHA, "holm_first_step": ALPHA / tested}
+    alphas = {"alpha": ALPHA, "holm_first_step": ALPHA / family}
     return {
         "holm_first_step_alpha": alphas["holm_first_step"],
         "detectable": {name: detectable_gap(sd, n, alpha) for name, alpha in alphas.items()},
@@ -494,11 +496,12 @@ def markdown(
         "",
         f"{primary.name}: {arrow} is better. mean +- sample std over seeds; the gap is to the {study.baseline} block "
         "(under the same factor where variants are BLOCK.FACTOR), the mean over pairs of runs of the same seed, code "
-        "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected across the rows of this "
-        f"table; 'beyond noise': p < {ALPHA}; 95% CI: the paired t interval of the gap over the same seeds (not "
+        "commit, device and precision; p: a paired t-test over those seeds, Holm-corrected over the "
+        f"{study.holm_family()} tests the study declares (run or not); 'beyond noise': p < {ALPHA}; 95% CI: the "
+        "paired t interval of the gap over the same seeds (not "
         "Holm-adjusted, so it can exclude 0 where the Holm p does not)."
         + (
-            f" {', '.join(m.name for m in also)}: the same, for that metric (Holm across its own column)."
+            f" {', '.join(m.name for m in also)}: the same, for that metric (Holm over its own declared tests)."
             if also
             else ""
         )
@@ -546,16 +549,14 @@ def power_table(study: Study, rows: list[dict[str, Any]]) -> list[str]:
     if not tested:
         return []
     holm_alpha = tested[0][metric.name]["paired"]["power"]["holm_first_step_alpha"]
-    between = round(ALPHA / holm_alpha) - len(tested)  # the declared tests between rows share Holm's family
+    family = round(ALPHA / holm_alpha)
     digits = metric.digits
     lines = [
         "",
         f"Power of the paired t-test ({metric.name}), from each row's observed sd of the per-seed differences: the gap "
         f"it detects with {POWER:.0%} power at the seeds run, and the seeds it needs for the paper's gap and for the "
-        f"observed one; each at alpha {ALPHA} / at Holm's first step over the {len(tested)} tested "
-        f"row{'s' if len(tested) != 1 else ''}"
-        + (f" and {between} test{'s' if between != 1 else ''} between rows" if between else "")
-        + f" (alpha {holm_alpha:.4f}).",
+        f"observed one; each at alpha {ALPHA} / at Holm's first step over the study's {family} declared "
+        f"test{'s' if family != 1 else ''} (alpha {holm_alpha:.4f}), {len(tested)} of them tested here.",
         "",
         "| variant | depth | pairs | sd of differences | detectable gap | paper's gap | seeds for it | observed gap "
         "| seeds for it |",

@@ -38,13 +38,13 @@ def confidence_interval(differences: list[float], level: float = 0.95) -> tuple[
     return mean - half, mean + half
 
 
-def t_test_power(gap: float, sd: float, n: int, alpha: float) -> float:
+def t_test_power(gap: float, sd: float, n: int, alpha: float, df: int | None = None) -> float:
     """Power of a two-sided paired t-test over ``n`` pairs whose differences have standard deviation ``sd``, for a
-    true mean difference ``gap``: exact, from the noncentral t distribution (scipy.stats.nct), df n - 1,
-    noncentrality gap * sqrt(n) / sd."""
+    true mean difference ``gap``: exact, from the noncentral t distribution (scipy.stats.nct), df n - 1 (or ``df``:
+    n - strata for a test stratified by device), noncentrality gap * sqrt(n) / sd."""
     from scipy.stats import nct, t
 
-    df = n - 1
+    df = n - 1 if df is None else df
     critical = float(t.ppf(1 - alpha / 2, df))
     noncentrality = abs(gap) * math.sqrt(n) / sd
     wrong_side = float(nct.cdf(-critical, df, noncentrality))
@@ -74,13 +74,18 @@ def seeds_needed(gap: float, sd: float, alpha: float, power: float = POWER) -> i
     return high
 
 
-def holm(p_values: list[float | None]) -> list[float | None]:
-    """Holm-Bonferroni adjusted p-values, in the order given (None stays None and is not counted): the i-th
-    smallest of m p-values is multiplied by m - i + 1 (i from 1), then made non-decreasing, capped at 1."""
+def holm(p_values: list[float | None], family: int | None = None) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values, in the order given (None stays None): the i-th smallest p-value is
+    multiplied by m - i + 1 (i from 1), then made non-decreasing, capped at 1. ``m`` is ``family``, the number of
+    tests declared before any was read, where given (a declared test that has not run yet still counts, so that
+    reading a table early never lowers its bar), else the number of p-values tested."""
     tested = sorted((p, index) for index, p in enumerate(p_values) if p is not None)
+    m = len(tested) if family is None else family
+    if m < len(tested):
+        raise ValueError(f"{len(tested)} tests read from a declared family of {family}")
     adjusted: list[float | None] = [None] * len(p_values)
     running = 0.0
     for rank, (p, index) in enumerate(tested):
-        running = max(running, min(1.0, p * (len(tested) - rank)))
+        running = max(running, min(1.0, p * (m - rank)))
         adjusted[index] = running
     return adjusted

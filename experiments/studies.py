@@ -83,8 +83,21 @@ class Study:
     paper_gap: dict[str, float] = field(default_factory=dict)
     # Tests between two rows other than the baseline, ``(variant, other)`` at each depth where both ran: paired by
     # seed, commit, device and precision as a row is with its baseline, on the primary metric, and Holm-corrected
-    # together with the table's rows (issue 62), so that a sentence ordering two blocks has a test to cite.
+    # together with the table's rows, so that a sentence ordering two blocks has a test to cite.
     pairwise: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def tested_rows(self) -> tuple[str, ...]:
+        """The rows compared with a baseline: every variant that is not one."""
+        return tuple(variant for variant in self.variants if self.baseline_of(variant) != variant)
+
+    def holm_family(self, primary: bool = True) -> int:
+        """The number of tests the study declares for one metric's table, whether or not they have run: every
+        tested row against its baseline at every depth, and for the primary metric the declared tests between two
+        rows (``pairwise``) at every depth. Holm corrects over this many, so a table read before its last rows ran
+        is held to the bar it will have once they have."""
+        per_depth = len(self.tested_rows) + (len(self.pairwise) if primary else 0)
+        return per_depth * len(self.depths)
 
     def source_path(self, seed: int, source: str | None = None) -> str | None:
         """The model folder a run of ``seed`` starts from: ``source`` (else the study's own) with the seed filled in;

@@ -272,13 +272,15 @@ def test_gap_is_paired_by_seed_commit_device_and_precision():
         rows["residual"]["BLEU"]["mean"] == pytest.approx(28.0) and "paired" not in rows["residual"]["BLEU"]
     )
     assert rows["rk4"]["BLEU"]["paired"]["verdict"] == "+1.00 (1 pair: untested)"
-    # seeds 1-2: gap +1.5, paired p 0.205 (see above), the only tested row so Holm leaves it
+    # seeds 1-2: gap +1.5, paired p 0.205 (see above), the only tested row: Holm over the study's declared tests
     gated = rows["rk2_gated"]["BLEU"]["paired"]
-    assert gated["p_holm"] == pytest.approx(1 - 2 * math.atan(3) / math.pi)
+    raw = 1 - 2 * math.atan(3) / math.pi
+    assert gated["p"] == pytest.approx(raw)
+    assert gated["p_holm"] == pytest.approx(min(1.0, raw * STUDIES["multi30k"].holm_family()))
     # the interval of diffs 1, 2: 1.5 +- t(0.975, 1) * sqrt(0.5) / sqrt(2), t(0.975, 1) = tan(0.475 pi) (Cauchy)
     half = math.tan(0.475 * math.pi) * 0.5
     assert gated["ci95"] == pytest.approx((1.5 - half, 1.5 + half))
-    assert gated["verdict"] == f"+1.50 (p 0.205, within noise; 95% CI [{1.5 - half:+.2f}, {1.5 + half:+.2f}])"
+    assert gated["verdict"] == f"+1.50 (p 1.000, within noise; 95% CI [{1.5 - half:+.2f}, {1.5 + half:+.2f}])"
     rk2 = rows["rk2"]["BLEU"]["paired"]
     assert rk2["pairs"] == 0 and rk2["verdict"] == "no comparable pair"
     assert [d["why"] for d in rk2["dropped"]] == [
@@ -291,7 +293,11 @@ def test_gap_is_paired_by_seed_commit_device_and_precision():
         "Not paired: RK2-block (depth 3), seed 0, with the baseline: device Intel Xeon here, AMD EPYC in the "
         "baseline's run." in table
     )
-    assert "Holm-corrected across the rows of this table; 'beyond noise': p < 0.05" in table
+    family = STUDIES["multi30k"].holm_family()
+    assert (
+        f"Holm-corrected over the {family} tests the study declares (run or not); 'beyond noise': p < 0.05"
+        in table
+    )
 
 
 def test_an_upcycled_row_is_also_paired_with_its_from_scratch_row_by_hand():
@@ -375,16 +381,17 @@ def test_power_lines_by_hand_and_by_simulation():
     results += [fake_result("rk2_gated", s, 30.0 + d) for s, d in enumerate((0.5, 0.5, 1.5))]
     rows = report_module.aggregate(STUDIES["multi30k"], results, references=None)
     power = rows[1]["BLEU"]["paired"]["power"]  # rk2_gated comes first in the study's order
-    # two rows and the study's declared test of RK4 against RK2-gated: Holm's family has 3 tests
-    assert power["holm_first_step_alpha"] == pytest.approx(0.05 / 3)
+    # Holm's family is the study's declared tests, run or not: two rows ran, of 15
+    family = STUDIES["multi30k"].holm_family()
+    assert power["holm_first_step_alpha"] == pytest.approx(0.05 / family)
     assert power["detectable"]["alpha"] == pytest.approx(
         significance.detectable_gap(1 / math.sqrt(3), 3, 0.05)
     )
     table = report_module.markdown(STUDIES["multi30k"], "cpu", rows)
     rk4 = rows[2]["BLEU"]["paired"]["power"]
-    detectable = [significance.detectable_gap(1.0, 3, a) for a in (0.05, 0.05 / 3)]
-    paper = [significance.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.05 / 3)]
-    observed = [significance.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.05 / 3)]
+    detectable = [significance.detectable_gap(1.0, 3, a) for a in (0.05, 0.05 / family)]
+    paper = [significance.seeds_needed(1.14, 1.0, a) for a in (0.05, 0.05 / family)]
+    observed = [significance.seeds_needed(2.0, 1.0, a) for a in (0.05, 0.05 / family)]
     assert list(rk4["detectable"].values()) == pytest.approx(detectable)
     assert list(rk4["seeds_for_paper_gap"].values()) == paper
     assert (
@@ -392,8 +399,8 @@ def test_power_lines_by_hand_and_by_simulation():
         f"+2.00 | {observed[0]} / {observed[1]} |" in table
     )
     assert (
-        "each at alpha 0.05 / at Holm's first step over the 2 tested rows and 1 test between rows (alpha 0.0167)"
-        in table
+        f"each at alpha 0.05 / at Holm's first step over the study's {family} declared tests (alpha 0.0033), 2 of "
+        "them tested here." in table
     )
 
 
@@ -409,9 +416,13 @@ def test_a_bootstrap_p_carries_the_sign_of_its_seeds_gap():
     assert "| BLEU vs baseline | chrF vs baseline |" in table  # chrF's verdict beside BLEU's
 
 
-def test_holm_runs_across_the_rows_of_a_table():
-    """Holm counts the table's tested rows: two rows with the same paired p both get 2p; a third row with a larger p
-    (RK2-gated), and with it the study's declared test of RK4 against RK2-gated, make it 4p for both."""
+def test_holm_counts_every_test_the_study_declares():
+    """Holm's family is the study's declared tests, run or not (multi30k: each row against residual, and its two
+    declared tests between rows): two rows with the same paired p both get F p; a third row with a larger p
+    (RK2-gated), and with it the declared test of RK4 against RK2-gated, change nothing of theirs (the report read
+    them at 2p, then at 4p, when it counted only the tests that had pairs)."""
+    family = STUDIES["multi30k"].holm_family()
+    assert family == 13 + 2  # 13 rows against residual at one depth, 2 tests between rows
     base = [fake_result("residual", s, 30.0 + s) for s in range(3)]
 
     def row_p(variants: dict[str, list[float]]) -> dict[str, float]:
@@ -422,12 +433,13 @@ def test_holm_runs_across_the_rows_of_a_table():
     gaps = [31.0, 32.2, 32.9]  # diffs 1.0, 1.2, 0.9
     raw = significance.paired_t_test(gaps, [30.0, 31.0, 32.0])
     two = row_p({"rk2": gaps, "rk4": gaps})
-    assert two["rk2"]["p_holm"] == pytest.approx(2 * raw) and two["rk4"]["p_holm"] == pytest.approx(2 * raw)
-    three = row_p({"rk2": gaps, "rk4": gaps, "rk2_gated": [31.0, 30.0, 33.0]})
-    assert three["rk2"]["p_holm"] == pytest.approx(4 * raw) and three["rk4"]["p_holm"] == pytest.approx(
-        4 * raw
+    assert two["rk2"]["p_holm"] == pytest.approx(family * raw) and two["rk4"]["p_holm"] == pytest.approx(
+        family * raw
     )
-    assert three["rk2_gated"]["p"] > 4 * raw
+    three = row_p({"rk2": gaps, "rk4": gaps, "rk2_gated": [31.0, 30.0, 33.0]})
+    assert three["rk2"]["p_holm"] == pytest.approx(family * raw)
+    assert three["rk4"]["p_holm"] == pytest.approx(family * raw)
+    assert three["rk2_gated"]["p"] > raw
 
 
 def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_family():
@@ -449,7 +461,8 @@ def test_a_declared_test_between_two_rows_is_paired_by_hand_and_joins_holms_fami
     assert test["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))
     assert test["dropped"] == [{"seed": 3, "why": "device H200 here, AMD EPYC in rk2_gated's run"}]
     others = [rows[v]["BLEU"]["paired"]["p"] for v in ("rk2_gated", "rk4")]
-    assert test["p_holm"] == pytest.approx(significance.holm([*others, test["p"]])[2])
+    family = STUDIES["multi30k"].holm_family()
+    assert test["p_holm"] == pytest.approx(significance.holm([*others, test["p"]], family)[2])
     assert "pairwise" not in rows["pc_rk4"] and "pairwise" not in rows["rk2_gated"]
     table = report_module.markdown(STUDIES["multi30k"], "cpu", list(rows.values()))
     assert (
