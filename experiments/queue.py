@@ -63,45 +63,40 @@ QUEUES = {
         ),
         worktree="exp_ptb",
     ),
-    # Issue 54: ptb_paper as one batch on a CPU with native bf16, seeds 0-2 of all five rows at one commit (seed 0
-    # again: its first run's record shows neither precision nor CPU capability). Residual and RK4 come first, each
-    # lane alternating them, so that the two rows the issue asks three seeds of finish first.
+    # ptb_paper's batch on an AMD EPYC Zen 4 (native bf16): tier (a)'s seeds of this device kind (experiments.verdict's
+    # TIER_A_DEVICE_SEEDS; seed 0's pair is the first batch's, on the same kind), residual and RK4 alternating so
+    # that each finished pair is one more distinct seed. One lane on both cores, as cpu_amx.
     "ptb_paper_bf16": Queue(
         study="ptb_paper",
         commit="c013fee",
         lanes=(
             (
-                ((0,), ("residual",)),
-                ((1,), ("rk4",)),
-                ((2,), ("residual",)),
-                ((0, 1, 2), ("rk2",)),
-                ((2,), ("rk2_gated",)),
-            ),
-            (
-                ((0,), ("rk4",)),
-                ((1,), ("residual",)),
-                ((2,), ("rk4",)),
-                ((0, 1, 2), ("rk2_ones",)),
-                ((0, 1), ("rk2_gated",)),
+                ((3,), ("residual",)),
+                ((3,), ("rk4",)),
+                ((4,), ("residual",)),
+                ((4,), ("rk4",)),
             ),
         ),
         worktree="exp_ptb_bf16",
         batch="bf16",
         cpu=("AMD EPYC", ("avx512_bf16",)),
+        threads=2,
     ),
-    # Issue 61: ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual
-    # and RK4, seeds 0-2, first, then the gated RK2 block (the recipes' default kind of block), then the other two
-    # RK2 rows. One lane on both cores: checkpoints do not outlive the machine, and an RK4 run on one core outlasts a
-    # session here (results/README.md, the ptb_paper study's third batch).
+    # ptb_paper's verdict batch on an Intel Xeon with AMX (bf16), one machine and one commit: residual seeds 0-2,
+    # then tier (a)'s seeds of this kind (RK4 seeds 1-2, whose residual runs exist, then both rows of seed 5), then
+    # the gated RK2 block (the recipes' default kind of block), then the other two RK2 rows: tier (c). One lane on
+    # both cores: checkpoints do not outlive the machine, and an RK4 run on one core outlasts a session here
+    # (results/README.md, the ptb_paper study's third batch).
     "ptb_paper_amx": Queue(
         study="ptb_paper",
         commit="ccb31fa",
         lanes=(
             (
                 ((0, 1, 2), ("residual",)),
-                ((0,), ("rk4",)),
                 ((1,), ("rk4",)),
                 ((2,), ("rk4",)),
+                ((5,), ("residual",)),
+                ((5,), ("rk4",)),
                 ((0, 1, 2), ("rk2_gated",)),
                 ((0, 1, 2), ("rk2",)),
                 ((0, 1, 2), ("rk2_ones",)),

@@ -8,11 +8,12 @@ def counted(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-# What this project's runs show about the recipes' default block (issue 61), said where a user meets the block:
-# in ode-train's log when a run builds it, and on the model card.
+# What this project's runs show about the recipes' default block, said where a user meets the block: in ode-train's
+# log when a run builds it, and on the model card.
 GATED_RK2_FINDING = (
-    "it is the paper's choice and every recipe's default, not yet put on trial against residual and RK4 in a "
-    "paired batch of this project's. In every gate diagnostic of the project's runs so far the gate was saturated "
+    "it is the paper's choice and every recipe's default; this project's tests of it against the residual block so "
+    "far point both ways, and the batch sized to settle it (tier (b) of the verdict plan) has not run. In every "
+    "gate diagnostic of the project's runs so far the gate was saturated "
     "on all tokens of every block (g near 0 or 1), so each block acted as a residual step that still computes F2, "
     "or as y + F(y + F(y)). The figures, each with its p-value and interval, are in the project's verdict.md, which "
     "the ode-transformer package ships."
