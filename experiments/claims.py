@@ -23,7 +23,6 @@ running. ``python -m experiments.claims`` prints what :func:`check` finds in eve
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
 import statistics
@@ -31,84 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from experiments.significance import ALPHA, holm
-from experiments.studies import STUDIES, Metric, Study, size_and_batch
+from experiments.studies import STUDIES
+from experiments.summary_tables import ROOT, Table, fmt, name, parse
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMENT = re.compile(r"<!--.*?-->")
 MARKER = re.compile(r"<!-- (claim|means|spread|seeds|detectable|power): ([^>]*?) -->(.*?)<!-- /\1 -->")
-
-# The names sentences give the rows (a table's labels are too long for a sentence); a variant not named here is
-# called by its label. ``_codeF`` adds ", code F", a ``.FACTOR`` the factor.
-NAMES = {
-    "residual": "residual",
-    "rk2": "RK2",
-    "rk2_ones": "RK2 gamma=1",
-    "rk2_gated": "RK2-gated",
-    "rk4": "RK4",
-    "pc_rk2": "PC-RK2",
-    "pc_rk4": "PC-RK4",
-    "rk2_gated_authors": "authors' gate",
-    "rk2_learnable_authors": "authors' scalars",
-    "rk2_gated_norm": "LN gate",
-    "rk2_gated_tableau": "gate started at g = 1/2",
-    "residual_x2": "6 residual layers",
-    "residual_x4": "12 residual layers",
-    "residual_ft": "residual fine-tuned",
-    "rk2_up": "RK2 upcycled",
-    "rk4_up": "RK4 upcycled",
-}
-
-
-def name(study: Study, variant: str) -> str:
-    """What a sentence calls a row: :data:`NAMES`, else the study's label."""
-    block, _, factor = variant.partition(".")
-    base = block.removesuffix("_codeF")
-    if base not in NAMES:
-        return study.variants[variant].label
-    return NAMES[base] + (", code F" if block != base else "") + (f" ({factor})" if factor else "")
-
-
-class Table:
-    """One batch folder's ``summary.json`` (what experiments.report wrote): its study and rows."""
-
-    def __init__(self, folder: str, root: Path = ROOT) -> None:
-        path = root / folder / "summary.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{folder}: no summary.json; run `python -m experiments.report` for it first"
-            )
-        self.folder = folder
-        self.study = STUDIES[Path(folder).parent.name]
-        self.size, self.batch = size_and_batch(Path(folder).name)
-        self.rows = json.loads(path.read_text(encoding="utf-8"))
-
-    def depth(self, depth: int | None) -> int:
-        depths = sorted({row["depth"] for row in self.rows})
-        if depth is None and len(depths) > 1:
-            raise ValueError(f"{self.folder} has depths {depths}: name one, {self.folder}@DEPTH")
-        return depths[0] if depth is None else depth
-
-    def row(self, variant: str, depth: int) -> dict[str, Any]:
-        found = [r for r in self.rows if r["variant"] == variant and r["depth"] == depth]
-        if not found:
-            raise ValueError(f"{self.folder}: no row {variant!r} at depth {depth}")
-        return found[0]
-
-    def metric(self, metric_name: str | None) -> Metric:
-        metrics = {m.name: m for m in self.study.metrics}
-        return self.study.metrics[0] if metric_name is None else metrics[metric_name]
-
-
-def _parse(spec: str, root: Path) -> tuple[Table, int, list[str], dict[str, str]]:
-    folder, *words = spec.split()
-    folder, _, depth = folder.partition("@")
-    table = Table(folder, root)
-    options = dict(word.split("=", 1) for word in words if "=" in word)
-    return table, table.depth(int(depth) if depth else None), [w for w in words if "=" not in w], options
-
-
-def _fmt(value: float, digits: int) -> str:
-    return f"{value:.{digits}f}"
 
 
 def claim(table: Table, depth: int, item: str) -> str:
@@ -152,7 +78,7 @@ def means(table: Table, depth: int, variants: list[str]) -> str:
     rows = [table.row(variant, depth) for variant in variants]
     parts = [
         f"{name(table.study, row['variant'])} "
-        + " / ".join(_fmt(row[m.name]["mean"], m.digits) for m in metrics)
+        + " / ".join(fmt(row[m.name]["mean"], m.digits) for m in metrics)
         for row in rows
     ]
     counts = [len(row["seeds"]) for row in rows]
@@ -213,7 +139,7 @@ def spread(table: Table, depth: int, variants: list[str]) -> str:
     sentences = []
     for variant in variants:
         test = tests[variant]
-        ours, theirs = (_fmt(sd, metric.digits) for sd in test["sd"])
+        ours, theirs = (fmt(sd, metric.digits) for sd in test["sd"])
         base = name(table.study, table.row(variant, depth)["baseline"])
         subject = name(table.study, variant)
         if test["p"] is None:
@@ -237,7 +163,7 @@ def generate(kind: str, spec: str, root: Path = ROOT) -> str:
     """The text of one marker, from the ``summary.json`` files under ``root``."""
     from experiments import power_text  # which reads this module's tables
 
-    table, depth, items, options = _parse(spec, root)
+    table, depth, items, options = parse(spec, root)
     if kind == "claim":
         return "; ".join(claim(table, depth, item) for item in items)
     if kind == "means":

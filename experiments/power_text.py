@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.claims import ROOT, Table, _fmt, _parse, name
 from experiments.significance import ALPHA, MAX_SEEDS, POWER, detectable_gap, seeds_needed
+from experiments.summary_tables import ROOT, Table, fmt, name, parse
 
 
 def _row_power(table: Table, depth: int, variant: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -43,7 +43,7 @@ def _gap_of(spec: str, root: Path) -> tuple[str, float]:
     """``FOLDER[@DEPTH]:ROW``: that row's name and its gap to its baseline (the paired one where it has pairs,
     else its unpaired means' difference)."""
     folder, _, variant = spec.partition(":")
-    table, depth, _, _ = _parse(folder, root)
+    table, depth, _, _ = parse(folder, root)
     row = table.row(variant, depth)
     metric = table.study.metrics[0].name
     paired = row[metric].get("paired") or {}
@@ -71,10 +71,10 @@ def power(table: Table, depth: int, variants: list[str], options: dict[str, str]
     each = " each" if len(variants) > 1 else ""
     count = "/".join(str(p) for p in pairs)
     text = (
-        f"sd of the per-seed differences {_span([_fmt(sd, digits) for sd in sds])} {metric.name} ({names}; "
+        f"sd of the per-seed differences {_span([fmt(sd, digits) for sd in sds])} {metric.name} ({names}; "
         f"{count} pair{'s' if pairs != [1] else ''}{each}); {n} seeds detect "
         + " and ".join(
-            f"{_span([_fmt(detectable_gap(sd, n, alpha), digits) for sd in sds])} at alpha "
+            f"{_span([fmt(detectable_gap(sd, n, alpha), digits) for sd in sds])} at alpha "
             + f"{alpha:.4f}".rstrip("0")
             for alpha in alphas
         )
@@ -100,4 +100,4 @@ def detectable(table: Table, depth: int, variants: list[str], options: dict[str,
     (variant,) = variants
     _, paired = _row_power(table, depth, variant)
     gap = detectable_gap(paired["sd"], int(options["n"]), _alpha(options["alpha"], paired))
-    return _fmt(gap, table.study.metrics[0].digits)
+    return fmt(gap, table.study.metrics[0].digits)
