@@ -161,9 +161,8 @@ def last_setup_seconds(device: str, results: Path = RESULTS) -> float:
 def refusal(tier: Tier, label: str, device: str, commit: str, results: Path = RESULTS) -> str | None:
     """Why a tier may not add runs to its batch folder (runs there of another commit or device), or None."""
     folder = tier.folder(label, results)
-    runs = (
-        load_results(folder, mixed=True) if folder.is_dir() else []
-    )  # a mixed folder is named here, not raised
+    # a mixed folder is named here, not raised
+    runs = load_results(folder, mixed=True) if folder.is_dir() else []
     commits = {(r.get("git") or {}).get("commit") or "none" for r in runs if not _same_commit(r, commit)}
     devices = {(r.get("device") or {}).get("name") or "none" for r in runs} - {device}
     why = [f"commit {', '.join(sorted(c[:7] for c in commits))}"] if commits else []
@@ -695,9 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(os.environ["OUT"])
         device = gpu_name()
         label = args.label or card_label(device)
-        if why := nothing_to_run(
-            args.seconds, label, device, args.slots
-        ):  # before minutes of clone and install
+        # before minutes of clone and install
+        if why := nothing_to_run(args.seconds, label, device, args.slots):
             print(f"python -m experiments.lease run: {why}", file=sys.stderr)
             return 1
         commit = (CARRY / "commit").read_text().strip()

@@ -276,9 +276,8 @@ class ONNXSearchGenerator:
         session = self.session(
             early_stopping, option(config, "no_repeat_ngram_size"), _one(config.eos_token_id)
         )
-        if (
-            SEQUENCE_LENGTHS not in self.output_names()
-        ):  # a graph of an earlier export: the op's own sequences
+        # a graph of an earlier export: the op's own sequences
+        if SEQUENCE_LENGTHS not in self.output_names():
             return session.run(["sequences"], feed)[0]
         sequences, ends = session.run(["sequences", SEQUENCE_LENGTHS], feed)
         return np.where(np.arange(sequences.shape[-1]) < ends[..., None], sequences, OP_PAD)
