@@ -64,7 +64,10 @@ def dtype() -> torch.dtype:
 # Every test sees an AVX2-only CPU, whatever the machine: `--precision auto` then trains in fp32 everywhere, and the
 # suite takes the same paths on any CI machine. Session-wide, so module-scoped training fixtures see it too; child
 # processes get it from ONEDNN_MAX_CPU_ISA=AVX2, PyTorch's own switch, which ode_transformer.precision honours.
-# `@pytest.mark.both_cpus` runs a test once more on a CPU with native bf16 (the `cpu_kind` parameter).
+# `@pytest.mark.both_cpus` runs a test once more on a CPU with native bf16 (the `cpu_kind` parameter): where the CPU
+# kind decides something (the precision a run resolves, what it says about it). A whole training run twice only where
+# bf16 training itself is the subject (the LM run, an exact resume): elsewhere the second run re-checks a decision
+# that the precision tests already pin, at minutes of emulated bf16 on an AVX2-only machine.
 from mocked_cpus import CPUS, pretend  # noqa: E402
 
 

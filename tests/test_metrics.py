@@ -492,13 +492,19 @@ def test_compute_metrics_decodes_and_scores(word_tokenizer):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ode_transformer.train.evaluate_predictions", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``python -m ode_transformer.train.evaluate_predictions ARGS``, in process: its exit code and what it wrote."""
+    import contextlib
+    import io
+
+    from ode_transformer.train.evaluate_predictions import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's refusals
+            code = exit_.code
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def write(path: Path, lines: list[str]) -> str:

@@ -209,7 +209,6 @@ def test_test_decoding_translate_and_plain_generate_agree(untrained_model, tmp_p
     assert result.stdout.splitlines() == expected
 
 
-@pytest.mark.both_cpus
 def test_evaluate_a_saved_model_without_training(multi30k_run, multi30k_test_files, tmp_path):
     """``--do_train false`` + a test file: no training split, no --predict_with_generate, no model copy; the
     lengths are the saved model's (its source limit and max_new_tokens 48), so the hypotheses are the run's."""
@@ -253,7 +252,6 @@ def test_missing_splits_and_models_are_named(multi30k_test_files, tmp_path):
         check_settings(parse_arguments(["--do_train", "false", "--test_file", f"{src},{ref}", *common]))
 
 
-@pytest.mark.both_cpus
 @needs_data
 def test_summarization_cnndm(tmp_path):
     document = train_and_test(
@@ -266,7 +264,6 @@ def test_summarization_cnndm(tmp_path):
     assert document["decoding"] == {"num_beams": 2, "length_penalty": 2.0, "precision": "fp32"}
 
 
-@pytest.mark.both_cpus
 @needs_data
 def test_gec_wi_locness_m2_on_conll2013(tmp_path):
     document = train_and_test(
@@ -309,7 +306,6 @@ def test_lm_ptb_perplexity(tmp_path):
     assert all(len(ids) > 0 for ids in expected)
 
 
-@pytest.mark.both_cpus
 @needs_data
 def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     """Every evaluation logs the token-weighted validation NLL and perplexity, and load_best_model_at_end
@@ -348,7 +344,6 @@ def test_lm_logs_validation_perplexity_and_keeps_the_best_epoch(tmp_path):
     assert values["Word perplexity"] == pytest.approx(values["Subword perplexity"])  # one token per word
 
 
-@pytest.mark.both_cpus
 @needs_data
 def test_streaming_multi30k(tmp_path):
     train_and_test(
