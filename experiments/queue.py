@@ -43,8 +43,6 @@ class Queue:
     # The CPU the batch's runs need, (model name, flags), where the kernels it runs depend on them: one batch is one
     # device, and checkpoints do not outlive a machine, so another CPU model starts a batch of its own.
     cpu: tuple[str, tuple[str, ...]] | None = None
-    # CPU flags the batch's machine lacks: an AVX2-only batch must not take runs from a CPU with AVX-512 kernels
-    cpu_lacks: tuple[str, ...] = ()
     # torch threads per lane: one lane on every core finishes a long run sooner than one lane per core does, which
     # decides whether it finishes before the machine goes away (results/README.md, the ptb_paper study's batches)
     threads: int = 1
@@ -105,33 +103,6 @@ QUEUES = {
         worktree="exp_ptb_amx",
         batch="amx",
         cpu=("Intel(R) Xeon(R) Processor", ("amx_bf16", "avx512_bf16")),
-        threads=2,
-    ),
-    # Issue 61: ptb_paper's verdict batch on an AVX2-only AMD EPYC (no native bf16), in fp32: bf16 there is emulated,
-    # slower than fp32 (docs/performance.md, "Which hardware these figures hold on"). The same one lane on both
-    # cores as cpu_amx, residual and RK4 alternating by seed so that each finished pair is one more paired
-    # difference.
-    "ptb_paper_avx2": Queue(
-        study="ptb_paper",
-        commit="023ce2b",
-        lanes=(
-            (
-                ((0,), ("residual",)),
-                ((0,), ("rk4",)),
-                ((1,), ("residual",)),
-                ((1,), ("rk4",)),
-                ((2,), ("residual",)),
-                ((2,), ("rk4",)),
-                ((0, 1, 2), ("rk2_gated",)),
-                ((0, 1, 2), ("rk2",)),
-                ((0, 1, 2), ("rk2_ones",)),
-            ),
-        ),
-        worktree="exp_ptb_avx2",
-        extra=("--set", "bf16=False"),
-        batch="avx2",
-        cpu=("AMD EPYC", ("avx2",)),
-        cpu_lacks=("avx512f",),
         threads=2,
     ),
     # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
@@ -285,14 +256,11 @@ def wrong_cpu(queue: Queue, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None
     name, flags = this_cpu(cpuinfo)
     wanted, needed = queue.cpu
     missing = sorted(set(needed) - flags)
-    extra = sorted(set(queue.cpu_lacks) & flags)
-    if name == wanted and not missing and not extra:
+    if name == wanted and not missing:
         return None
     lacks = f" without {', '.join(missing)}" if missing else ""
-    lacks += f" with {', '.join(extra)}" if extra else ""
-    without = f" and without {', '.join(queue.cpu_lacks)}" if queue.cpu_lacks else ""
     return (
-        f"batch cpu_{queue.batch} runs on {wanted} with {', '.join(needed)}{without}; this machine is {name}{lacks}: "
+        f"batch cpu_{queue.batch} runs on {wanted} with {', '.join(needed)}; this machine is {name}{lacks}: "
         "its runs would not pair with the batch's, so add a queue with a batch label of its own for this CPU"
     )
 

@@ -361,8 +361,8 @@ def plan_section(results: Path = RESULTS) -> list[str]:
         ),
         "",
         "A device kind with no row here has no uninterrupted run committed. The AVX2-only EPYC's fp32 batch "
-        "(`ptb_paper_avx2`) is one: its one attempt, a residual run, had not finished its second epoch after three "
-        "hours (the stop of 2026-12-01), so it takes no seed of tier (a) and its queue starts no run.",
+        "(`cpu_avx2`) is one: its one attempt, a residual run, had not finished its second epoch after three hours "
+        "(the stop of 2026-12-01), so it takes no seed of tier (a) and has no queue.",
         "",
     ]
 

@@ -331,8 +331,8 @@ def test_the_vocabulary_is_the_studies_own_row_names():
     """Every variant's id, its label's head and its short name name it, so a row added to a study is a name the
     rule reads with no edit here."""
     from experiments.claims import two_rows
-    from experiments.summary_tables import NAMES
     from experiments.studies import STUDIES
+    from experiments.summary_tables import NAMES
 
     for key, study in STUDIES.items():
         for variant, row in study.variants.items():
