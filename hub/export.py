@@ -6,7 +6,8 @@
                                recorded in config.json, generation_config.json and tokenizer_config.json too, and
                                from_pretrained checks that they agree
       generation_config.json   decoding defaults: the model's own, else the paper's translation decoding
-      configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py, lora.py
+      configuration_ode_transformer.py, modeling_ode_transformer.py, cache_ode.py, ode.py, compat.py, lora.py,
+      dropout.py, input_checks.py, weights_integrity.py
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
@@ -38,7 +39,7 @@ from modeling_ode import (
     ODETransformerPreTrainedModel,
     fit_tokenizer_to_model,
 )
-from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, record_weights_digest
+from modeling_ode.weights_integrity import WEIGHTS_DIGEST, record_weights_digest
 from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING

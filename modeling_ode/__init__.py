@@ -2,8 +2,9 @@
 
 Importing this package registers `ode_transformer` with AutoConfig, AutoModel, AutoModelForSeq2SeqLM and
 AutoModelForCausalLM, and registers the classes for those auto classes (`register_for_auto_class`): every
-`save_pretrained` folder then carries `auto_map` and the four module files (configuration, modeling, `ode.py`
-and `compat.py`), and loads with `trust_remote_code=True` where this package is not installed.
+`save_pretrained` folder then carries `auto_map` and the module files: the configuration and modeling files and
+the modules the modeling file imports (relative imports, which transformers copies beside it), and loads with
+`trust_remote_code=True` where this package is not installed.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
@@ -22,11 +23,10 @@ from .modeling_ode_transformer import (
     ODETransformerForConditionalGeneration,
     ODETransformerModel,
     ODETransformerPreTrainedModel,
-    non_finite_message,
-    non_finite_tensors,
 )
 from .ode import COEFFICIENT_MODES, ODE_METHODS, ButcherTableau, StageCoefficients, ode_step
 from .tokenizer_limits import fit_tokenizer_to_model, tokenizer_limits
+from .weights_integrity import non_finite_message, non_finite_tensors
 
 AutoConfig.register(ODETransformerConfig.model_type, ODETransformerConfig, exist_ok=True)
 AutoModel.register(ODETransformerConfig, ODETransformerModel, exist_ok=True)

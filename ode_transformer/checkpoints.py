@@ -275,7 +275,7 @@ def check_checkpoint_pickles(checkpoint: str | Path) -> None:
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
-    from modeling_ode.modeling_ode_transformer import check_safetensors_file, non_finite_message
+    from modeling_ode.weights_integrity import check_safetensors_file, non_finite_message
 
     folder = Path(checkpoint)
     fix = (

@@ -26,7 +26,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
     ODETransformerForCausalLM,
     ODETransformerForConditionalGeneration,
 )
-from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
+from modeling_ode.weights_integrity import WEIGHTS_DIGEST
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
 from .tokenizer import check_tokenizer_files
@@ -152,7 +152,7 @@ _SIZE_FIELDS = (
 
 def _stored_parameters(weights: Path) -> int:
     """How many numbers a safetensors file holds, from its header alone (checked whole first)."""
-    from modeling_ode.modeling_ode_transformer import check_safetensors_file
+    from modeling_ode.weights_integrity import check_safetensors_file
 
     header = check_safetensors_file(weights)
     return sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")

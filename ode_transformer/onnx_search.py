@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST
+from modeling_ode.weights_integrity import WEIGHTS_DIGEST
 
 from .onnx_generation import (
     RUNTIME_PACKAGES,

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from modeling_ode.modeling_ode_transformer import FastDropout, fast_dropout
+from modeling_ode.dropout import FastDropout, fast_dropout
 
 N = 1 << 20
 

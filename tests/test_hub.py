@@ -342,6 +342,9 @@ def test_export_loads_with_remote_code_without_the_package(tmp_path):
         "ode.py",
         "compat.py",
         "lora.py",
+        "dropout.py",
+        "input_checks.py",
+        "weights_integrity.py",
     )
     files = sorted(p.name for p in out.iterdir())
     assert set(code) | {"config.json", "model.safetensors", "generation_config.json", "README.md"} == set(
@@ -535,7 +538,7 @@ def test_exported_tokenizer_config_is_the_folders(tmp_path, causal):
     export records: none of what transformers' load adds (`is_local`, `local_files_only`, tokenizer.json's
     truncation: `max_length`, `stride`, ...). The class it names is the one hub/README.md names, and the
     reloaded tokenizer truncates on the task's side."""
-    from modeling_ode.modeling_ode_transformer import WEIGHTS_DIGEST, weights_digest
+    from modeling_ode.weights_integrity import WEIGHTS_DIGEST, weights_digest
 
     save_tiny_folder(tmp_path / "model", causal=causal)
     export_for_hub(tmp_path / "model", tmp_path / "export")
@@ -955,13 +958,16 @@ EXPORTED = sorted(
         "compat.py",
         "config.json",
         "configuration_ode_transformer.py",
+        "dropout.py",
         "generation_config.json",
+        "input_checks.py",
         "lora.py",
         "model.safetensors",
         "modeling_ode_transformer.py",
         "ode.py",
         "tokenizer.json",
         "tokenizer_config.json",
+        "weights_integrity.py",
     ]
 )
 
@@ -970,7 +976,7 @@ def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
     """`ode-export SA runs/E9 --overwrite & ode-export SB runs/E9link --overwrite` (E9link a link to E9) take
     one lock, since every lock derives from the resolved path: one writer at a time, the other waiting or
     refused, so that the folder holds every file of one export and no staging folder or lock is left."""
-    from modeling_ode.modeling_ode_transformer import weights_digest
+    from modeling_ode.weights_integrity import weights_digest
     from ode_transformer.files import claim_output
 
     sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}

@@ -412,7 +412,7 @@ def test_an_export_records_its_weights_digest_and_a_load_of_two_exports_is_refus
     from transformers import PreTrainedModel
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    from modeling_ode.modeling_ode_transformer import weights_digest
+    from modeling_ode.weights_integrity import weights_digest
 
     save_tiny_folder(tmp_path / "A")
     save_tiny_folder(tmp_path / "B", weight_scale=3)
