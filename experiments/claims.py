@@ -308,8 +308,14 @@ def problems(text: str, everywhere: bool = True) -> list[str]:
     return found
 
 
-# Modules whose strings a user reads: the model card's text, and the words ode-train's log and the card share.
-USER_STRINGS = ("ode_transformer/model_card.py", "ode_transformer/wording.py")
+# Files whose text a user reads: the model card's (its template, and the strings of the modules that fill it), and
+# the words ode-train's log and the card share. A template is read whole, a module's string constants.
+USER_STRINGS = (
+    "ode_transformer/model_card_template.md",
+    "ode_transformer/model_card.py",
+    "ode_transformer/config_in_words.py",
+    "ode_transformer/wording.py",
+)
 # Documents about the studies throughout: a sentence that says work is running is flagged wherever it stands.
 STUDY_DOCUMENTS = (
     "docs/templates/results.md",
@@ -344,8 +350,11 @@ def prose(root: Path = ROOT) -> dict[str, str]:
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "markdown":
                 texts[f"{path.relative_to(root)} cell {index}"] = cell.source
-    for module in USER_STRINGS:
-        texts[module] = _string_constants(root / module)
+    for user_file in USER_STRINGS:
+        path = root / user_file
+        texts[user_file] = (
+            path.read_text(encoding="utf-8") if path.suffix == ".md" else _string_constants(path)
+        )
     return texts
 
 

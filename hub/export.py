@@ -40,18 +40,13 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from modeling_ode.weights_integrity import WEIGHTS_DIGEST, record_weights_digest
+from ode_transformer.card_metrics import METRICS_FILENAME, load_metrics
 from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
-from ode_transformer.model_card import (
-    METRICS_FILENAME,
-    load_metrics,
-    onnx_graphs,
-    onnx_section,
-    write_model_card,
-)
+from ode_transformer.model_card import onnx_graphs, onnx_section, write_model_card
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
 
 from .onnx_export import (
@@ -190,7 +185,7 @@ def export_for_hub(
             holds an input of the export or a training run is refused whatever ``overwrite`` says.
         tokenizer: a tokenizer object (saved with `save_pretrained`) or a folder holding tokenizer files; by
             default the tokenizer files of the model folder, if any.
-        metrics: a metrics JSON (path or dict, schema in ode_transformer/model_card.py) for the card; by
+        metrics: a metrics JSON (path or dict, schema in ode_transformer/card_metrics.py) for the card; by
             default the model folder's `hub_metrics.json`, else its README.md is copied, else a card without
             results is written.
         repo_id: USER/NAME for the card's usage example.

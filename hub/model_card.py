@@ -1,16 +1,18 @@
 """``ode-model-card`` (``python -m ode_transformer.hub.model_card MODEL_DIR [METRICS_JSON]``): write ``README.md``,
 the model card, into a trained model folder. Without a metrics JSON, the folder's own ``hub_metrics.json`` (what
 ``ode-train`` writes) is read, and a folder without one (a model trained with one's own ``Seq2SeqTrainer``) gets a
-card that says no evaluation results were recorded. The card itself, and the schema of the metrics JSON, are
-:mod:`ode_transformer.model_card`'s, which training and ``ode-export`` write their cards with too."""
+card that says no evaluation results were recorded. The card itself is :mod:`ode_transformer.model_card`'s, and
+the schema of the metrics JSON :mod:`ode_transformer.card_metrics`', which training and ``ode-export`` write their
+cards with too."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ode_transformer.card_metrics import METRICS_FILENAME
 from ode_transformer.cli import program_name
-from ode_transformer.model_card import METRICS_FILENAME, write_model_card
+from ode_transformer.model_card import write_model_card
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics_json",
         nargs="?",
         default=None,
-        help=f"metrics JSON (schema: ode_transformer/model_card.py); default: MODEL_DIR/{METRICS_FILENAME} if there "
+        help=f"metrics JSON (schema: ode_transformer/card_metrics.py); default: MODEL_DIR/{METRICS_FILENAME} if there "
         "is one, else a card that says no evaluation results were recorded",
     )
     parser.add_argument("--repo-id", default=None, help="USER/NAME the card's usage example loads from")

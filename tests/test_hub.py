@@ -40,10 +40,11 @@ from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
     ODETransformerForCausalLM,
 )
-from ode_transformer import model_card  # noqa: E402
+from ode_transformer import config_in_words, model_card  # noqa: E402
+from ode_transformer.card_metrics import load_metrics  # noqa: E402
 from ode_transformer.hub import push  # noqa: E402
 from ode_transformer.hub.model_card import main as model_card_main  # noqa: E402
-from ode_transformer.model_card import CITATION, load_metrics, validate_card_locally, write_model_card  # noqa: E402
+from ode_transformer.model_card import CITATION, validate_card_locally, write_model_card  # noqa: E402
 from ode_transformer.train.data import data_root  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +173,7 @@ def test_metrics_of_the_wrong_shape_are_schema_errors_naming_the_field(tmp_path)
         "dataset": {"name": "WMT14", "id": "wmt/wmt14", "split": "test", "rows": 3003},
         "results": [{"metric": "sacrebleu", "value": 27.1}],
     }
-    assert load_metrics(good)["dataset"]["rows"] == 3003
+    assert load_metrics(good).dataset["rows"] == 3003
     as_list = tmp_path / "list.json"
     as_list.write_text(json.dumps([good]))
     with pytest.raises(
@@ -524,12 +525,12 @@ def test_describe_ode_speaks_the_catalogue():
             encoder_ode_function=function,
             encoder_layer_connections=connections,
         )
-        encoder = model_card.describe_ode(config)[0]
+        encoder = config_in_words.describe_ode(config)[0]
         for words in (ODE_METHODS[method].description, COEFFICIENT_MODES[mode].description):
             assert words in encoder
         assert ODE_FUNCTIONS[function] in encoder and LAYER_CONNECTIONS[connections] in encoder
     normalised = ODETransformerConfig.from_preset("tiny", ode_gate_inputs="layer_norm")
-    assert GATE_INPUTS["layer_norm"] in model_card.describe_ode(normalised)[0]
+    assert GATE_INPUTS["layer_norm"] in config_in_words.describe_ode(normalised)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -636,7 +637,7 @@ def test_card_formula_is_the_block_the_config_builds(kind):
     fields, expected = CARD_FORMULAS[kind]
     fields = dict(fields)
     config = ODETransformerConfig.from_preset(fields.pop("preset", "tiny"), **{**PRESETS["tiny"], **fields})
-    encoder_line = model_card.describe_ode(config)[0]
+    encoder_line = config_in_words.describe_ode(config)[0]
     formula = re.search(r"y_\{t\+1\} = (.*?)(?:, combining|; blocks)", encoder_line).group(1)
     assert formula == expected, encoder_line
 
@@ -762,7 +763,7 @@ def test_the_card_of_a_gated_rk2_model_says_what_the_projects_runs_show_about_it
     gate saturated in every diagnostic (tests/test_lease.py checks that against the committed diagnostics)."""
     from modeling_ode import ODETransformerConfig
 
-    DEFAULT_BLOCK_NOTE, describe_ode = model_card.DEFAULT_BLOCK_NOTE, model_card.describe_ode
+    DEFAULT_BLOCK_NOTE, describe_ode = config_in_words.DEFAULT_BLOCK_NOTE, config_in_words.describe_ode
 
     assert DEFAULT_BLOCK_NOTE.removeprefix("**About the gated RK2 block**: ") in " ".join(
         describe_ode(ODETransformerConfig())

@@ -7,8 +7,8 @@ import json
 from tiny_folder import save_tiny_folder
 
 from modeling_ode import ODETransformerConfig
+from ode_transformer.config_in_words import describe_ode
 from ode_transformer.hub.model_card import main
-from ode_transformer.model_card import describe_ode
 
 NO_RESULTS = "No evaluation results were recorded for this model."
 

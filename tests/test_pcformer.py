@@ -331,7 +331,7 @@ def test_study_rows_differ_from_the_rk_rows_only_in_pcformer_fields(study_name, 
 
 
 def test_the_model_card_says_what_the_blocks_are():
-    from ode_transformer.model_card import describe_ode
+    from ode_transformer.config_in_words import describe_ode
 
     encoder = describe_ode(ODETransformerConfig.from_preset("pcformer_rk2", ode_ema_alpha="dimension"))[0]
     assert "exponential moving average" in encoder and "one alpha per hidden dimension" in encoder

@@ -1,5 +1,5 @@
 """What a run of :mod:`ode_transformer.train.run` says about itself on its model card: the metrics document
-(``hub_metrics.json``, in the schema of :mod:`ode_transformer.model_card`) built from the run's arguments, test
+(``hub_metrics.json``, in the schema of :mod:`ode_transformer.card_metrics`) built from the run's arguments, test
 results and trained model, and the card written from it."""
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def metrics_document(
     model,
     raw_test: Dataset,
 ) -> dict:
-    """The metrics JSON in the schema of :mod:`ode_transformer.model_card` (``training`` only when this run trained)."""
+    """The metrics JSON in the schema of :mod:`ode_transformer.card_metrics` (``training`` only when this run trained)."""
     data_args, run_args = settings.data, settings.run
     document = {
         "task": get_task(run_args.task).hub_tag,

@@ -14,7 +14,7 @@ A run: load the data (a shared corpus, local files or a Hub dataset, optionally 
 or reuse a joint BPE tokenizer, tokenise, build the model from a preset plus overrides, train
 with token-budget batches (resumable: ``--resume_from_checkpoint last``), optionally average the
 last checkpoints, then on the test split write the hypotheses, ``hub_metrics.json`` (the schema of
-:mod:`ode_transformer.model_card`), ``loss_curves.png`` and the model card. Everything lands in
+:mod:`ode_transformer.card_metrics`), ``loss_curves.png`` and the model card. Everything lands in
 ``--output_dir``: the model with its tokenizer and generation config (the paper's decoding
 defaults), checkpoints, TensorBoard logs (``runs/``).
 
