@@ -169,6 +169,9 @@ def _keep_traceback(command: str) -> str:
 HUB_COMMANDS = ("ode-train", "ode-translate")
 """The commands that may download from the Hub (a dataset, a model id): they check once that it is reachable."""
 HUB_CHECK_SECONDS = 3.0
+HUB_UNREACHABLE_ENV = "ODE_HUB_UNREACHABLE"
+"""Set to 1 beside ``HF_HUB_OFFLINE=1`` by :func:`go_offline_if_hub_unreachable` (child processes inherit both), so
+that a message tells a Hub that cannot be reached from an offline mode the user chose."""
 
 
 def _hub_routes(endpoint: urllib.parse.SplitResult) -> list[tuple[str | None, int]]:
@@ -211,8 +214,29 @@ def go_offline_if_hub_unreachable(timeout: float = HUB_CHECK_SECONDS) -> bool:
             return False
         except OSError:  # no name resolution, no route, refused, timed out: try the other route
             continue
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = os.environ[HUB_UNREACHABLE_ENV] = "1"
     return True
+
+
+def _set(variable: str) -> bool:
+    """Whether an environment variable is set to true, as huggingface_hub reads ``HF_HUB_OFFLINE``."""
+    return os.environ.get(variable, "").strip().lower() in ("1", "on", "yes", "true")
+
+
+def hub_unreachable(name: str) -> tuple[str, str]:
+    """Why the Hub repository ``name`` (a model or dataset id) cannot be loaded, given that no copy of it is
+    cached, and the way to load it from a cache, both in words for a message (never an exception's class name):
+    the Hub cannot be reached from this machine, or the user set ``HF_HUB_OFFLINE`` themselves."""
+    chosen = (_set("HF_HUB_OFFLINE") or _set("TRANSFORMERS_OFFLINE")) and not _set(HUB_UNREACHABLE_ENV)
+    if chosen:
+        variable = "HF_HUB_OFFLINE" if _set("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+        return f"{variable} is set and no copy of {name} is cached", f"unset {variable} to download it"
+    return (
+        f"the Hugging Face Hub cannot be reached from this machine (no network, or a proxy or firewall in the "
+        f"way) to download {name}, and no copy of it is cached",
+        "load it once where the Hub is reachable, copy the Hugging Face cache (HF_HOME, by default "
+        "~/.cache/huggingface) here and set HF_HUB_OFFLINE=1",
+    )
 
 
 def _launch(command: str, module: str, extra: str | None) -> None:

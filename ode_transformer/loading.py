@@ -29,6 +29,7 @@ from modeling_ode import (  # importing modeling_ode registers the model with th
 from modeling_ode.weights_integrity import WEIGHTS_DIGEST
 
 from .checkpoints import complete_checkpoints, unsafe_pickle_message
+from .cli import hub_unreachable
 from .tokenizer import check_tokenizer_files
 
 logger = logging.getLogger(__name__)
@@ -63,14 +64,16 @@ def _holds_models(folder: Path) -> bool:
 
 def _check_hub_id_reachable(repo_id: str) -> None:
     """Offline (``HF_HUB_OFFLINE``, which ``ode-train`` and ``ode-translate`` set where the Hub is unreachable), a
-    Hub id loads only from the local cache: without a cached copy, one line naming both ways forward (transformers'
-    own message spans lines and names neither)."""
+    Hub id loads only from the local cache: without a cached copy, one line saying why in words (the Hub cannot
+    be reached, or the user set ``HF_HUB_OFFLINE``) and naming the ways forward (transformers' own message spans
+    lines and names none)."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        why, cached = hub_unreachable(repo_id)
         raise FileNotFoundError(
-            f"{repo_id} is no local folder, and the Hub is offline with no cached copy of it: give the folder "
-            "ode_transformer.train.run wrote (its --output_dir), or go online to download it"
+            f"{repo_id} is no local folder, and {why}: give a local model folder (the --output_dir "
+            f"ode_transformer.train.run wrote), or {cached}"
         )
 
 

@@ -22,7 +22,9 @@ seconds to a minute of compiling per new batch shape, so it pays for many senten
 ``OUT``; float32 graphs for float32, int8 ones with ``--quantize int8``) or ``auto`` (the default): the path
 :data:`FASTEST` names for the batch size and beams asked, measured by ``python -m benchmarks.bench_translate
 --real-text MODEL``, ONNX only where the folder has the graphs (else PyTorch, with the command that writes them).
-Both backends share the tokenization, the batching by length and the outputs.
+The choice is logged at INFO, after the folder is checked; a warning only where the folder's own graphs go unused
+(another precision, onnxruntime missing). Both backends share the tokenization, the batching by length and the
+outputs. ``--max_length`` is ``generate()``'s (the whole generated sequence), given instead of ``--max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ode_transformer.cli import output_problem, positive_int, program_name
 from .files import claim_output, read_lines, write_atomic
 from .loading import (
     check_generation_config,
+    check_model_folder,
     load_model_tokenizer,
     load_saved_model,
     read_config_json,
@@ -251,20 +254,51 @@ def choose_backend(
     :func:`fastest_backend`'s for ``batch_size`` (the inputs per batch) and ``beams``, ONNX only where
     :func:`onnx_problem` finds none (else PyTorch, and the line names the command that writes the graphs).
     ``pytorch_only``: a flag asked that only PyTorch has (``--compile``, ``--bf16``), which decides."""
+    backend, reason, _ = _choose_backend(
+        backend, model_name_or_path, batch_size, beams, quantize, device, pytorch_only
+    )
+    return backend, reason
+
+
+def _choose_backend(
+    backend: str,
+    model_name_or_path: str,
+    batch_size: int,
+    beams: int,
+    quantize: str | None,
+    device: str,
+    pytorch_only: str | None,
+) -> tuple[str, str, bool]:
+    """:func:`choose_backend`'s backend and line, and whether the line is worth a warning: the folder's own ONNX
+    graphs go unused where they would be the faster path (another precision, onnxruntime missing)."""
     if backend != "auto":
-        return backend, f"backend {backend}: asked for"
+        return backend, f"backend {backend}: asked for", False
     if pytorch_only:
-        return "pytorch", f"backend pytorch: {pytorch_only} is PyTorch's"
+        return "pytorch", f"backend pytorch: {pytorch_only} is PyTorch's", False
     if torch.device(device).type != "cpu":
-        return "pytorch", f"backend pytorch: on {device} (the ONNX graphs run on the CPU)"
+        return "pytorch", f"backend pytorch: on {device} (the ONNX graphs run on the CPU)", False
     precision = "int8" if quantize else "float32"
     fastest, (batch, k) = fastest_backend(batch_size, beams, precision)
     measured = f"fastest in {precision} at batch {batch}, {k} beam(s) ({FASTEST_SOURCE}; asked: batch {batch_size}, {beams} beam(s))"
     if fastest == "pytorch":
-        return "pytorch", f"backend pytorch: {measured}"
-    if (problem := onnx_problem(model_name_or_path, quantize)) is not None:
-        return "pytorch", f"backend pytorch: onnx is {measured}, but {problem}"
-    return "onnx", f"backend onnx: {measured}"
+        return "pytorch", f"backend pytorch: {measured}", False
+    if (problem := onnx_problem(model_name_or_path, quantize)) is None:
+        return "onnx", f"backend onnx: {measured}", False
+    if not has_onnx_graphs(model_name_or_path):  # a plain model folder: the usual case, said in short
+        export = f"ode-export {model_name_or_path} OUT --onnx{' --quantize int8' if quantize else ''}"
+        return (
+            "pytorch",
+            f"backend pytorch: no ONNX graphs in {model_name_or_path} (`{export}` writes them)",
+            False,
+        )
+    return "pytorch", f"backend pytorch: onnx is {measured}, but {problem}", True
+
+
+def has_onnx_graphs(model_name_or_path: str | Path) -> bool:
+    """Whether a local folder holds any ONNX graph (``*.onnx``), in itself or in its ``onnx/``: a folder someone
+    exported, whose graphs ``--backend auto`` may still not use (another precision, a missing onnxruntime)."""
+    folder = Path(model_name_or_path)
+    return any(any(where.glob("*.onnx")) for where in (folder, folder / "onnx") if where.is_dir())
 
 
 def compile_decoding(model: PreTrainedModel) -> PreTrainedModel:
@@ -326,6 +360,9 @@ def _length_cap(model: PreTrainedModel, generate_kwargs: dict, inputs: dict) -> 
     saved generation config, ``max_new_tokens`` makes transformers warn that both are set. (A generation config
     that sets ``max_new_tokens`` itself keeps it: it would take precedence over ``max_length``.)"""
     new_tokens = generate_kwargs.get("max_new_tokens")
+    if generate_kwargs.get("max_length") is not None and model.generation_config.max_new_tokens is not None:
+        # a max_length asked for decides, not the max_new_tokens of a generation config saved with one
+        return {**generate_kwargs, "max_new_tokens": None}
     if new_tokens is None or model.generation_config.max_new_tokens is not None:
         return generate_kwargs
     start = inputs["input_ids"].shape[1] if not model.config.is_encoder_decoder else 1
@@ -414,14 +451,31 @@ def generate_texts(
         raise ValueError(f"max_source_length {max_source_length}: give a positive number of tokens, or None")
     if (new_tokens := kwargs.get("max_new_tokens")) is not None and new_tokens < 1:
         raise ValueError(f"max_new_tokens {new_tokens}: give a positive number of new tokens")
-    # a prompt leaves room for its continuation, counted in new tokens
-    if not model.config.is_encoder_decoder:
+    causal = not model.config.is_encoder_decoder
+    if (max_length := kwargs.get("max_length")) is not None:
+        if new_tokens is not None:
+            raise ValueError(
+                "max_length and max_new_tokens both cap the output (max_length the whole generated sequence, "
+                "max_new_tokens the new tokens): give one of them"
+            )
+        if max_length < 2:
+            start = "a causal LM's prompt" if causal else "the decoder's start token"
+            raise ValueError(
+                f"max_length {max_length}: it counts {start}; give at least 2, or max_new_tokens"
+            )
+    # a prompt leaves room for its continuation, counted in new tokens (unless max_length counts it in)
+    elif causal:
         kwargs["max_new_tokens"] = new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
     outputs = [""] * len(texts)
     if not (kept := _with_text(texts)):
         return outputs
     ids = encode_texts(
-        model, tokenizer, [texts[i] for i in kept], max_source_length, kwargs.get("max_new_tokens")
+        model,
+        tokenizer,
+        [texts[i] for i in kept],
+        max_source_length,
+        kwargs.get("max_new_tokens"),
+        max_length,
     )
     for index, output in zip(kept, decode(tokenizer, generate_ids(model, ids, **kwargs))):
         outputs[index] = output
@@ -451,16 +505,23 @@ def encode_texts(
     texts: Sequence[str],
     max_source_length: int | None = None,
     max_new_tokens: int | None = None,
+    max_length: int | None = None,
 ) -> list[list[int]]:
     """The token ids :func:`generate_texts` decodes ``texts`` from: truncated to ``max_source_length`` tokens, by
     default the tokenizer's ``model_max_length`` and at most the model's positions (less a causal LM's
-    ``max_new_tokens``), with a warning counting the lines cut; a causal LM's prompt loses its start."""
+    ``max_new_tokens``; given ``max_length``, which counts the prompt, its prompt is shorter than that), with a
+    warning counting the lines cut; a causal LM's prompt loses its start."""
     # The model has no length limit (sinusoidal positions); inputs are cut to the tokenizer's model_max_length (the
     # trained length) and at most max_position_embeddings (the positions it was built for), where a causal LM's
     # prompt leaves room for its continuation.
     positions, causal = model.config.max_position_embeddings, not model.config.is_encoder_decoder
     limit, model_limit = positions, f"the model's max_position_embeddings {positions}"
-    if causal:
+    by_max_length = causal and max_length is not None and max_length <= positions
+    if causal and max_length is not None:
+        limit = min(positions, max_length) - 1
+        if by_max_length:
+            model_limit = f"max_length {max_length} less one new token"
+    elif causal:
         new_tokens = max_new_tokens or model.generation_config.max_new_tokens or DEFAULT_NEW_TOKENS
         limit, model_limit = max(positions - new_tokens, 2), f"{model_limit} less max_new_tokens {new_tokens}"
     # an explicit max_source_length is the user's choice, past the trained length too (the positions have no limit)
@@ -478,7 +539,9 @@ def encode_texts(
             else model_limit
             if length == limit
             else f"the tokenizer's model_max_length {tokenizer.model_max_length}",
-            "raise --max_source_length to keep them whole"
+            "raise --max_length to keep them whole"
+            if by_max_length and length == limit != max_source_length
+            else "raise --max_source_length to keep them whole"
             + ("" if length < limit else " (past the positions the model was built for)"),
         )
     return encoded["input_ids"]
@@ -519,6 +582,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--length_penalty", type=float, default=None, help="default: the generation config")
     parser.add_argument(
         "--max_new_tokens", type=positive_int, default=None, help="default: the generation config"
+    )
+    parser.add_argument(
+        "--max_length",
+        type=positive_int,
+        default=None,
+        help="generate()'s max_length: the whole generated sequence, the decoder's start token (or a causal LM's "
+        "prompt) included; instead of --max_new_tokens",
     )
     parser.add_argument(
         "--max_source_length",
@@ -562,6 +632,12 @@ def main(argv: list[str] | None = None) -> None:
     # found before decoding, not after it
     if (problem := output_problem(args.output, {"--input": args.input})) is not None:
         parser.error(problem)
+    if args.max_length is not None and args.max_new_tokens is not None:
+        parser.error(
+            "--max_length and --max_new_tokens both cap the output: --max_length counts the whole generated "
+            "sequence (as generate()'s max_length: the decoder's start token, or a causal LM's prompt, included), "
+            "--max_new_tokens the new tokens only; give one of them"
+        )
     if args.backend == "onnx":
         if (flag := _pytorch_only_flag(args)) is not None:
             parser.error(
@@ -571,6 +647,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(
                 f"--backend onnx runs the graphs on the CPU, not on {args.device}: use --device cpu, or --backend pytorch"
             )
+        check_model_folder(args.model)  # a missing folder named as one, not as a folder without graphs
         if (problem := onnx_problem(args.model, args.quantize)) is not None:
             parser.error(f"--backend onnx: {problem}")
     args.device = args.device or ("cuda" if torch.cuda.is_available() and args.backend != "onnx" else "cpu")
@@ -606,15 +683,16 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
     texts = read_lines(args.input)  # "-": stdin, read as bytes so that bad UTF-8 is named
     overrides = {
         key: value
-        for key in ("num_beams", "length_penalty", "max_new_tokens")
+        for key in ("num_beams", "length_penalty", "max_new_tokens", "max_length")
         if (value := getattr(args, key)) is not None
     }
     # the beams asked, else the folder's (a Hub id's are not read before loading: it has no local graphs anyway),
     # checked before anything computes with them
+    check_model_folder(args.model)
     check_generation_config(args.model)
     saved = read_config_json(args.model, "generation_config.json") or {}
     beams = overrides.get("num_beams", saved.get("num_beams") or 1)
-    backend, reason = choose_backend(
+    backend, reason, unused_graphs = _choose_backend(
         args.backend,
         args.model,
         min(args.batch_size, max(len(texts), 1)),
@@ -624,7 +702,9 @@ def _translate_file(args: argparse.Namespace) -> list[str]:
         _pytorch_only_flag(args),
     )
     if args.backend == "auto":
-        logger.warning(reason)
+        # a warning only where it helps (the folder's graphs go unused); otherwise the choice is logged at INFO, as
+        # transformers logs its own choices, and the plain run stays quiet
+        logger.log(logging.WARNING if unused_graphs else logging.INFO, reason)
     if backend == "onnx":
         model, tokenizer = load_onnx_for_generation(args.model, args.quantize)
     else:

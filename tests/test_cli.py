@@ -360,7 +360,8 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
 
     from ode_transformer import cli
 
-    for variable in ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *PROXY_VARIABLES]:
+    monkeypatch.setenv(cli.HUB_UNREACHABLE_ENV, "")  # restored (unset) after the test, which sets it
+    for variable in ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", cli.HUB_UNREACHABLE_ENV, *PROXY_VARIABLES]:
         monkeypatch.delenv(variable, raising=False)
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -370,6 +371,7 @@ def test_an_unreachable_hub_sends_the_process_offline(monkeypatch):
         assert cli.go_offline_if_hub_unreachable() is False and "HF_HUB_OFFLINE" not in os.environ
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now: refused
     assert cli.go_offline_if_hub_unreachable() is True and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert os.environ[cli.HUB_UNREACHABLE_ENV] == "1"  # so that messages say the Hub cannot be reached
     assert cli.go_offline_if_hub_unreachable() is False  # already offline: no second check
 
 
@@ -394,6 +396,7 @@ def test_behind_a_proxy_the_hub_check_connects_to_the_proxy(monkeypatch):
 
     monkeypatch.setattr(cli.socket, "create_connection", connect)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv(cli.HUB_UNREACHABLE_ENV, "")  # restored (unset) after the test, which sets it
     cases = [
         ({"HTTPS_PROXY": "http://proxy.example:3128"}, ("proxy.example", 3128)),
         ({"https_proxy": "proxy.example:8080"}, ("proxy.example", 8080)),  # no scheme: an HTTP proxy
@@ -447,7 +450,7 @@ def test_offline_commands_end_in_a_few_lines(tmp_path):
         "--data_dir": [bin_dir / "ode-train", "multi30k_en_de_cpu", "--output_dir", tmp_path / "out"],
         # a recipe that names only a Hub dataset: its offline error names local files instead
         "--train_file": [bin_dir / "ode-train", "wmt14_en_de_base", "--output_dir", tmp_path / "wmt14"],
-        "go online": [bin_dir / "ode-translate", "someuser/model", "--input", tmp_path / "in.txt"],
+        "HF_HUB_OFFLINE=1": [bin_dir / "ode-translate", "someuser/model", "--input", tmp_path / "in.txt"],
     }
     for way_forward, command in runs.items():
         run = subprocess.run(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 import os
 import re
@@ -641,3 +642,38 @@ def test_a_run_imports_its_metric_backends_only_where_its_task_scores_with_them(
         [sys.executable, "-c", SCORING_PROBE], capture_output=True, text=True, timeout=300, check=True
     )
     assert run.stdout.splitlines() == ["[]", "[]"], run.stdout
+
+
+def test_mostly_empty_hypotheses_are_warned_of_where_they_are_scored(tmp_path, caplog, word_tokenizer):
+    """Hypotheses that are all (or mostly) empty score BLEU 0.0 for a reason that is not the metric's: the test
+    split's scores, an evaluation during training and ode-evaluate each say so in one warning, counting them and
+    naming the usual causes; a few empty ones (empty sources) are not warned of."""
+    from datasets import Dataset
+    from transformers import EvalPrediction
+
+    from ode_transformer.train.evaluation import seq2seq_test_results
+
+    refs = ["the cat sat on the mat .", "a dog ran in the park .", "the dog sat ."]
+    hyp_file, ref_file = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp_file.write_text("\n\n\n", encoding="utf-8")
+    ref_file.write_text("".join(ref + "\n" for ref in refs), encoding="utf-8")
+    causes = "so their scores are near 0: usually an untrained or barely trained model"
+    with caplog.at_level(logging.WARNING):
+        assert main(["--task", "translation", "--hyp", str(hyp_file), "--ref", str(ref_file)]) == 0
+        records = seq2seq_test_results("translation", ["", "", ""], Dataset.from_dict({"target": refs}), None)
+        prediction = EvalPrediction(
+            predictions=padded_ids(word_tokenizer, ["", "", "the cat"], word_tokenizer.pad_token_id),
+            label_ids=padded_ids(word_tokenizer, refs, -100),
+        )
+        build_seq2seq_compute_metrics(word_tokenizer, "translation")(prediction)
+    assert [r.getMessage().split(", so")[0] for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"3 of 3 hypotheses in {hyp_file} are empty",
+        "3 of 3 test hypotheses are empty",
+        "2 of 3 validation hypotheses are empty",
+    ]
+    assert all(causes in r.getMessage() and "max_length" in r.getMessage() for r in caplog.records)
+    assert records[0]["value"] == 0.0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        seq2seq_test_results("translation", ["", *refs[1:]], Dataset.from_dict({"target": refs}), None)
+    assert not caplog.records

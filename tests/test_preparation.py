@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_run import (
     EVALUATE,
+    TINY_RUN,
     corpus,
     train_run,
     write,
@@ -156,3 +157,28 @@ def test_without_a_test_split_the_split_scored_is_named_everywhere(tmp_path, cap
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "      split: validation\n" in card and "validation: 12 examples scored." in card  # metadata, text
     assert "| validation | BLEU |" in card and "| test |" not in card and "split: test" not in card
+
+
+def test_a_hub_dataset_the_hub_cannot_serve_is_said_in_words(tmp_path, monkeypatch, refused):
+    """ode-train --hub_dataset offline (the Hub unreachable, no cached copy): one line naming the dataset, that
+    the Hub cannot be reached, and the ways forward (local files, or a cache copied here with HF_HUB_OFFLINE=1),
+    not datasets' "Couldn't reach ... (OfflineModeIsEnabled)", which quotes a mode the user never set."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    from ode_transformer import cli
+    from ode_transformer.train.run import main
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv(cli.HUB_UNREACHABLE_ENV, "1")  # what ode-train's check of the Hub sets beside it
+    flags = ["--hub_dataset", "nobody/no-such-corpus", "--source_lang", "en", "--target_lang", "de"]
+    error = refused(main, [*TINY_RUN, "--output_dir", str(tmp_path / "out"), *flags])
+    assert (
+        "the Hub dataset nobody/no-such-corpus could not be loaded: the Hugging Face Hub cannot be reached"
+        in error
+    )
+    assert "--train_file" in error and "set HF_HUB_OFFLINE=1" in error
+    assert "OfflineModeIsEnabled" not in error and "Couldn't reach" not in error
+    assert len(error.strip().splitlines()) == 1, error

@@ -391,3 +391,101 @@ def test_an_empty_input_line_gets_an_empty_output_line_and_a_warning(tmp_path, c
     blank = write(tmp_path / "blank.txt", "\n \n")  # nothing to translate at all
     translate.main([str(folder), "--input", str(blank), "--output", str(output), "--no_progress"])
     assert output.read_text() == "\n\n"
+
+
+def test_a_plain_folder_decodes_quietly_and_a_missing_one_is_named_before_any_backend_line(
+    tmp_path, caplog, monkeypatch
+):
+    """`ode-translate MODEL` on a trained folder without ONNX graphs (the usual case, where the table names ONNX)
+    decodes with PyTorch and warns of nothing: the choice is one short INFO line naming the command that writes
+    the graphs. A folder that does not exist is named as such, with no line about its graphs before it."""
+    monkeypatch.setattr(translate, "FASTEST", {(1, 1): {"float32": "onnx", "int8": "onnx"}})
+    folder = tmp_path / "model"
+    save_tiny_folder(folder, weight_scale=3)
+    source, output = write(tmp_path / "in.txt", "the dog\n"), tmp_path / "out.txt"
+    with caplog.at_level(logging.INFO, logger="ode_transformer.translate"):
+        translate.main([str(folder), "--input", str(source), "--output", str(output), "--no_progress"])
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "ode_transformer.translate"] == [
+        (
+            logging.INFO,
+            f"backend pytorch: no ONNX graphs in {folder} (`ode-export {folder} OUT --onnx` writes them)",
+        )
+    ]
+    assert len(output.read_text().splitlines()) == 1
+    caplog.clear()
+    for backend in ("auto", "onnx"):
+        with (
+            caplog.at_level(logging.INFO, logger="ode_transformer.translate"),
+            pytest.raises(FileNotFoundError, match=f"^no model folder {tmp_path}/missing/model: give"),
+        ):
+            translate.main(
+                [str(tmp_path / "missing" / "model"), "--input", str(source), "--backend", backend]
+            )
+        assert not caplog.records
+
+
+def test_max_length_means_generates_and_excludes_max_new_tokens(tmp_path, capsys, refused):
+    """`--max_length N`, as HF users pass it, is generate()'s max_length: the whole generated sequence, the
+    decoder's start token (a causal LM's prompt) included, so the outputs are plain generate(max_length=N)'s;
+    given with --max_new_tokens, which caps the new tokens only, it is refused naming the difference."""
+    folder = tmp_path / "model"
+    model, tokenizer = save_tiny_folder(folder, weight_scale=3)  # its generation config has max_length 9
+    lines = ["the dog runs in the park", "a cat sleeps on the warm mat"]
+    source = write(tmp_path / "in.txt", "".join(line + "\n" for line in lines))
+    for max_length in (3, 6):
+        translate.main(
+            [str(folder), "--input", str(source), "--max_length", str(max_length), "--no_progress"]
+        )
+        with torch.no_grad():
+            ids = [
+                model.generate(**tokenizer([s], return_tensors="pt"), max_length=max_length)[0] for s in lines
+            ]
+        assert max(len(row) for row in ids) == max_length  # the random model runs on to the cap
+        expected = [tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
+        assert capsys.readouterr().out.splitlines() == expected
+    error = refused(
+        translate.main, [str(folder), "--input", str(source), "--max_length", "5", "--max_new_tokens", "3"]
+    )
+    assert "--max_length and --max_new_tokens both cap the output: --max_length counts the whole" in error
+    with pytest.raises(ValueError, match="^max_length and max_new_tokens both cap the output"):
+        translate.generate_texts(model, tokenizer, lines, max_length=5, max_new_tokens=3)
+
+    # a causal LM: max_length counts the prompt, as generate() does
+    lm, lm_tokenizer = save_tiny_folder(tmp_path / "lm", causal=True, weight_scale=3)
+    prompt = "the dog runs in the park"
+    prompt_ids = lm_tokenizer([prompt], return_tensors="pt")
+    with torch.no_grad():
+        generated = lm.generate(
+            **prompt_ids, max_length=prompt_ids["input_ids"].shape[1] + 4, do_sample=False
+        )
+    continuation = generated[0, prompt_ids["input_ids"].shape[1] :]
+    assert len(continuation) == 4
+    assert translate.generate_texts(
+        lm, lm_tokenizer, [prompt], max_length=prompt_ids["input_ids"].shape[1] + 4
+    ) == [lm_tokenizer.decode(continuation, skip_special_tokens=True).strip()]
+
+
+def test_a_hub_id_the_hub_cannot_serve_is_said_in_words(tmp_path, monkeypatch):
+    """Offline with no cached copy, a Hub id is refused in one line naming it, why in plain words (the Hub cannot
+    be reached, or HF_HUB_OFFLINE, set by the user) and the ways forward: a local folder, or a cache copied here
+    with HF_HUB_OFFLINE=1. No exception class name (OfflineModeIsEnabled) is quoted."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    source = write(tmp_path / "in.txt", "the dog\n")
+    for unreachable, why, fix in (
+        (True, "the Hugging Face Hub cannot be reached from this machine", "set HF_HUB_OFFLINE=1"),
+        (False, "HF_HUB_OFFLINE is set and no copy of nobody/ode-none is cached", "unset HF_HUB_OFFLINE"),
+    ):
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        if unreachable:  # what ode-translate's check of the Hub sets beside HF_HUB_OFFLINE
+            monkeypatch.setenv(cli.HUB_UNREACHABLE_ENV, "1")
+        else:
+            monkeypatch.delenv(cli.HUB_UNREACHABLE_ENV, raising=False)
+        with pytest.raises(FileNotFoundError) as error:
+            translate.main(["nobody/ode-none", "--input", str(source), "--no_progress"])
+        message = str(error.value)
+        assert message.startswith(f"nobody/ode-none is no local folder, and {why}"), message
+        assert "give a local model folder" in message and fix in message, message
+        assert "OfflineModeIsEnabled" not in message and "\n" not in message

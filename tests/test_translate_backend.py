@@ -53,6 +53,16 @@ def test_onnx_backend_writes_the_pytorch_backends_outputs(folders, capsys, beams
     assert onnx == pytorch and len(pytorch) == len(SOURCES) and len(set(pytorch)) > 1
 
 
+def test_onnx_backend_follows_max_length(folders, capsys):
+    """`--max_length` (generate()'s: the decoder's start token included) caps the ONNX backend's outputs as it
+    caps PyTorch's: the same lines, greedy and with beams."""
+    for beams in ("1", "3"):
+        flags = ("--batch_size", "2", "--num_beams", beams, "--max_length", "4")
+        pytorch = run(folders["fp32"], capsys, "--backend", "pytorch", *flags)
+        assert run(folders["fp32"], capsys, "--backend", "onnx", *flags) == pytorch
+        assert len(pytorch) == len(SOURCES) and len(set(pytorch)) > 1
+
+
 @pytest.mark.parametrize("beams", ["1", "3"])
 def test_onnx_backend_decodes_with_the_search_graph(folders, capsys, monkeypatch, beams):
     """Issue 66: `ode-export --onnx` writes the search graph beside the three graphs, and --backend onnx decodes
@@ -81,8 +91,9 @@ def test_onnx_int8_backend_decodes_the_int8_graphs(folders, capsys):
 
 
 def test_auto_picks_the_tables_backend_and_says_why(folders, capsys, caplog, monkeypatch):
-    """auto decodes with the backend FASTEST names for the nearest measured setting, and logs one line naming it;
-    the batch is the inputs per batch (6 inputs with --batch_size 32 are a batch of 6)."""
+    """auto decodes with the backend FASTEST names for the nearest measured setting, and logs one INFO line naming
+    it (no warning: a choice, not a problem); the batch is the inputs per batch (6 inputs with --batch_size 32 are a
+    batch of 6)."""
     monkeypatch.setattr(translate, "FASTEST", {(1, 1): {"float32": "onnx"}, (16, 4): {"float32": "pytorch"}})
     used = []
     for name in ("load_for_generation", "load_onnx_for_generation"):
@@ -92,13 +103,15 @@ def test_auto_picks_the_tables_backend_and_says_why(folders, capsys, caplog, mon
         )
     for beams, expected in (("1", "onnx"), ("4", "pytorch")):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
+        with caplog.at_level(logging.INFO, logger="ode_transformer.translate"):
             outputs = run(folders["fp32"], capsys, "--num_beams", beams, "--max_new_tokens", "4")
         assert len(outputs) == len(SOURCES)
-        lines = [r.getMessage() for r in caplog.records]
+        records = [r for r in caplog.records if r.name == "ode_transformer.translate"]
+        lines = [r.getMessage() for r in records]
         assert lines[1:] == [  # SOURCES' empty line, warned of
             "1 of 6 input line(s) are empty (line numbers 4): each gets an empty output line, not a translation"
         ]
+        assert records[0].levelno == logging.INFO
         assert lines[0].startswith(f"backend {expected}: fastest in float32 at batch ")
         assert f"asked: batch {len(SOURCES)}, {beams} beam(s)" in lines[0]
     assert used == ["load_onnx_for_generation", "load_for_generation"]
@@ -110,23 +123,25 @@ def test_auto_falls_back_to_pytorch_with_the_command_that_writes_the_graphs(
     folders, capsys, caplog, monkeypatch
 ):
     """Where the table names onnx but the folder has no graphs (or int8 ones for a float32 request), auto decodes
-    with PyTorch and its line names the export command; with --compile, PyTorch's own flag decides."""
+    with PyTorch and its line names the export command; with --compile, PyTorch's own flag decides. Only graphs
+    the folder has but cannot use are warned of; a plain folder's line, and --compile's, are INFO."""
     monkeypatch.setattr(translate, "FASTEST", {(1, 1): {"float32": "onnx", "int8": "onnx"}})
     cases = (
-        (folders["model"], (), "ode-export"),
-        (folders["int8"], (), "holds int8 graphs (*_quantized.onnx): add --quantize int8"),
-        (folders["fp32"], ("--quantize", "int8"), "holds float32 graphs, not the int8 ones"),
-        (folders["fp32"], ("--compile",), "--compile is PyTorch's"),
+        (folders["model"], (), logging.INFO, f"no ONNX graphs in {folders['model']} (`ode-export "),
+        (folders["int8"], (), logging.WARNING, "holds int8 graphs (*_quantized.onnx): add --quantize int8"),
+        (folders["fp32"], ("--quantize", "int8"), logging.WARNING, "holds float32 graphs, not the int8 ones"),
+        (folders["fp32"], ("--compile",), logging.INFO, "--compile is PyTorch's"),
     )
-    for folder, flags, hint in cases:
+    for folder, flags, level, hint in cases:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ode_transformer.translate"):
+        with caplog.at_level(logging.INFO, logger="ode_transformer.translate"):
             outputs = run(
                 folder, capsys, "--num_beams", "1", "--max_new_tokens", "3", *flags, sources=SOURCES[:2]
             )
         assert len(outputs) == 2
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert line.startswith("backend pytorch: ") and hint in line, line
+        (record,) = [r for r in caplog.records if r.name == "ode_transformer.translate"]
+        line = record.getMessage()
+        assert line.startswith("backend pytorch: ") and hint in line and record.levelno == level, line
     assert f"`ode-export {folders['model']} OUT --onnx`, then translate OUT" in translate.onnx_problem(
         str(folders["model"]), None
     )

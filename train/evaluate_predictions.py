@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
 
@@ -37,6 +38,7 @@ from ode_transformer.files import claim_output, read_lines, write_atomic
 
 from .metrics import (
     chrf_score,
+    empty_hypotheses_warning,
     gleu_score,
     m2_score,
     parse_m2,
@@ -44,6 +46,8 @@ from .metrics import (
     tokenized_bleu,
 )
 from .tasks import TASKS, Task
+
+logger = logging.getLogger(__name__)
 
 Scorer = Callable[[argparse.Namespace, list[str]], dict]
 """(the command line, the hypotheses) -> the JSON's metrics."""
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         hyps = read_lines(args.hyp)
         if not hyps:  # sacrebleu fails on it, ROUGE would score it 0
             raise UsageError(f"{args.hyp} has no lines: nothing to score")
+        if (warning := empty_hypotheses_warning(hyps, f"hypotheses in {args.hyp}")) is not None:
+            logger.warning(warning)
         metrics = scorers()[args.task](args, hyps)
     except (UsageError, OSError, ValueError) as error:  # bad input: a message, not a traceback
         return report_user_error(__spec__.name, error)

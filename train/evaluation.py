@@ -35,7 +35,10 @@ def lm_test_results(model, test: Dataset, raw_test: Dataset, collator: PadCollat
 
 def seq2seq_test_results(task: str, hyps: list[str], raw_test: Dataset, m2_file: str | None) -> list[dict]:
     """Metric records (hub schema ``results``) of the test hypotheses: against the M2 file for an M2-scored task
-    given one, else the task's ``test_records`` against the raw references."""
+    given one, else the task's ``test_records`` against the raw references; mostly empty hypotheses are warned
+    of."""
+    if (warning := metrics.empty_hypotheses_warning(hyps, "test hypotheses")) is not None:
+        logger.warning(warning)
     task = get_task(task)
     if task.m2_scored and m2_file:
         # --max_test_samples: the first ones

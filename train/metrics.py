@@ -38,6 +38,7 @@ __all__ = [
     "ROUGE_TYPES",
     "M2Sentence",
     "chrf_score",
+    "empty_hypotheses_warning",
     "exact_match",
     "gleu_score",
     "m2_score",
@@ -640,6 +641,18 @@ def perplexity(mean_nll: float) -> float:
         return math.exp(mean_nll)
     except OverflowError:
         return math.inf
+
+
+def empty_hypotheses_warning(hyps: Sequence[str], what: str = "hypotheses") -> str | None:
+    """One line where at least half of ``hyps`` (and at least one) are empty, else None: such scores are near 0
+    (BLEU 0.0 when all are) for a reason that is not the metric's, which the line names."""
+    empty = sum(not hyp.strip() for hyp in hyps)
+    if not empty or 2 * empty < len(hyps):
+        return None
+    return (
+        f"{empty} of {len(hyps)} {what} are empty, so their scores are near 0: usually an untrained or barely "
+        "trained model (it ends every output at once), or max_new_tokens / max_length too small"
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from modeling_ode import (
     ODETransformerForConditionalGeneration,
     fit_tokenizer_to_model,
 )
-from ode_transformer.cli import guide
+from ode_transformer.cli import guide, hub_unreachable
 from ode_transformer.files import read_lines
 from ode_transformer.loading import load_saved_model
 from ode_transformer.tokenizer import (
@@ -86,12 +86,22 @@ def _hub_copy(
     except ValueError:  # the dataset loaded, but its columns do not fit: that message says so
         raise
     except Exception as error:  # offline, unreachable, not found: datasets raises many kinds
-        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
         where = SHARED_FOLDERS.get(name, name)
+        local = (
+            f"pass --data_dir DIR, DIR being the folder that holds {where}/ ({guide('data-and-tests.md')} lists "
+            "its files)"
+        )
+        # offline or unreachable: said in words, not with datasets' class names
+        if isinstance(error, ConnectionError):
+            why, cached = hub_unreachable(hub)
+            raise MissingCorpusError(
+                f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded: {why}; "
+                f"{local}, or {cached}"
+            ) from None
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
         raise MissingCorpusError(
             f"shared corpus {name!r}: no local copy, and the Hub dataset {hub} could not be loaded ({reason}); "
-            f"pass --data_dir DIR, DIR being the folder that holds {where}/ ({guide('data-and-tests.md')} lists "
-            f"its files), or go online so that datasets can download {hub}"
+            f"{local}, or go online so that datasets can download {hub}"
         ) from None
 
 
@@ -111,11 +121,11 @@ def load_raw_data(data_args: DataArguments, task: str) -> tuple[DatasetDict, str
         )
         try:
             raw = load_task_data(kind, spec, without_train=data_args.streaming)
-        except ConnectionError as error:  # offline or unreachable (datasets' OfflineModeIsEnabled is one)
+        except ConnectionError:  # offline or unreachable: said in words, not datasets' class names
+            why, cached = hub_unreachable(data_args.hub_dataset)
             raise MissingCorpusError(
-                f"the Hub dataset {data_args.hub_dataset} could not be loaded ({' '.join(str(error).split())}): go "
-                "online so that datasets can download it, or train on local files with --train_file, "
-                f"--validation_file and --test_file ({guide('data-and-tests.md')})"
+                f"the Hub dataset {data_args.hub_dataset} could not be loaded: {why}; train on local files with "
+                f"--train_file, --validation_file and --test_file ({guide('data-and-tests.md')}), or {cached}"
             ) from None
     else:
         raw = DatasetDict()

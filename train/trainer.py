@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import shutil
 import time
@@ -67,6 +68,8 @@ __all__ = [
     "build_seq2seq_compute_metrics",
     "word_dropout",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def word_dropout(
@@ -398,7 +401,8 @@ def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], di
     The returned callable takes an ``EvalPrediction`` (``predictions``: generated ids, possibly a tuple whose first
     item is the ids, padded with -100 or the pad id; ``label_ids``: padded with -100) and decodes both with
     ``tokenizer``. GEC's M2 and GLEU scores need the source sentences and the M2 file: they are computed on the test
-    split, and by ``python -m ode_transformer.train.evaluate_predictions --task gec|gleu``.
+    split, and by ``python -m ode_transformer.train.evaluate_predictions --task gec|gleu``. Mostly empty
+    hypotheses are warned of (:func:`metrics.empty_hypotheses_warning`).
     """
     scores = get_task(task).validation_metrics
     if scores is None:
@@ -407,6 +411,8 @@ def build_seq2seq_compute_metrics(tokenizer, task: str) -> Callable[[object], di
     def compute_metrics(eval_prediction) -> dict[str, float]:
         hyps = _decode(tokenizer, eval_prediction.predictions)
         refs = _decode(tokenizer, eval_prediction.label_ids)
+        if (warning := metrics.empty_hypotheses_warning(hyps, "validation hypotheses")) is not None:
+            logger.warning(warning)
         return scores(hyps, refs)
 
     return compute_metrics
