@@ -223,7 +223,7 @@ def onnx_int8_system(
 ):
     """The model's int8 ONNX graphs (`ode-export --onnx --quantize int8`, TorchScript exporter: much quicker
     than dynamo) decoded by `ode_transformer.onnx_generation.ONNXSeq2SeqGenerator`, or with `search` by the
-    search graph beside them (`ode_transformer.onnx_search.ONNXSearchGenerator`: the whole search in
+    search graph beside them (`ode_transformer.onnx_search_decoding.ONNXSearchGenerator`: the whole search in
     onnxruntime); exactly `new_tokens` tokens: its end-of-sentence id is one the model cannot write, and the minimum
     length is the maximum. None without the onnx extra. `export`: write the graphs into `folder` first.
     `profile`: onnxruntime profiles every run (`translate.generator.sessions`' `end_profiling` writes it)."""
@@ -232,7 +232,7 @@ def onnx_int8_system(
 
         from ode_transformer.hub.onnx_export import export_onnx
         from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
-        from ode_transformer.onnx_search import ONNXSearchGenerator
+        from ode_transformer.onnx_search_decoding import ONNXSearchGenerator
     except ImportError:
         return None
     if export:

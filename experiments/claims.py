@@ -312,7 +312,7 @@ def problems(text: str, everywhere: bool = True) -> list[str]:
 # the words ode-train's log and the card share. A template is read whole, a module's string constants.
 USER_STRINGS = (
     "ode_transformer/model_card_template.md",
-    "ode_transformer/model_card.py",
+    "ode_transformer/model_card_writer.py",
     "ode_transformer/config_in_words.py",
     "ode_transformer/wording.py",
 )

@@ -11,7 +11,7 @@
                                the package's module files, flat, relative imports unchanged
       tokenizer files          if a tokenizer is given or the model folder holds one; with the model's limits
                                (model_max_length, padding_side: tokenizer_limits in modeling_ode)
-      README.md                the model card (ode_transformer/model_card.py)
+      README.md                the model card (ode_transformer/model_card_writer.py)
       onnx/                    with `--onnx`: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx
                                (hub/onnx_export.py: their inputs and outputs; ode_transformer/onnx_generation.py decodes them);
                                `--quantize int8` writes them with int8 products, as *_quantized.onnx (Optimum's names)
@@ -46,7 +46,7 @@ from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
 from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
-from ode_transformer.model_card import onnx_graphs, onnx_section, write_model_card
+from ode_transformer.model_card_writer import onnx_graphs, onnx_section, write_model_card
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
 
 from .onnx_export import (

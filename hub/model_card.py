@@ -1,7 +1,7 @@
 """``ode-model-card`` (``python -m ode_transformer.hub.model_card MODEL_DIR [METRICS_JSON]``): write ``README.md``,
 the model card, into a trained model folder. Without a metrics JSON, the folder's own ``hub_metrics.json`` (what
 ``ode-train`` writes) is read, and a folder without one (a model trained with one's own ``Seq2SeqTrainer``) gets a
-card that says no evaluation results were recorded. The card itself is :mod:`ode_transformer.model_card`'s, and
+card that says no evaluation results were recorded. The card itself is :mod:`ode_transformer.model_card_writer`'s, and
 the schema of the metrics JSON :mod:`ode_transformer.card_metrics`', which training and ``ode-export`` write their
 cards with too."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ode_transformer.card_metrics import METRICS_FILENAME
 from ode_transformer.cli import program_name
-from ode_transformer.model_card import write_model_card
+from ode_transformer.model_card_writer import write_model_card
 
 
 def build_parser() -> argparse.ArgumentParser:

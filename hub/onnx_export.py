@@ -32,7 +32,7 @@ cache by position: per layer, the self-attention pair (stage 0) then the cross-a
 later stages of an RK decoder after every layer's pairs (layer by layer, stage by stage).
 
 Each graph is fused by onnxruntime's transformer optimizer (`fuse_graph`) before any quantization, and beside the
-three `export_onnx` writes the search graph of `ode_transformer.hub.onnx_search` (`beam_search_model.onnx`:
+three `export_onnx` writes the search graph of `ode_transformer.hub.onnx_search_graph` (`beam_search_model.onnx`:
 onnxruntime's BeamSearch op over them).
 
 With `quantize="int8"` the graphs are written as Optimum's quantizer names them, `encoder_model_quantized.onnx`,
@@ -333,7 +333,7 @@ def export_onnx(
             without the float32 files.
         fuse: rewrite each graph with onnxruntime's transformer optimizer (:func:`fuse_graph`; needs
             onnxruntime), before any quantization.
-        search: with all three graphs, also write the search graph of `ode_transformer.hub.onnx_search`
+        search: with all three graphs, also write the search graph of `ode_transformer.hub.onnx_search_graph`
             (`beam_search_model.onnx`, or `beam_search_model_quantized.onnx`): the whole search in onnxruntime.
     Returns: the seconds each graph's export took, by the file name written.
     """
@@ -375,7 +375,7 @@ def export_onnx(
     finally:
         model.train(was_training)
     if search and set(GRAPHS) <= set(graphs):
-        from .onnx_search import write_search_graph
+        from .onnx_search_graph import write_search_graph
 
         start = time.perf_counter()
         path = write_search_graph(model, out_dir, quantize)

@@ -170,7 +170,7 @@ def load_onnx_for_generation(
     from modeling_ode import ODETransformerConfig
 
     from .onnx_generation import ONNXSeq2SeqGenerator, graphs_folder
-    from .onnx_search import ONNXSearchGenerator, ORTSearchModel, search_graph_file
+    from .onnx_search_decoding import ONNXSearchGenerator, ORTSearchModel, search_graph_file
 
     tokenizer, config = _load_one_export(model_name_or_path, ODETransformerConfig.from_pretrained)
     options = onnxruntime.SessionOptions()

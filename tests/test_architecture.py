@@ -359,6 +359,19 @@ def test_the_map_names_every_module_and_only_modules_that_exist():
         )
 
 
+# One file per name: a module's name says which concern it holds, so no two folders share one. Each package's
+# `__init__.py` aside, and `run.py`, the entry point of train/ and of experiments/.
+SHARED_NAMES = ("__init__.py", "run.py")
+
+
+def test_no_module_name_is_used_twice_outside_tests():
+    folders: dict[str, list[str]] = {}
+    for path in python_files(*PACKAGES):
+        folders.setdefault(path.name, []).append(str(path.parent.relative_to(REPO)))
+    twice = {name: where for name, where in folders.items() if len(where) > 1 and name not in SHARED_NAMES}
+    assert twice == {}, f"name each module for its concern: {twice}"
+
+
 # --- the "how to add" recipes of docs/architecture.md, each followed once --------------------------------------------
 
 

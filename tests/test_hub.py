@@ -40,11 +40,11 @@ from modeling_ode import (  # noqa: E402
     ODETransformerConfig,
     ODETransformerForCausalLM,
 )
-from ode_transformer import config_in_words, model_card  # noqa: E402
+from ode_transformer import config_in_words, model_card_writer  # noqa: E402
 from ode_transformer.card_metrics import load_metrics  # noqa: E402
 from ode_transformer.hub import push  # noqa: E402
 from ode_transformer.hub.model_card import main as model_card_main  # noqa: E402
-from ode_transformer.model_card import CITATION, validate_card_locally, write_model_card  # noqa: E402
+from ode_transformer.model_card_writer import CITATION, validate_card_locally, write_model_card  # noqa: E402
 from ode_transformer.train.data import data_root  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,10 +107,10 @@ def test_citation_matches_paper():
         pytest.skip("paper source not available")
     tex = PAPER.read_text(encoding="utf-8")
     title = re.search(r"\\title\{(.+?)\}\n", tex).group(1)
-    assert title == model_card.PAPER_TITLE
+    assert title == model_card_writer.PAPER_TITLE
     assert title.replace("ODE Transformer", "{ODE} Transformer") in CITATION
     author_block = re.search(r"\\author\{(.+?)\\\\\s*\$\^\{1\}\$School", tex, re.S).group(1)
-    for author in model_card.PAPER_AUTHORS:
+    for author in model_card_writer.PAPER_AUTHORS:
         assert author in author_block
         first, last = author.rsplit(" ", 1)
         assert f"{last}, {first}" in CITATION
@@ -813,7 +813,7 @@ def test_averaging_and_export_refuse_an_occupied_folder_unless_overwrite(tmp_pat
 
 KILL_DURING = {  # tool: (what is replaced by a SIGKILL of the process, its command line given the folders)
     "export": (
-        "ode_transformer.model_card.write_model_card",
+        "ode_transformer.model_card_writer.write_model_card",
         lambda model, out: ["ode_transformer.hub.export", str(model), str(out)],
     ),
     "averaging": (

@@ -34,7 +34,7 @@ from ode_transformer.hub.onnx_export import (
     quantized_name,
 )
 from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
-from ode_transformer.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
+from ode_transformer.onnx_search_decoding import SEARCH_GRAPH, ONNXSearchGenerator
 from tests.decoding import BLOCKS, tiny
 
 ort = pytest.importorskip("onnxruntime")
@@ -438,7 +438,7 @@ def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exp
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The search in the graph (hub/onnx_search.py: onnxruntime's BeamSearch op)
+# The search in the graph (hub/onnx_search_graph.py: onnxruntime's BeamSearch op)
 # ----------------------------------------------------------------------------------------------------------
 
 SEARCH_CASES = {

@@ -190,7 +190,7 @@ def test_int8_onnx_graphs_decode_the_float_tokens_and_keep_the_gates_float(train
         quantized_name,
     )
     from ode_transformer.onnx_generation import ONNXSeq2SeqGenerator
-    from ode_transformer.onnx_search import SEARCH_GRAPH, ONNXSearchGenerator
+    from ode_transformer.onnx_search_decoding import SEARCH_GRAPH, ONNXSearchGenerator
 
     # dynamo (much slower than TorchScript) exports the encoder only, where this model's gates are: the gates are
     # found by their weights, whatever the exporter named the nodes; the decoding is checked on the TorchScript graphs

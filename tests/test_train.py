@@ -29,7 +29,7 @@ from modeling_ode import (
     fit_tokenizer_to_model,
 )
 from ode_transformer import translate
-from ode_transformer.model_card import write_model_card
+from ode_transformer.model_card_writer import write_model_card
 from ode_transformer.precision import choose_precision
 from ode_transformer.train.arguments import build_parser, parse_arguments
 from ode_transformer.train.card import dataset_card, training_card

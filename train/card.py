@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from datasets import Dataset
 
 from modeling_ode import ODETransformerConfig
-from ode_transformer.model_card import write_model_card
+from ode_transformer.model_card_writer import write_model_card
 from ode_transformer.precision import PrecisionChoice, choose_precision
 from ode_transformer.wording import counted
 

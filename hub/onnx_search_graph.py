@@ -17,7 +17,7 @@ The op knows one self-attention pair and one cross-attention pair per "layer" an
 past of the same index. An RK decoder keeps one self-attention pair per (layer, stage) (`StageCacheLayout`), so
 each slot is one of the op's layers, and its cross-attention pair is its layer's: the encoder subgraph outputs it
 once per stage (the decoder subgraph reads stage 0's). The search runs in onnxruntime's C++ (`SEARCH_GRAPH`, one
-`session.run` per batch), with the options `SEARCH_OPTIONS` lists; `ode_transformer.onnx_search` decodes with it
+`session.run` per batch), with the options `SEARCH_OPTIONS` lists; `ode_transformer.onnx_search_decoding` decodes with it
 (`ONNXSearchGenerator` takes `generate`'s keywords for them and refuses the others by name).
 
 The graph takes int64 ``input_ids`` and ``attention_mask`` (what transformers and Optimum pass; the op's int32
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ode_transformer.onnx_generation import GRAPHS, CachePair, pair_name, parse_cache_name, quantized_name
-from ode_transformer.onnx_search import (
+from ode_transformer.onnx_search_decoding import (
     OP_PAD,
     SEARCH_GRAPH,
     SEARCH_INPUTS,

@@ -1,4 +1,4 @@
-"""Decoding with the search graph that `ode_transformer.hub.onnx_search` builds (`beam_search_model.onnx`):
+"""Decoding with the search graph that `ode_transformer.hub.onnx_search_graph` builds (`beam_search_model.onnx`):
 onnxruntime's `BeamSearch` contrib op over the exported graphs, the whole search in one `session.run` per batch.
 
 The graph's file name (`SEARCH_GRAPH`, `search_graph_file`), the options it takes (`SEARCH_OPTIONS`) and the pad it
@@ -347,7 +347,7 @@ def search_graph_path(folder: str | Path) -> Path:
                 return place / name
     raise FileNotFoundError(
         f"{folder} has no {SEARCH_GRAPH} (or {quantized_name(SEARCH_GRAPH)}); write it with `ode-export MODEL OUT "
-        "--onnx` (into OUT/onnx) or `ode_transformer.hub.onnx_search.build_search_graph`."
+        "--onnx` (into OUT/onnx) or `ode_transformer.hub.onnx_search_graph.build_search_graph`."
     )
 
 
