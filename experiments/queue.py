@@ -274,7 +274,7 @@ def running(study: str) -> bool:
 def lock_queue(name: str, locks: Path | None = None) -> int:
     """Take the queue's lock, ``LOCKS/NAME.lock``, and return its file descriptor: the lanes inherit it
     (:func:`start_lane`), so it stays held while any lane runs and is released when the last one ends (the kernel
-    drops a flock with its last holder, also a killed one). Not :func:`ode_transformer.files.claim`: its lock ends
+    drops a flock with its last holder, also a killed one). Not :func:`ode_transformer.files.hold_lock`: its lock ends
     with this process, and the lanes outlive it.
 
     Raises:

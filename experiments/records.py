@@ -179,7 +179,7 @@ def merge_json(path: Path, new: dict[str, Any], keep_existing: bool = False) -> 
                 )
         merged = {**new, **old} if keep_existing else {**old, **new}
         write_atomic(target, json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
-        # removed while held, as ode_transformer.files.claim does: a waiting writer sees it unlinked and retries
+        # removed while held, as ode_transformer.files.hold_lock does: a waiting writer sees it unlinked and retries
         lock_file.unlink(missing_ok=True)
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.studies import STUDIES, ExtraTest, Study, batch_folder, batch_label, describe_changes, run_id
-from ode_transformer.files import InUseError, claim, real_path, write_atomic
+from ode_transformer.files import InUseError, hold_lock, real_path, write_atomic
 from ode_transformer.train.provenance import device_info, git_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -385,7 +385,7 @@ def changes_since_result(run: Run, args: argparse.Namespace) -> dict[str, tuple[
 
 def runner_lock(out: Path) -> tuple[Path, Path]:
     """The lock and pid files a runner holds beside a run's work folder ``out``: not its ``.NAME.lock``, which the
-    training process takes itself (ode_transformer.files.claim_output)."""
+    training process takes itself (ode_transformer.files.lock_output)."""
     return out.with_name(f".{out.name}.runner.lock"), out.with_name(f".{out.name}.runner.pid")
 
 
@@ -396,7 +396,7 @@ def execute(run: Run, args: argparse.Namespace) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     lock_file, pid_file = runner_lock(out)
     try:
-        with claim(out, lock_file, pid_file, "--work-dir", holder="run"):
+        with hold_lock(out, lock_file, pid_file, "--work-dir", holder="run"):
             return _execute(run, args)
     except InUseError:  # never the trainer's "--overwrite_output_dir" advice: it would delete the live run
         try:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ode_transformer.checkpoints import refuse_replacing_a_run
-from ode_transformer.files import claim_output, refuse_occupied, staged_folder
+from ode_transformer.files import lock_output, refuse_occupied, staged_folder
 
 __all__ = [
     "FairseqCheckpointError",
@@ -465,7 +465,7 @@ def convert_fairseq_checkpoint(
         raise FairseqCheckpointError(f"loading failed: {result}")
     model.eval()
     if out_dir is not None:
-        with claim_output(out_dir, "OUT_DIR"):
+        with lock_output(out_dir, "OUT_DIR"):
             _refuse_output(Path(out_dir), overwrite, given)  # again, now that no other writer can fill it
             with staged_folder(out_dir) as staged:  # whole or not at all
                 model.save_pretrained(staged, safe_serialization=True)

@@ -44,7 +44,7 @@ from ode_transformer.card_metrics import METRICS_FILENAME, load_metrics
 from ode_transformer.checkpoints import refuse_replacing_a_run
 from ode_transformer.cli import program_name, report_user_error
 from ode_transformer.decoding import PAPER_TRANSLATION_DECODING
-from ode_transformer.files import InUseError, claim_output, refuse_occupied, staged_folder
+from ode_transformer.files import InUseError, lock_output, refuse_occupied, staged_folder
 from ode_transformer.loading import load_saved_model
 from ode_transformer.model_card_writer import onnx_graphs, onnx_section, write_model_card
 from ode_transformer.tokenizer import check_tokenizer_files, own_tokenizer_config
@@ -213,7 +213,7 @@ def export_for_hub(
     if onnx:
         require(EXPORT_PACKAGES + (RUNTIME_PACKAGES if onnx_quantize else ()), "ONNX export (`--onnx`)")
     refuse_occupied(out_dir, overwrite, "--overwrite", "OUT_DIR")
-    with claim_output(out_dir, "OUT_DIR"):
+    with lock_output(out_dir, "OUT_DIR"):
         # again, now that no other export writes it
         refuse_replacing_a_run(out_dir, inputs, "OUT_DIR", overwrite)
         return _export(

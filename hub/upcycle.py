@@ -32,7 +32,7 @@ def upcycle_folder(
     non-empty `out_dir` is refused (before the source is read) unless `overwrite`; one that holds the source or a
     training run, whatever `overwrite` says. Returns `out_dir`.
 
-    One writer of `out_dir` at a time, by any of its names (:func:`ode_transformer.files.claim_output`; a second
+    One writer of `out_dir` at a time, by any of its names (:func:`ode_transformer.files.lock_output`; a second
     is refused, naming the first), and the folder is written whole or not at all
     (:func:`ode_transformer.files.staged_folder`): a kill leaves the old folder in place."""
     from transformers import AutoTokenizer

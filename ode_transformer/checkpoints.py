@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .files import (
     InUseError,
-    claim,
-    claim_output,
+    hold_lock,
+    lock_output,
     real_path,
     refuse_occupied,
     refuse_replacing_inputs,
@@ -202,11 +202,11 @@ def writing_output_folder(
     folder: str | Path, inputs: Sequence[str | Path | None], option: str, overwrite: bool, suffix: str
 ) -> Iterator[Path]:
     """The staging folder of ``folder`` (:func:`ode_transformer.files.staged_folder`: renamed into place whole
-    when the block ends), written under the folder's lock (:func:`ode_transformer.files.claim_output`: one
+    when the block ends), written under the folder's lock (:func:`ode_transformer.files.lock_output`: one
     writer by any of its names), with :func:`refuse_replacing_output`'s checks made again under that lock, now
     that no other writer can fill the folder or start a run in it. The caller makes them first too, before its
     costly work."""
-    with claim_output(folder, option):
+    with lock_output(folder, option):
         refuse_replacing_output(folder, inputs, option, overwrite, suffix)
         with staged_folder(folder) as staged:
             yield staged
@@ -214,8 +214,8 @@ def writing_output_folder(
 
 @contextmanager
 def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
-    """Hold ``OUTPUT_DIR/.run.lock`` (:func:`ode_transformer.files.claim`, which says that the folder holds a
-    run), then the folder's lock beside it (``.NAME.lock``, :func:`ode_transformer.files.claim_output`, which
+    """Hold ``OUTPUT_DIR/.run.lock`` (:func:`ode_transformer.files.hold_lock`, which says that the folder holds a
+    run), then the folder's lock beside it (``.NAME.lock``, :func:`ode_transformer.files.lock_output`, which
     every writer of a whole folder takes: an export, averaging, a conversion), while the block runs: one writer
     per folder, also for two started at once (a check of the folder's contents alone lets both through). The
     folder is created if needed; the lock files are removed at the end, and the folder too if the run wrote
@@ -230,8 +230,8 @@ def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
     real = real_path(folder)  # the lock of the folder, whatever its name
     try:
         with (
-            claim(folder, real / LOCK_FILE, real / PID_FILE, "--output_dir", holder="run"),
-            _claim_beside(folder),
+            hold_lock(folder, real / LOCK_FILE, real / PID_FILE, "--output_dir", holder="run"),
+            _lock_beside(folder),
         ):
             yield
     finally:
@@ -240,12 +240,12 @@ def lock_output_dir(output_dir: str | Path) -> Iterator[None]:
 
 
 @contextmanager
-def _claim_beside(folder: Path) -> Iterator[None]:
-    """:func:`ode_transformer.files.claim_output` of ``folder``; nothing where its parent cannot hold a lock file
+def _lock_beside(folder: Path) -> Iterator[None]:
+    """:func:`ode_transformer.files.lock_output` of ``folder``; nothing where its parent cannot hold a lock file
     (read-only, or another user's): no writer of the whole folder can stage it there either."""
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(claim_output(folder, "--output_dir"))
+            held.enter_context(lock_output(folder, "--output_dir"))
         except OSError as error:
             if isinstance(error, InUseError) or error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise

@@ -1,4 +1,4 @@
-"""Files and folders for every command: reading text files (plain or gzip), claiming an output folder or file
+"""Files and folders for every command: reading text files (plain or gzip), locking an output folder or file
 (one writer at a time), writing a file or folder whole or not at all, and naming a full disk (``hub`` uses these
 too). Only the standard library and ``filelock``.
 
@@ -30,8 +30,8 @@ from filelock import FileLock, Timeout
 
 __all__ = [
     "InUseError",
-    "claim",
-    "claim_output",
+    "hold_lock",
+    "lock_output",
     "clear_folder",
     "match_umask",
     "read_byte_lines",
@@ -343,7 +343,7 @@ def staged_folder(folder: str | Path) -> Iterator[Path]:
     """``FOLDER.incomplete`` to write a folder into; renamed to ``folder`` (replacing it) when the block ends
     without an error (:func:`replace_folder`: one rename that swaps an existing ``folder`` out). A kill leaves
     ``folder`` whole, old or new, and the staging folder (holding the new files, or the old ones swapped out),
-    which the next write names and deletes (hold :func:`claim_output` around this: a second writer's staging folder is not stale)."""
+    which the next write names and deletes (hold :func:`lock_output` around this: a second writer's staging folder is not stale)."""
     final = real_path(folder)
     staged = final.with_name(final.name + INCOMPLETE)
     for left in (staged, staged.with_name(staged.name + ".old")):  # .old: an old folder set aside
@@ -380,7 +380,7 @@ def _holder_pid(pid_file: Path) -> str:
 
 
 @contextmanager
-def claim(
+def hold_lock(
     target: str | Path, lock_file: Path, pid_file: Path, option: str, holder: str = "process"
 ) -> Iterator[None]:
     """Hold ``lock_file`` while the block runs, with this process's pid in ``pid_file``: one writer of ``target``
@@ -409,10 +409,10 @@ def claim(
         lock.release()
 
 
-def claim_output(path: str | Path, option: str) -> contextlib.AbstractContextManager[None]:
-    """:func:`claim` for an output file or folder ``path``: ``.NAME.lock`` and ``.NAME.pid`` beside it (its
+def lock_output(path: str | Path, option: str) -> contextlib.AbstractContextManager[None]:
+    """:func:`hold_lock` for an output file or folder ``path``: ``.NAME.lock`` and ``.NAME.pid`` beside it (its
     folder is created if needed), NAME being that of its :func:`real_path`, so that every name of one output
     takes one lock."""
     real = real_path(path)
     real.parent.mkdir(parents=True, exist_ok=True)
-    return claim(path, real.with_name(f".{real.name}.lock"), real.with_name(f".{real.name}.pid"), option)
+    return hold_lock(path, real.with_name(f".{real.name}.lock"), real.with_name(f".{real.name}.pid"), option)

@@ -45,7 +45,8 @@ from modeling_ode.compat import compile_on_any_device
 from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
-from .files import claim_output, read_lines, write_atomic
+from .files import lock_output as claim_output
+from .files import read_lines, write_atomic
 from .loading import (
     check_generation_config,
     check_model_folder,

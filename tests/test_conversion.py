@@ -235,7 +235,7 @@ def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(
     """The upcycled folder is written as `ode-export` writes one: a writer holding the folder by another name (a
     link to it) makes a second one refuse in one line, naming its pid; a save cut off midway leaves the old folder
     as it was, and no staging folder."""
-    from ode_transformer.files import claim_output
+    from ode_transformer.files import lock_output
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, save_to=tmp_path / "source")
     save_m2m100(tmp_path / "source", vocab_size=len(tokenizer))
@@ -244,7 +244,7 @@ def test_upcycle_takes_the_folders_one_lock_and_a_kill_leaves_the_old_folder(
     link.symlink_to("out")
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     capsys.readouterr()
-    with claim_output(out, "OUT_DIR"):
+    with lock_output(out, "OUT_DIR"):
         error = refused(upcycle_main, [str(tmp_path / "source"), str(link), "--overwrite"])
     assert error.splitlines()[-1].endswith(
         f"error: {link} is in use by another process (pid {os.getpid()}); wait for it to finish or stop it, or "

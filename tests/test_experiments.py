@@ -618,7 +618,7 @@ def test_parallel_writers_of_gates_json_keep_every_run(tmp_path):
 def test_a_second_start_of_a_run_in_training_is_refused_and_deletes_nothing(tmp_path):
     """While another process trains a run (it holds the run's folder), a second start of it is refused, naming that
     process, and leaves the folder alone: no advice to pass --overwrite_output_dir, which would delete it."""
-    from ode_transformer.files import claim
+    from ode_transformer.files import hold_lock
 
     args = runner.parse_args(
         ["ptb", "--results", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")]
@@ -627,7 +627,7 @@ def test_a_second_start_of_a_run_in_training_is_refused_and_deletes_nothing(tmp_
     out = run.work_dir(args.work_dir)
     out.mkdir(parents=True)
     (out / "events.log").write_text("the live run's first steps")  # no checkpoint yet: a start would clear it
-    with claim(out, *runner.runner_lock(out), "--work-dir"):
+    with hold_lock(out, *runner.runner_lock(out), "--work-dir"):
         status = runner.execute(run, args)
     assert status.startswith(f"FAILED residual-1-seed0: another run (pid {os.getpid()}) is training this"), (
         status

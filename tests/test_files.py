@@ -168,7 +168,7 @@ def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
     folder are left as they were."""
     import errno
 
-    from ode_transformer.files import claim_output
+    from ode_transformer.files import lock_output
 
     original = Path.write_text
 
@@ -180,7 +180,7 @@ def test_a_full_disk_when_the_lock_is_taken_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "write_text", full)
     output = write(tmp_path / "out.txt", "old\n")
     message = rf"no space left on device while saving {re.escape(str(output))} .*free some"
-    with pytest.raises(OSError, match=message), claim_output(output, "--output"):
+    with pytest.raises(OSError, match=message), lock_output(output, "--output"):
         pass
     monkeypatch.undo()
     assert output.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

@@ -978,7 +978,7 @@ def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
     one lock, since every lock derives from the resolved path: one writer at a time, the other waiting or
     refused, so that the folder holds every file of one export and no staging folder or lock is left."""
     from modeling_ode.weights_integrity import weights_digest
-    from ode_transformer.files import claim_output
+    from ode_transformer.files import lock_output
 
     sources = {"A": tmp_path / "SA", "B": tmp_path / "SB"}
     save_tiny_folder(sources["A"])
@@ -987,7 +987,7 @@ def test_two_exports_into_one_folder_by_two_names_take_one_lock(tmp_path):
     out, link = runs / "E9", runs / "E9link"
     export_for_hub(sources["A"], out)
     link.symlink_to("E9")  # `ln -s E9 runs/E9link`: a relative link
-    with claim_output(out, "OUT_DIR"):  # an export by one name holds the folder: another name waits its turn
+    with lock_output(out, "OUT_DIR"):  # an export by one name holds the folder: another name waits its turn
         process = start(command("ode-export", str(sources["B"]), str(link), "--overwrite"))
         _, stderr = process.communicate(timeout=300)
     assert process.returncode == 2 and last_line(stderr) == (

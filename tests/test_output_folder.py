@@ -332,7 +332,7 @@ def test_ode_train_into_a_folder_an_export_writes_is_refused(tmp_path, monkeypat
     import errno
 
     from ode_transformer import checkpoints
-    from ode_transformer.files import claim_output
+    from ode_transformer.files import lock_output
 
     out, link = tmp_path / "out", tmp_path / "outlink"
     save_tiny_folder(out)  # an earlier export, which an `ode-export --overwrite` replaces
@@ -341,7 +341,7 @@ def test_ode_train_into_a_folder_an_export_writes_is_refused(tmp_path, monkeypat
     monkeypatch.delenv("ODE_TRACEBACK", raising=False)
     monkeypatch.setattr(sys, "argv", ["ode-train", *TINY_RUN, "--output_dir", str(out), "--train_file",
                                       ",".join(corpus(tmp_path / "data"))])  # fmt: skip
-    with claim_output(link, "OUT_DIR"):  # the export, holding the folder
+    with lock_output(link, "OUT_DIR"):  # the export, holding the folder
         err = refused(cli.train)
     assert err.splitlines()[-1] == (
         f"ode-train: error: {out} is in use by another process (pid {os.getpid()}); wait for it to finish or stop "
@@ -353,7 +353,7 @@ def test_ode_train_into_a_folder_an_export_writes_is_refused(tmp_path, monkeypat
     def unwritable(path, option):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(checkpoints, "claim_output", unwritable)
+    monkeypatch.setattr(checkpoints, "lock_output", unwritable)
     with checkpoints.lock_output_dir(tmp_path / "fresh"):
         assert (tmp_path / "fresh" / ".run.lock").is_file()
     assert not (tmp_path / "fresh").exists()

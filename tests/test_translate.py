@@ -297,7 +297,7 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
     """Two ode-translate writing one file by two names (a link, `dir/../file`) take one lock: the second is
     refused with exit code 2, naming the holder's pid, and the file keeps its content, rather than the last
     writer winning."""
-    from ode_transformer.files import claim_output
+    from ode_transformer.files import lock_output
 
     save_tiny_folder(tmp_path / "model", weight_scale=3)
     source = write(tmp_path / "in.txt", "the dog runs\n")
@@ -305,7 +305,7 @@ def test_translate_into_one_file_by_two_names_takes_one_lock(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "link.txt").symlink_to(output)
     for held, name in ((tmp_path / "link.txt", output), (output, tmp_path / "sub" / ".." / "out.txt")):
-        with claim_output(held, "--output"):
+        with lock_output(held, "--output"):
             argv = [str(tmp_path / "model"), "--input", str(source), "--output", str(name), "--no_progress"]
             process = start(command("ode-translate", *argv))
             _, stderr = process.communicate(timeout=300)

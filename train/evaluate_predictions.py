@@ -34,7 +34,7 @@ from collections.abc import Callable
 from sacrebleu.metrics.bleu import BLEU
 
 from ode_transformer.cli import output_problem, program_name, report_user_error
-from ode_transformer.files import claim_output, read_lines, write_atomic
+from ode_transformer.files import lock_output, read_lines, write_atomic
 
 from .metrics import (
     chrf_score,
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.output not in (None, "-"):  # '-' is standard output, where the JSON already went
         try:
-            with claim_output(args.output, "--output"):  # one writer; the file whole or not at all
+            with lock_output(args.output, "--output"):  # one writer; the file whole or not at all
                 write_atomic(args.output, text + "\n")
         except OSError as error:  # another process writes it, a full disk
             return report_user_error(__spec__.name, error)
