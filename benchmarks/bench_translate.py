@@ -16,10 +16,10 @@ same cache); `<model>-int8-compiled`
 (int8 with `ode_transformer.translate.compile_decoding`: static cache, each greedy step compiled by transformers' `generate`;
 greedy settings only, as transformers compiles no beam-search step); `ct2` / `ct2-int8` (the Marian model converted
 with CTranslate2's TransformersConverter into a temporary folder; skipped with a note when ctranslate2 is not
-installed: `pip install '.[bench]'`). The goals of issue #43 are checked as ratios of one run, and a torch.profiler
+installed: `pip install '.[bench]'`). The speed goals (`GOALS`) are checked as ratios of one run, and a torch.profiler
 summary of the int8 residual model's decoding (top operators) says where its time goes.
 
-RK goals (issues #57, #66): RK2 and RK4 over residual, in each system family and setting, at least
+RK goals (`RK_GOALS`): RK2 and RK4 over residual, in each system family and setting, at least
 `RK_GOAL_OF_PREDICTED` of the predicted ratio, not a flat ratio. The RK models differ from residual in the encoder
 only, so the prediction keeps the residual system's measured time and scales only its encoder's part by the
 encoder FLOP ratio (`predict_from_encoder`): `residual-encoder`, `residual-int8-encoder` and
@@ -79,7 +79,7 @@ QUICK = {
     "rounds": 1,
     "compile": (),
 }
-# issue #43's goals: (name, system, over system, settings, at least)
+# The speed goals: (name, system, over system, settings, at least)
 DYNAMIC_CACHE = "-dynamic-cache"  # suffix of a system decoding with cache_implementation="dynamic"
 ENCODER = "-encoder"  # suffix of a system that runs only the residual encoder of a family, on the same calls
 GOALS = (
@@ -91,7 +91,7 @@ GOALS = (
     ("residual int8 compiled vs CTranslate2 int8, batch 1", "residual-int8-compiled", "ct2-int8", ("batch1_greedy",), 0.7),
     ("residual int8, BeamSearchCache vs transformers' dynamic cache", "residual-int8", "residual-int8" + DYNAMIC_CACHE, ("batch16_beam4", "batch1_beam4"), 1.0),
 )  # fmt: skip
-# issue #57's RK goals: (name, system, over system, settings); met when measured / predicted ratio is at least
+# The RK goals: (name, system, over system, settings); met when measured / predicted ratio is at least
 # RK_GOAL_OF_PREDICTED. The model of a system is its name's first part (rk2-int8 -> rk2).
 RK_GOAL_OF_PREDICTED = 0.9
 # a family's encoder, timed alone: the search graph runs the ONNX int8 encoder graph, compiled decoding the int8
@@ -586,7 +586,7 @@ def markdown(results: dict) -> str:
         "",
         "## Goals (ratios of this run)",
         "",
-        f"RK rows: met at measured / predicted >= {RK_GOAL_OF_PREDICTED} (issue #57); the others: the ratio itself.",
+        f"RK rows: met at measured / predicted >= {RK_GOAL_OF_PREDICTED}; the others: the ratio itself.",
         "RK rows' prediction: residual's best time T, its encoder's best time alone E (the family's",
         "`residual*-encoder` row), the RK encoder's FLOP ratio r: T / (T + (r - 1) E); FLOP-only: the table above.",
         "",
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict:
             if "residual-onnx-search-int8" in systems
             else {}
         )
-        # where RK4's ONNX time goes where it fell short of its FLOP prediction (issue #57)
+        # where RK4's ONNX time goes where it falls short of its FLOP prediction
         onnx_graphs = (
             {"batch16_greedy": onnx_graph_ms(args.threads, Path(folder) / "graphs", setup, "batch16_greedy")}
             if "residual-onnx-int8" in systems

@@ -9,7 +9,7 @@ Multi30k English sources for an encoder-decoder (the `multi30k` and `ablations` 
 the weight: a block whose gate does that on every token has collapsed to a single stage (g = 1: the residual
 block y + F(y) that still pays for F2; g = 0: y + F(y + F(y))).
 
-For every gate it also prints what drives its logits z = [F1, F2] W + b (issue 32): the mean and percentiles of
+For every gate it also prints what drives its logits z = [F1, F2] W + b (why a gate saturates): the mean and percentiles of
 |z| over the real tokens, the norms of what the gate reads (the stages, or LN(F_i) with `ode_gate_inputs`), the
 norm of each stage's part W_i of W and the mean |F_i W_i| it contributes, the bias, and the shares of tokens with
 g < 0.01 and g > 0.99 (g = gamma_1). Large |z| from large |F_i| with a small W points at the stages' scale; from a

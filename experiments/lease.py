@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
 LEASES = RESULTS / "leases"
 CARRY = REPO / ".lease"
-# The pinned commit of the GPU batches: the first with issue 61's study definitions (the default block in
+# The pinned commit of the GPU batches: the first with the study definitions they run (the default block in
 # multi30k_paired, the depth probe's stages) and this runner. Every run of these batches trains with its code.
 COMMIT = "9a156c8"
 CORPORA = ("ptb", "multi30k", "tatoeba_de_en")  # the tiers' corpora, under .lease/data

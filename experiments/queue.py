@@ -50,7 +50,7 @@ class Queue:
 
 _M30K_LATER_ROWS = ("rk4", "rk2_gated_authors", "rk2_gated_tableau", "residual_x2", "residual_x4")
 QUEUES = {
-    # Issue 32: seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
+    # Seed 0 of the five blocks, then seeds 1-2 of residual and RK4, split so that the lanes take
     # about the same time (an RK4 block computes its F four times, a residual block once).
     "ptb_paper": Queue(
         study="ptb_paper",
@@ -105,9 +105,9 @@ QUEUES = {
         cpu=("Intel(R) Xeon(R) Processor", ("amx_bf16", "avx512_bf16")),
         threads=2,
     ),
-    # Issue 41: the Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
+    # The Multi30k headline rows as one batch, all on one machine and commit. Each lane runs the variants
     # of its seeds back to back: seeds 0-2 of every row first, then seeds 3-4 of residual, RK2 and RK4. Residual
-    # seed 2 comes right after RK2 of seeds 0-1: issue 45's upcycling study starts from residual seeds 0-2.
+    # seed 2 comes right after RK2 of seeds 0-1: the upcycling study (multi30k_upcycle) starts from residual seeds 0-2.
     "multi30k_paired": Queue(
         study="multi30k_paired",
         commit="bea8704",
@@ -127,7 +127,7 @@ QUEUES = {
         ),
         worktree="exp_m30k",
     ),
-    # Issue 45: each seed's residual model of multi30k_paired fine-tuned as it is, or upcycled to RK2 / RK4 encoder
+    # multi30k_upcycle: each seed's residual model of multi30k_paired fine-tuned as it is, or upcycled to RK2 / RK4 encoder
     # blocks, from the first commit with the upcycling code and this queue. Seed 2 needs residual-3-seed2 of
     # multi30k_paired (queued there after RK2 of seeds 0-1); a run whose source is missing fails, trains nothing,
     # and runs when the queue is started again.

@@ -156,8 +156,8 @@ class Study:
         }
 
 
-# Flags renamed since runs were recorded, with the same meaning: ode_transformer.train.run's --label_smoothing (the model's loss) became
-# transformers' --label_smoothing_factor when the model's loss became plain cross entropy (issue 42).
+# Flags that recorded runs name by another name with the same meaning: a record's --label_smoothing is
+# transformers' --label_smoothing_factor (the model's loss is plain cross entropy; the Trainer smooths the labels).
 RENAMED_FLAGS = {"label_smoothing": "label_smoothing_factor"}
 
 
@@ -457,7 +457,7 @@ MULTI30K_BLOCKS = {
     "pc_rk2": ("PC-RK2 (PCformer)", _pcformer("encoder", "rk2")),
     "pc_rk4": ("PC-RK4 (PCformer)", _pcformer("encoder", "rk4")),
 }
-# The authors' code's form of Eq. (learnable) (issue 32): ONE gate (or pair of learnable scalars) for the whole
+# The authors' code's form of Eq. (learnable): ONE gate (or pair of learnable scalars) for the whole
 # encoder and F the whole layer, where g -> 1 is a residual step and g -> 0 is y + F1 + F2 (the `_codeF` rows have one
 # gate per block). The scope is a global field, but the study's decoder is Euler (constant coefficients, nothing to
 # share), and the DLCL connections (the authors' too) are the study's, so only the encoder's coefficients change.
@@ -471,7 +471,7 @@ MULTI30K_GATE_VARIANTS: dict[str, Variant] = {
         "RK2-block (learnable scalars), authors' code: one pair, code F",
         _encoder_block("rk2", "learnable", **AUTHORS_GATE),
     ),
-    # Beyond the paper, issue 32's remedy for the gate's collapse: `rk2_gated` whose gate reads LN(F1), LN(F2).
+    # Beyond the paper, a remedy for the gate's collapse: `rk2_gated` whose gate reads LN(F1), LN(F2).
     "rk2_gated_norm": Variant(
         "RK2-block (learnable gamma), gate reads LN(F_i)",
         _encoder_block("rk2", "gated", ode_gate_inputs="layer_norm"),
@@ -528,7 +528,7 @@ MULTI30K = Study(
 )
 
 # --------------------------------------------------------------------------------------------
-# multi30k_paired (issue 41): the headline rows again, as one batch at one commit, each seed's variants back to back
+# multi30k_paired: the headline rows again, as one batch at one commit, each seed's variants back to back
 # on one machine and in the precision that machine computes natively (--precision auto), so that the report can
 # pair every run with the residual run of the same seed, commit, device and precision. Residual, RK2 and RK4 get
 # seeds 0-4, the other rows 0-2 (experiments.queue). The equal-compute baselines are residual encoders with the
@@ -545,12 +545,12 @@ MULTI30K_PAIRED = Study(
         "residual": Variant("Residual", _encoder_block("euler")),
         "rk2": Variant("RK2-block", _encoder_block("rk2")),
         "rk4": Variant("RK4-block", _encoder_block("rk4")),
-        # issue 61: the block every recipe builds by default (`encoder_ode_method: rk2`, the config's gate), on trial
+        # the block every recipe builds by default (`encoder_ode_method: rk2`, the config's gate), on trial
         "rk2_gated": Variant(
             "RK2-block (learnable gamma), the recipes' default", _encoder_block("rk2", "gated")
         ),
         "rk2_gated_authors": MULTI30K_GATE_VARIANTS["rk2_gated_authors"],
-        # issue 41's remedy for the gate's saturation: the paper's gate, started at g = 1/2 (W = 0)
+        # a remedy for the gate's saturation: the paper's gate, started at g = 1/2 (W = 0)
         "rk2_gated_tableau": Variant(
             "RK2-block (learnable gamma), gate starts as RK2 (W = 0, g = 1/2)",
             _encoder_block("rk2", "gated", ode_gate_init="tableau"),
@@ -572,7 +572,7 @@ MULTI30K_PAIRED = Study(
 )
 
 # --------------------------------------------------------------------------------------------
-# tatoeba_depth (issues 54, 61): does an RK block buy the gains of a deeper encoder? That can only show where a deeper
+# tatoeba_depth: does an RK block buy the gains of a deeper encoder? That can only show where a deeper
 # residual encoder is better (on Multi30k the 12-layer one is behind the 3-layer one), so a test bed with more data:
 # Tatoeba En-De (../shared/data/tatoeba_de_en: real pairs of short everyday sentences, several times Multi30k's
 # tokens), multi30k_paired's recipe, the data and the budget aside (3,000 updates of 2,048-token batches, twice
@@ -647,7 +647,7 @@ TATOEBA_DEPTH = Study(
     paper_gap={tatoeba_variant(row, "s1"): WMT14_BASE_GAPS[row] for row in TATOEBA_RK_ROWS},
 )
 # --------------------------------------------------------------------------------------------
-# multi30k_upcycle (issue 45, beyond the paper): the trained residual models of `multi30k_paired` (3-layer encoder,
+# multi30k_upcycle (beyond the paper): the trained residual models of `multi30k_paired` (3-layer encoder,
 # seeds 0-2), converted to RK2 and RK4 encoder blocks that start as the residual blocks (learnable coefficients at
 # (1, 0, ...): the same function, exactly), fine-tuned for the same updates as the residual model itself. Each run
 # starts from its seed's residual model, so every variant pairs with `residual_ft` by seed; the from-scratch rows

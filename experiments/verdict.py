@@ -534,7 +534,7 @@ def preregistration(results: Path = RESULTS) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# The recipes' default block (issue 61): what our committed runs show about it
+# The recipes' default block: what our committed runs show about it
 
 DEFAULT_BLOCK = "rk2_gated"  # every study's name for the paper's gated RK2 block, the recipes' default
 

@@ -91,8 +91,8 @@ def test_no_comment_or_docstring_quotes_a_measured_figure():
 # it, is history, and history goes in commit messages. Narrow on purpose: a review's row or item
 # ("#56 row 11", "issue 56 row 19", "#55 item 2") and three forms of a past behaviour ("used to", "now refused"
 # and the past perfect: "had" with a participle, "had been", "had dropped", "had made"). "used to" after a form
-# of "be" is the passive ("is used to pick"), "had" with an object or "to" is no past perfect ("had no test
-# split", "had to be dropped"), and an issue named alone may cite the design it decided ("issue 61's tiers").
+# of "be" is the passive ("is used to pick"), and "had" with an object or "to" is no past perfect ("had no test
+# split", "had to be dropped"). A tracker issue named at all is the next check's.
 _IRREGULAR_PARTICIPLES = (
     "been|made|done|gone|left|lost|kept|got|put|run|set|shown|taken|given|written|broken|chosen|found|held|said"
     "|sent|told|brought|built|become|begun|seen|known|thrown"
@@ -128,10 +128,10 @@ def g():
 v = 6  # it had replaced its hub_metrics.json; pandas had made the first column an index
 '''
     assert [line for line, _ in history(caught)] == [1, 2, 3, 4, 5, 5, 7, 9, 10, 10]
-    passed = '''"""The default block is the one issue 61's tiers test; row 0 of the tableau is empty."""
+    passed = '''"""The default block is the one the verdict's tiers test; row 0 of the tableau is empty."""
 x = 1  # the seed is used to pick the batches; the bound was used to size the cache
 y = "it used to print a bare error"  # a string is not a comment
-z = 3  # flags the study no longer sets are named; the issue 45 study starts from residual seeds
+z = 3  # flags the study no longer sets are named; the upcycling study starts from residual seeds
 w = 4  # the data had no test split; every pair that had to be dropped, with why
 '''
     assert history(passed) == []
@@ -147,6 +147,40 @@ def test_no_comment_or_docstring_narrates_history():
     assert found == [], (
         "state the behaviour pinned in the present tense; history belongs in commit messages:\n"
         + "\n".join(found)
+    )
+
+
+# --- no tracker issue numbers in code -----------------------------------------------------------------------------
+# An issue number tells a reader nothing without the tracker: the code says what it does and why, and the commit
+# that changed it names the issue. An upstream report (`pytorch/pytorch#136543`) stays: it is where a workaround's
+# reason is kept. Strings count too (a results file's text is read without the tracker as well).
+TRACKER = re.compile(r"\bissues? #?\d+|(?<![\w/])#\d{2,}\b", re.IGNORECASE)
+
+
+def tracker_numbers(source: str) -> list[tuple[int, str]]:
+    return [
+        (number, match.group(0))
+        for number, line in enumerate(source.splitlines(), start=1)
+        for match in TRACKER.finditer(line)
+    ]
+
+
+def test_the_tracker_check_catches_issue_numbers_and_passes_upstream_reports():
+    caught = "x = 1  # issue 42: the loss\n# issues 54, 61\ny = 'goal (issue #57)'\n# the goals of #43\n"
+    assert [line for line, _ in tracker_numbers(caught)] == [1, 2, 3, 4]
+    passed = "x = 1  # (pytorch/pytorch#136543)\ncolor = '#1f77b4'  # an issue with the tokenizer\n"
+    assert tracker_numbers(passed) == []
+
+
+def test_no_code_names_a_tracker_issue():
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {number}"
+        for path in python_files(*CODE_FOLDERS)
+        if path.name != "test_architecture.py"
+        for line, number in tracker_numbers(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], (
+        "say what the code does and why; the issue belongs in the commit message:\n" + "\n".join(found)
     )
 
 

@@ -423,7 +423,7 @@ def test_translate_benchmark_quick_run_writes_its_report(tmp_path):
 
 
 def test_translate_benchmark_rotates_the_systems_and_flags_rk_rows_beyond_the_spread_as_noise():
-    """Issue 66: each round starts one system later, so every system is timed first once in as many rounds; an RK
+    """Each round starts one system later, so every system is timed first once in as many rounds; an RK
     row is noise, not a result, when RK beats residual, or its FLOP prediction, by more than the two systems'
     spreads over the rounds allow."""
     from benchmarks.bench_translate import noise_flag

@@ -1,4 +1,4 @@
-"""A pretrained residual seq2seq model converted to ODE blocks (`from_residual`, issue 45): M2M100 (NLLB-200's
+"""A pretrained residual seq2seq model converted to ODE blocks (`from_residual`): M2M100 (NLLB-200's
 architecture) and residual ODE Transformers give their source's logits and beam-search tokens; RK blocks start as the
 residual block (exactly with learnable coefficients, within a bound linear in eps with a gate); classes whose function
 this model cannot express are refused by name."""

@@ -1101,7 +1101,7 @@ def test_the_paired_batch_runs_in_the_precision_the_machine_computes_natively():
 
 
 def test_the_tatoeba_depth_study_is_the_paired_recipe_on_tatoeba_with_its_own_budget(shared_data):
-    """tatoeba_depth (issues 54, 61): multi30k_paired's flags but the data, the number of updates, one validation at
+    """tatoeba_depth: multi30k_paired's flags but the data, the number of updates, one validation at
     the last update and the row's schedule; residual encoders of 3, 6 and 12 layers and RK2 / RK4 in the 3-layer one,
     each under every schedule; its corpus reads as the data README counts it."""
     from experiments.studies import TATOEBA_ROWS, TATOEBA_SCHEDULES, tatoeba_variant

@@ -759,7 +759,7 @@ def test_a_saved_folder_carries_the_model_limits_and_loads_with_every_auto_class
 
 
 def test_the_card_of_a_gated_rk2_model_says_what_the_projects_runs_show_about_it():
-    """Issue 61: the recipes' default block is the paper's gated RK2; its card says it is untried here and that its
+    """The recipes' default block is the paper's gated RK2; its card says it is untried here and that its
     gate saturated in every diagnostic (tests/test_lease.py checks that against the committed diagnostics)."""
     from modeling_ode import ODETransformerConfig
 

@@ -253,8 +253,8 @@ def test_loss_is_plain_cross_entropy_in_both_modes_and_exact_under_gradient_accu
 
 
 def test_a_saved_config_with_the_old_label_smoothing_field_loads_with_a_note(tmp_path, caplog):
-    """Configs saved before the loss became plain cross entropy carry `label_smoothing`: they load, say where the
-    smoothing went, and are saved again without the field."""
+    """A config carrying `label_smoothing`, a field the model does not read (its loss is plain cross entropy; the
+    Trainer smooths the labels), loads, says where the smoothing went, and is saved again without the field."""
     tiny().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "label_smoothing": 0.1}))

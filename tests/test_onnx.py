@@ -283,7 +283,7 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
 @pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_the_graphs_are_fused_and_share_each_weight_once(exported, trained, exporter, tmp_path):
-    """Issue 66: every graph is rewritten by onnxruntime's transformer optimizer (each residual add with the
+    """Every graph is rewritten by onnxruntime's transformer optimizer (each residual add with the
     LayerNorm after it, `SkipLayerNormalization`), without copying a weight (the RK2 blocks' stages read one F's);
     the tests above check these fused graphs against PyTorch (logits, cache, greedy and beam tokens)."""
     import onnx
@@ -415,7 +415,7 @@ def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, traine
 
 @pytest.mark.xdist_group("onnx_trained")
 def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exported, trained):
-    """Issue 57: the cross-attention keys and values, the same for every beam of a sentence, are the first step's
+    """The cross-attention keys and values, the same for every beam of a sentence, are the first step's
     tensors at every later step: not copied per step, not reordered with the beams (and the tokens are
     `generate`'s)."""
     ids, mask, _ = reverse_task(3, torch.Generator().manual_seed(7))
@@ -470,7 +470,7 @@ SEARCH_CASES = {
 @pytest.mark.parametrize("case", sorted(SEARCH_CASES))
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_the_search_graph_gives_the_tokens_of_generate(exported, trained, exporter, case):
-    """Issue 66: one `session.run` of the BeamSearch graph per batch gives `generate`'s tokens (an RK2 decoder: its
+    """One `session.run` of the BeamSearch graph per batch gives `generate`'s tokens (an RK2 decoder: its
     stage-1 cache through the op as slots of their own), with no help from transformers' search."""
     settings = SEARCH_CASES[case]
     ids, mask, _ = reverse_task(32, torch.Generator().manual_seed(11))

@@ -33,16 +33,16 @@ def test_lanes_share_no_run_and_cover_what_the_issue_asks(name):
     study = STUDIES[q.study]
     runs = [item for lane in q.lanes for item in lane_runs(lane, study)]
     assert len(runs) == len(set(runs)), "two lanes (or steps) would train the same run"
-    if name == "ptb_paper":  # issue 32: seed 0 of every block, seeds 1-2 of residual and RK4
+    if name == "ptb_paper":  # seed 0 of every block, seeds 1-2 of residual and RK4
         wanted = {(0, v) for v in study.variants} | {(s, v) for s in (1, 2) for v in ("residual", "rk4")}
     elif name == "ptb_paper_bf16":  # the Zen 4's seeds of the verdict's tier (a): 3 and 4
         wanted = {(s, v) for s in (3, 4) for v in ("residual", "rk4")}
     elif name == "ptb_paper_amx":  # residual 0-2 and the RK2 rows on them (tier (c)); RK4 1-2, both rows of 5
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants if v != "rk4"}
         wanted |= {(1, "rk4"), (2, "rk4"), (5, "residual"), (5, "rk4")}
-    elif name.startswith("ptb_paper_") or name == "multi30k_upcycle":  # issues 61, 45: seeds 0-2
+    elif name.startswith("ptb_paper_") or name == "multi30k_upcycle":  # seeds 0-2
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants}
-    else:  # issue 41: seeds 0-2 of every row then, seeds 3-4 of residual, RK2 and RK4 (issue 61's row is the GPU's)
+    else:  # seeds 0-2 of every row then, seeds 3-4 of residual, RK2 and RK4 (the rk2_gated row is the GPU's)
         wanted = {(s, v) for s in (0, 1, 2) for v in study.variants if v != "rk2_gated"}
         wanted |= {(s, v) for s in (3, 4) for v in ("residual", "rk2", "rk4")}
     assert set(runs) == wanted

@@ -982,7 +982,7 @@ def test_local_training_files_stream_in_bounded_memory(tmp_path):
 
 
 def test_a_run_that_trains_the_gated_rk2_block_says_what_the_projects_runs_show(tmp_path, caplog):
-    """Issue 61: the recipes' default block is the paper's gated RK2, whose gate saturated in every diagnostic of
+    """The recipes' default block is the paper's gated RK2, whose gate saturated in every diagnostic of
     this project's; a run that trains it says so in its log, with the flag that trains another block, and a run of
     another block says nothing of it. The model card says the same (tests/test_hub.py)."""
     from tiny_run import corpus, train_run

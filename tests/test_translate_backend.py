@@ -65,7 +65,7 @@ def test_onnx_backend_follows_max_length(folders, capsys):
 
 @pytest.mark.parametrize("beams", ["1", "3"])
 def test_onnx_backend_decodes_with_the_search_graph(folders, capsys, monkeypatch, beams):
-    """Issue 66: `ode-export --onnx` writes the search graph beside the three graphs, and --backend onnx decodes
+    """`ode-export --onnx` writes the search graph beside the three graphs, and --backend onnx decodes
     with it, one run of onnxruntime's BeamSearch op per batch: the PyTorch backend's lines."""
     from ode_transformer.onnx_search_decoding import ONNXSearchGenerator
 
