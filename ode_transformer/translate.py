@@ -45,8 +45,7 @@ from modeling_ode.compat import compile_on_any_device
 from modeling_ode.quantization import QUANTIZE_CHOICES, quantize_int8
 from ode_transformer.cli import output_problem, positive_int, program_name
 
-from .files import lock_output as claim_output
-from .files import read_lines, write_atomic
+from .files import lock_output, read_lines, write_atomic
 from .loading import (
     check_generation_config,
     check_model_folder,
@@ -661,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
     # One writer per --output (a second one is refused, not silently the last one), and the file written whole
     # at the end: until then it keeps its old content, whatever happens (Ctrl-C, a full disk).
     to_file = args.output != "-"
-    with claim_output(args.output, "--output") if to_file else contextlib.nullcontext():
+    with lock_output(args.output, "--output") if to_file else contextlib.nullcontext():
         try:
             hypotheses = _translate_file(args)
         except KeyboardInterrupt:

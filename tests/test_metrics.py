@@ -645,7 +645,7 @@ def test_a_run_imports_its_metric_backends_only_where_its_task_scores_with_them(
 
 
 def test_mostly_empty_hypotheses_are_warned_of_where_they_are_scored(tmp_path, caplog, word_tokenizer):
-    """Hypotheses that are all (or mostly) empty score BLEU 0.0 for a reason that is not the metric's: the test
+    """Hypotheses that are all (or mostly) empty score near nothing for a reason that is not the metric's: the test
     split's scores, an evaluation during training and ode-evaluate each say so in one warning, counting them and
     naming the usual causes; a few empty ones (empty sources) are not warned of."""
     from datasets import Dataset

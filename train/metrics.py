@@ -645,7 +645,7 @@ def perplexity(mean_nll: float) -> float:
 
 def empty_hypotheses_warning(hyps: Sequence[str], what: str = "hypotheses") -> str | None:
     """One line where at least half of ``hyps`` (and at least one) are empty, else None: such scores are near 0
-    (BLEU 0.0 when all are) for a reason that is not the metric's, which the line names."""
+    (nothing to score when all are) for a reason that is not the metric's, which the line names."""
     empty = sum(not hyp.strip() for hyp in hyps)
     if not empty or 2 * empty < len(hyps):
         return None
