@@ -26,7 +26,26 @@ class Killed(BaseException):
     """Stands for SIGKILL: raised at a chosen point, caught by nothing in the run."""
 
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "the", "old", "red", "barn", "by", "the", "river"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "and",
+    "then",
+    "it",
+    "ran",
+    "to",
+    "the",
+    "old",
+    "red",
+    "barn",
+    "by",
+    "the",
+    "river",
+]
 
 
 def _lines(count: int, offset: int) -> str:
