@@ -20,6 +20,7 @@ from typing import Any
 
 from experiments.records import load_results
 from experiments.report import RESULTS
+from ode_transformer.train.tasks import get_task
 
 DOCUMENT = RESULTS / "resume_audit.md"
 FIXED_AT = "c48f83f"
@@ -54,14 +55,15 @@ def audit_row(folder: str, record: dict[str, Any], data_root: Path) -> list[str]
     schedule += f", eval {flags.get('eval_strategy')} {flags.get('eval_steps') or ''}".strip()
     run = f"`{folder}/{record['variant']}-{record.get('depth', '')}-seed{record['seed']}`"
     commit = (record.get("git") or {}).get("commit") or ""
-    if flags.get("task") != "lm":
-        return [run, flags.get("task", ""), commit[:7], schedule, "-", "no: an encoder-decoder run"]
+    task = flags.get("task", "")
+    if not get_task(task).is_lm:
+        return [run, task, commit[:7], schedule, "-", "no: an encoder-decoder run"]
     cut = int(flags["max_target_length"]) - 2  # <s> and </s> around each row
     longest = longest_row(flags.get("dataset", ""), data_root)
     if longest is None:
-        return [run, "lm", commit[:7], schedule, "unknown", "could have: rerun it or mark it"]
+        return [run, task, commit[:7], schedule, "unknown", "could have: rerun it or mark it"]
     verdict = "no: no row was cut" if longest <= cut else "yes: rows were cut; rerun it"
-    return [run, "lm", commit[:7], schedule, f"{longest} words, cut at {cut}", verdict]
+    return [run, task, commit[:7], schedule, f"{longest} words, cut at {cut}", verdict]
 
 
 def document(results: Path = RESULTS, data_root: Path | None = None) -> str:

@@ -240,6 +240,25 @@ class _ODECommonTests(ModelTesterMixin):
         config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
         self.model_tester.create_and_check_decoder_model_past_large_inputs(config, inputs_dict)
 
+    def test_reverse_loading_mapping(self):
+        """transformers' version checks that `save_pretrained` writes a checkpoint back in the layout its conversion
+        mapping loads from. Ours loads the fused q/k/v layout of older folders (tests/test_compat.py) but saves the
+        model's own separate projections, so that a saved folder's keys are the modules' names: every key saved is
+        one of the model's, the projections by their own names, and none fused."""
+        import tempfile
+
+        from safetensors.torch import load_file
+
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            model = model_class(config)
+            with tempfile.TemporaryDirectory() as folder:
+                model.save_pretrained(folder)
+                saved = set(load_file(os.path.join(folder, "model.safetensors")))
+            assert saved <= set(model.state_dict()), sorted(saved - set(model.state_dict()))[:5]
+            assert any(key.endswith("self_attn.q_proj.weight") for key in saved)
+            assert not any("qkv_proj" in key or "kv_proj" in key for key in saved)
+
     @unittest.skip(
         reason="GenerationTesterMixin (tests/generation/test_utils.py) is not in the transformers sdist, so this "
         "class cannot inherit it; generation (greedy/beam, cached vs uncached, per-stage caches) is tested by "
