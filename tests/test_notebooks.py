@@ -20,6 +20,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 def test_notebook_executes(path, shared_data, monkeypatch):
     monkeypatch.setenv("ODE_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("ODE_DATA_DIR", str(shared_data))
+    # one torch thread in the kernel: beside the suite's other worker, two oversubscribe two cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(
