@@ -81,7 +81,11 @@ class Tier:
         if not own:
             return self.seeds
         complete = {pair.seed for pair in counted_pairs(results / self.study)}
-        return tuple(seed for seed in self.seeds if seed not in complete)
+        # seeds no batch has begun first: a seed with a run somewhere is one a CPU queue is likely finishing
+        begun = {run["seed"] for run in study_runs(results / self.study) if run["variant"] in self.variants}
+        return tuple(
+            sorted((s for s in self.seeds if s not in complete), key=lambda seed: (seed in begun, seed))
+        )
 
     def wanted(
         self, done: list[dict[str, Any]], device: str | None = None, results: Path = RESULTS
@@ -194,6 +198,14 @@ def batch_pairs(folder: Path) -> list[Pair]:
     return pairs
 
 
+def study_runs(study_folder: Path) -> list[dict[str, Any]]:
+    """Every run record of every batch folder of a study."""
+    folders = (
+        sorted(path for path in study_folder.glob("*") if path.is_dir()) if study_folder.is_dir() else []
+    )
+    return [run for folder in folders for run in load_results(folder)]
+
+
 def counted_pairs(study_folder: Path) -> list[Pair]:
     """Every batch's pairs, each seed once: its first complete pair. In the order they completed."""
     batches = (
@@ -285,7 +297,7 @@ def tier_a_section(results: Path = RESULTS) -> list[str]:
         "run). Beside it: the same pairs' unstratified t-test, each stratum's gap, and the fp32 pairs alone.",
         "- Seeds by device kind: "
         + "; ".join(f"`cpu_{label}` {_seeds(seeds)}" for label, seeds in TIER_A_DEVICE_SEEDS)
-        + "; a GPU lease takes the rule's seeds that no batch has completed.",
+        + "; a GPU lease takes the rule's seeds that no batch has completed, those no batch has begun first.",
         "",
         "| seed | batch | device kind, precision | RK4 - residual | completed |",
         "|---|---|---|---|---|",

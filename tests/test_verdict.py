@@ -133,3 +133,6 @@ def test_the_gpu_takes_the_seeds_no_batch_has_completed(tmp_path):
     assert tier.seeds_for("avx2", tmp_path) == ()  # none of its runs fits a session
     assert tier.seeds_for("h200", tmp_path) == (1, 2, 3, 4, 5)  # a GPU: every seed not yet complete
     assert tier.pending([], "h200", tmp_path)[:2] == [("residual", 1), ("rk4", 1)]
+    # seeds no batch has begun come first: residual seed 1 ran on the AMX Xeon, whose queue trains its RK4 next
+    write_run(tmp_path / "ptb_paper" / "cpu_amx", "residual", 1, 112.0, AMX)
+    assert tier.seeds_for("h200", tmp_path) == (2, 3, 4, 5, 1)
