@@ -198,21 +198,21 @@ def batch_pairs(folder: Path) -> list[Pair]:
     return pairs
 
 
+def batch_folders(study_folder: Path) -> list[Path]:
+    """A study's batch folders under results/ (none where the study has no results yet)."""
+    return sorted(path for path in study_folder.glob("*") if path.is_dir()) if study_folder.is_dir() else []
+
+
 def study_runs(study_folder: Path) -> list[dict[str, Any]]:
     """Every run record of every batch folder of a study."""
-    folders = (
-        sorted(path for path in study_folder.glob("*") if path.is_dir()) if study_folder.is_dir() else []
-    )
-    return [run for folder in folders for run in load_results(folder)]
+    return [run for folder in batch_folders(study_folder) for run in load_results(folder)]
 
 
 def counted_pairs(study_folder: Path) -> list[Pair]:
     """Every batch's pairs, each seed once: its first complete pair. In the order they completed."""
-    batches = (
-        sorted(path for path in study_folder.glob("*") if path.is_dir()) if study_folder.is_dir() else []
-    )
     first: dict[int, Pair] = {}
-    for pair in sorted((p for folder in batches for p in batch_pairs(folder)), key=lambda p: p.finished):
+    pairs = (pair for folder in batch_folders(study_folder) for pair in batch_pairs(folder))
+    for pair in sorted(pairs, key=lambda p: p.finished):
         first.setdefault(pair.seed, pair)
     return sorted(first.values(), key=lambda p: p.finished)
 
@@ -339,11 +339,10 @@ def minutes_per_run(results: Path = RESULTS) -> list[dict[str, Any]]:
     """Tier (a)'s rows on each device kind, from the committed uninterrupted runs: minutes per run and per epoch,
     and the threads they ran on; whether such a run fits in a session after the setup."""
     measured: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for folder in sorted((results / "ptb_paper").glob("*/")):
-        for run in load_results(folder):
-            if run["variant"] in TIER_A_ROWS and not run.get("resumed") and run.get("wall_time_s"):
-                key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
-                measured.setdefault(key, []).append(run)
+    for run in study_runs(results / "ptb_paper"):
+        if run["variant"] in TIER_A_ROWS and not run.get("resumed") and run.get("wall_time_s"):
+            key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
+            measured.setdefault(key, []).append(run)
     rows = []
     for (kind, variant, threads), runs in sorted(measured.items()):
         minutes = statistics.median(r["wall_time_s"] / 60 for r in runs)
