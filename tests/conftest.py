@@ -116,3 +116,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --- inductor's compiled kernels ------------------------------------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache_of_this_run(tmp_path_factory):
+    """One inductor cache for this run's compiles (both xdist workers and their children share it): tests compile
+    from nothing, as on a fresh machine, whatever another run or torch version left in the user's cache."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+
+
+# --- one worker for the tests that share a built fixture -------------------------------------------------------------
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items):
+    """Under `pytest -n 2 --dist loadgroup` (`make test`), the tests of a module that share a module- or
+    session-scoped fixture of that module (a trained model, its exported graphs, a finished run) are one group:
+    xdist runs them on one worker, one after another, so the fixture is built once, not once per worker."""
+    for item in items:
+        module = getattr(item, "module", None)
+        definitions = getattr(item, "_fixtureinfo", None)
+        if module is None or definitions is None or item.get_closest_marker("xdist_group"):
+            continue
+        if any(
+            defs[-1].scope in ("module", "session") and defs[-1].func.__module__ == module.__name__
+            for defs in definitions.name2fixturedefs.values()
+        ):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))

@@ -270,7 +270,13 @@ def test_gpu_suite_runs_the_checks_at_once_then_the_timings_and_stops_a_step_at_
     assert "no step named tests-fp32" in error
 
 
+# One worker, one after the other: the dropout probe's first row compiles the quick run's residual training graph,
+# which inductor's cache then holds.
+COMPILED_RESIDUAL = pytest.mark.xdist_group("compiled_residual_training")
+
+
 @pytest.mark.slow
+@COMPILED_RESIDUAL
 def test_compile_benchmark_quick_run_writes_its_report(tmp_path):
     """`benchmarks.bench_compile --quick`: eager and compiled times for residual and RK4, the same greedy tokens,
     and a report whose speed-ups are the ratios of the stored times."""
@@ -287,6 +293,7 @@ def test_compile_benchmark_quick_run_writes_its_report(tmp_path):
 
 
 @pytest.mark.slow
+@COMPILED_RESIDUAL
 def test_compile_dropout_probe_times_the_three_ways_and_restores_inductors_setting(tmp_path):
     """`benchmarks.bench_compile --quick --dropout`: residual eager and compiled, for dropout 0.1 with inductor's
     random numbers, with aten's (`fallback_random`) and for dropout 0, each row compiled afresh (a row that reused

@@ -206,7 +206,6 @@ def exported(trained, tmp_path_factory):
     return folder
 
 
-@pytest.mark.xdist_group("onnx_trained")
 def test_the_torchscript_export_prints_no_tracer_warning(exported):
     """The TorchScript export prints no TracerWarning: the tracer warns at each Python check on a tensor, and
     each holds for any input (the graphs match the eager model: the tests below)."""
@@ -214,7 +213,6 @@ def test_the_torchscript_export_prints_no_tracer_warning(exported):
     assert [str(w.message)[:80] for w in exported.tracer_warnings["torchscript"]] == []
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 @pytest.mark.parametrize("graph", GRAPHS)
 def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
@@ -223,7 +221,6 @@ def test_each_graph_matches_pytorch(exported, trained, exporter, graph):
     assert_graphs_match(trained, folder, [graph])
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, trained, exporter):
     """Two decoder layers of two stages, under Optimum's names and in its order: per layer, stage 0's
@@ -280,7 +277,6 @@ def test_graph_inputs_and_outputs_are_named_after_the_cache_layout(exported, tra
     assert present_names == {i.name for i in past[2:]}
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_the_graphs_are_fused_and_share_each_weight_once(exported, trained, exporter, tmp_path):
     """Every graph is rewritten by onnxruntime's transformer optimizer (each residual add with the
@@ -302,7 +298,6 @@ def test_the_graphs_are_fused_and_share_each_weight_once(exported, trained, expo
             assert len(fused.node) < len(before.node)
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize(
     "settings",
     [
@@ -333,7 +328,6 @@ def test_onnxruntime_decoding_gives_the_tokens_of_generate(exported, trained, ex
     assert len({int((row != PAD).sum()) for row in expected}) > 1
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize(
     "settings",
     [
@@ -398,7 +392,6 @@ def test_optimums_own_feeding_decodes_an_rk4_decoders_graphs_as_generate_does(rk
     assert len({tuple(row) for row in expected.tolist()}) > 1  # not one output for every source
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("beams", [1, 3])
 def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, trained, beams):
     """`ONNXSeq2SeqGenerator.generate(ids, mask, max_length=5)`, as `model.generate` takes it: 5 tokens,
@@ -413,7 +406,6 @@ def test_onnxruntime_decoding_takes_max_length_as_generate_does(exported, traine
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.xdist_group("onnx_trained")
 def test_beam_search_neither_copies_nor_reorders_the_encoder_keys_and_values(exported, trained):
     """The cross-attention keys and values, the same for every beam of a sentence, are the first step's
     tensors at every later step: not copied per step, not reordered with the beams (and the tokens are
@@ -466,7 +458,6 @@ SEARCH_CASES = {
 }
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("case", sorted(SEARCH_CASES))
 @pytest.mark.parametrize("exporter", sorted(EXPORTERS))
 def test_the_search_graph_gives_the_tokens_of_generate(exported, trained, exporter, case):
@@ -484,7 +475,6 @@ def test_the_search_graph_gives_the_tokens_of_generate(exported, trained, export
     assert len({tuple(row) for row in expected.tolist()}) > len(expected) // 2
 
 
-@pytest.mark.xdist_group("onnx_trained")
 @pytest.mark.parametrize("length_penalty", [1.3, -0.5])
 def test_a_hypothesis_cut_at_max_length_is_ranked_as_generate_ranks_it(exported, trained, length_penalty):
     """The op counts the start token in the length of a hypothesis cut at max_length (transformers does not): those
@@ -502,7 +492,6 @@ def test_a_hypothesis_cut_at_max_length_is_ranked_as_generate_ranks_it(exported,
     assert (generator.redone == len(ids)) == (length_penalty < 0)
 
 
-@pytest.mark.xdist_group("onnx_trained")
 def test_the_search_graph_refuses_by_name_what_it_cannot_follow(exported, trained):
     generator = ONNXSearchGenerator(
         exported("torchscript"), trained.generation_config, session_options=session_options()
@@ -713,20 +702,40 @@ def float_weight_products(graph) -> list[str]:
     return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and is_weight(n.input[1])]
 
 
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_int8_graphs_quantise_every_stage_of_an_rk_block(exporter, tmp_path):
-    """Every product with a weight is int8 in the int8 graphs, the later stages of RK blocks (whose weights
-    TorchScript reads through an `Identity`) included; only the ODE gates' products stay float."""
+def assert_only_the_gates_products_stay_float(model, folder: Path) -> None:
+    """Every product with a weight in the int8 graphs at `folder` is int8, but the ODE gates' (one per StageGate
+    of the graph's side)."""
     import onnx
 
+    for graph in QUANTIZED_GRAPHS:
+        side = model.get_encoder() if graph.startswith("encoder") else model.get_decoder()
+        gates = sum(isinstance(module, StageGate) for module in side.modules())
+        float_products = float_weight_products(onnx.load(str(folder / graph)).graph)
+        assert len(float_products) == gates, (graph, float_products)
+
+
+def test_int8_graphs_quantise_every_stage_of_an_rk_block(tmp_path):
+    """Every product with a weight is int8 in the int8 graphs, the later stages of RK4 blocks (whose weights
+    TorchScript reads through an `Identity`) included; only the ODE gates' products stay float."""
     torch.manual_seed(0)
     model = ODETransformerForConditionalGeneration(tiny(decoder_ode_method="rk4")).eval()  # RK2-gated encoder
-    export_onnx(model, tmp_path, dynamo=exporter == "dynamo", quantize="int8")
-    gates = sum(isinstance(module, StageGate) for module in model.get_encoder().modules())
-    assert gates > 0
-    for graph in QUANTIZED_GRAPHS:
-        float_products = float_weight_products(onnx.load(str(tmp_path / graph)).graph)
-        assert len(float_products) == (gates if graph.startswith("encoder") else 0), (graph, float_products)
+    assert any(isinstance(module, StageGate) for module in model.get_encoder().modules())
+    export_onnx(model, tmp_path, dynamo=False, quantize="int8")
+    assert_only_the_gates_products_stay_float(model, tmp_path)
+
+
+def test_int8_quantisation_of_the_dynamo_graphs_keeps_only_the_gates_float(exported, trained, tmp_path):
+    """The same for the dynamo exporter's graphs, quantised as `export_onnx(..., quantize="int8")` does after its
+    float export and fusion (the trained model's gated RK2 blocks: a later stage and a gate on both sides)."""
+    import shutil
+
+    from ode_transformer.hub.onnx_export import quantize_graph_int8
+
+    for graph in GRAPHS:
+        path = Path(shutil.copy(exported("dynamo") / graph, tmp_path / graph))
+        quantize_graph_int8(path, trained)
+        path.replace(tmp_path / quantized_name(graph))
+    assert_only_the_gates_products_stay_float(trained, tmp_path)
 
 
 def test_ode_export_onnx_without_onnx_names_the_extra_and_writes_nothing(tmp_path, monkeypatch, refused):

@@ -253,6 +253,29 @@ def test_the_oldest_constraints_are_the_floors_of_pyproject():
     assert set(floors) - set(pins) == {"torch"}  # torch: the machine's CPU (or CUDA) build, installed first
 
 
+@pytest.fixture(scope="module")
+def dev_requirements() -> dict[str, str]:
+    """The `dev` extra of pyproject: name -> version specifier."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return {(r := Requirement(line)).name: str(r.specifier) for line in extras["dev"]}
+
+
+def test_the_tests_sharing_a_module_fixture_run_on_one_worker(dev_requirements, request):
+    """`make test` (`pytest -n 2 --dist loadgroup`): a test sharing its module's fixture carries the module's
+    `xdist_group` (tests/conftest.py), and on a worker its node id ends with the group, the one thing xdist's
+    scheduler reads. Under pytest 9.2 it does not (pytest-dev/pytest-xdist#1386): the dev extra keeps pytest
+    below it."""
+    assert dev_requirements["pytest"] == "<9.2,>=8"
+    group = request.module.__name__
+    assert request.node.get_closest_marker("xdist_group").args == (group,)
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not run by `pytest -n N --dist loadgroup`")
+    assert request.node.nodeid.endswith(f"@{group}"), request.node.nodeid
+
+
 def test_install_lines_name_a_clone_or_a_built_wheel_never_pypi():
     """The package is not on PyPI: no document, model-card template or error message says `pip install
     ode-transformer`; they say `pip install .` in a clone or a built wheel, and the wheel the README names is the
