@@ -3,10 +3,15 @@ report, the resume-skip), and the runner's bookkeeping."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import logging
 import math
 import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,12 +46,49 @@ def smallest(study_name: str) -> tuple[list[str], int]:
     return [study.baseline_of(other), other], min(study.depths)
 
 
+# The one study whose end-to-end run starts its commands as the runner does, in child processes (two at once); the
+# others' run here, one after the other (`run_here`): what they check is what the runner records from its
+# commands' outputs, and each child would import torch and transformers again.
+IN_CHILD_PROCESSES = "multi30k"
+
+
+def run_here(command: list[str], cwd: Path, env: dict, stdout, stderr) -> int:
+    """`Children.run` for a `python -m MODULE ARGS` command, in this process: its `main(ARGS)` with the command's
+    environment, folder and log, and this process's threads, logging and environment restored after."""
+    assert command[:2] == [sys.executable, "-m"], command
+    module, *args = command[2:]
+    stderr = stdout if stderr == subprocess.STDOUT else stderr
+    threads, root = torch.get_num_threads(), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        for name in set(os.environ) - set(env):
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.chdir(cwd)
+        try:
+            code = importlib.import_module(module).main(args)
+            return code if isinstance(code, int) else 0
+        except SystemExit as exit_:
+            return exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        finally:
+            torch.set_num_threads(threads)
+            root.handlers[:], root.level = handlers, level
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("study_name", sorted(STUDIES))
-def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_data, capsys):
+def test_study_end_to_end_with_report_and_resume(tmp_path, study_name, shared_data, capsys, monkeypatch):
     study = STUDIES[study_name]
     variants, depth = smallest(study_name)
     args = tiny_args(tmp_path, study_name, variants) + ["--depths", str(depth)]
+    if study_name != IN_CHILD_PROCESSES:
+        monkeypatch.setattr(runner.CHILDREN, "run", run_here)
+        args[args.index("--parallel") + 1] = "1"  # one command at a time: they share this process
     source = None
     # a study that fine-tunes: its source is a tiny random residual model of the study's depth
     if study.source:
