@@ -369,8 +369,7 @@ def export_onnx(
             if fuse:
                 fuse_graph(path, model.config)
             if quantize:
-                quantize_graph_int8(path, model)
-                path = path.replace(out_dir / quantized_name(name))
+                path = quantize_graph_int8(path, model)
             seconds[path.name] = time.perf_counter() - start
     finally:
         model.train(was_training)
@@ -391,13 +390,14 @@ def torchscript_exporter_available() -> bool:
     return importlib.util.find_spec("torch.onnx.utils") is not None
 
 
-def quantize_graph_int8(path: Path, model) -> None:
-    """Rewrite the graph at `path` with dynamic int8 products, as `modeling_ode.quantization` does in PyTorch:
-    onnxruntime's `quantize_dynamic` with int8 weights per output channel, the activations quantised per call to 7
-    bits (`reduce_range`: without AVX-512 VNNI the int8 kernels sum pairs in 16 bits, which full-range inputs
-    saturate). Only products with a weight are quantised (`MatMulConstBOnly`: attention's Q K^T and its weighted
-    sum stay float), and the ODE gates' products stay float (found by their weights, whatever the exporter named
-    the nodes)."""
+def quantize_graph_int8(path: Path, model) -> Path:
+    """Replace the graph at `path` by its version with dynamic int8 products, named as Optimum names it
+    (`quantized_name`), and return that version's path. The products are quantised as `modeling_ode.quantization`
+    does in PyTorch: onnxruntime's `quantize_dynamic` with int8 weights per output channel, the activations
+    quantised per call to 7 bits (`reduce_range`: without AVX-512 VNNI the int8 kernels sum pairs in 16 bits,
+    which full-range inputs saturate). Only products with a weight are quantised (`MatMulConstBOnly`: attention's
+    Q K^T and its weighted sum stay float), and the ODE gates' products stay float (found by their weights,
+    whatever the exporter named the nodes)."""
     import logging
 
     import onnx
@@ -456,7 +456,9 @@ def quantize_graph_int8(path: Path, model) -> None:
         ) from None
     finally:
         root.setLevel(level)
-    quantized.replace(path)
+    named = quantized.replace(path.with_name(quantized_name(path.name)))
+    path.unlink()
+    return named
 
 
 def fuse_graph(path: Path, config) -> dict[str, int]:

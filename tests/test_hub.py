@@ -1104,7 +1104,7 @@ def test_a_full_disk_while_a_graph_is_quantised_is_named(tmp_path):
         "def limited(path, model):\n"
         "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "    resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 1, resource.RLIM_INFINITY))\n"
-        "    quantize(path, model)\n"
+        "    return quantize(path, model)\n"
         "onnx_export.quantize_graph_int8 = limited\n"
     )
     python, flag, script, *rest = command("ode-export", *argv)
@@ -1154,5 +1154,6 @@ def test_a_disk_without_room_for_a_graphs_copy_is_full_before_it_is_quantised(tm
     )
     assert path.read_bytes() == before and sorted(path.parent.iterdir()) == [path]
     monkeypatch.undo()
-    quantize_graph_int8(path, torch.nn.Linear(1, 1))  # with the room, the same graph is quantised
-    assert "MatMulInteger" in {node.op_type for node in onnx.load(path).graph.node}
+    quantized = quantize_graph_int8(path, torch.nn.Linear(1, 1))  # with the room, the same graph is quantised
+    assert sorted(path.parent.iterdir()) == [quantized] and quantized.name == "encoder_model_quantized.onnx"
+    assert "MatMulInteger" in {node.op_type for node in onnx.load(quantized).graph.node}

@@ -732,9 +732,7 @@ def test_int8_quantisation_of_the_dynamo_graphs_keeps_only_the_gates_float(expor
     from ode_transformer.hub.onnx_export import quantize_graph_int8
 
     for graph in GRAPHS:
-        path = Path(shutil.copy(exported("dynamo") / graph, tmp_path / graph))
-        quantize_graph_int8(path, trained)
-        path.replace(tmp_path / quantized_name(graph))
+        quantize_graph_int8(Path(shutil.copy(exported("dynamo") / graph, tmp_path / graph)), trained)
     assert_only_the_gates_products_stay_float(trained, tmp_path)
 
 
