@@ -3,8 +3,10 @@ commit, and low-priority runners (lanes; one per core, or one on every core with
 through their steps in order. Each run resumes from its last checkpoint, so starting a queue again after an
 interruption loses at most the epoch in flight.
 
-    python -m experiments.queue ptb_paper             # start (or resume) the lanes in the background
-    python -m experiments.queue ptb_paper --dry-run   # print the worktree and each lane's commands
+    python -m experiments.queue ptb_paper                    # start (or resume) the lanes in the background
+    python -m experiments.queue ptb_paper --dry-run          # print the worktree and each lane's commands
+    python -m experiments.queue ptb_paper_bf16 --until 17:00  # each run only where the plan says it ends by then
+    python -m experiments.queue ptb_paper_bf16 --unfinished   # before the session ends: the runs' progress, a cost
 
 The lanes of a queue never share a run: the pinned commit may predate the output-folder lock, so two runners
 must not train the same run. For the same reason a queue starts once: its lanes hold a lock
@@ -17,13 +19,21 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+
+from experiments.records import load_results
+from experiments.studies import STUDIES, batch_folder
+from ode_transformer.train.provenance import device_info
 
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = REPO / "runs" / "queue"  # git-ignored: each queue's lock and the pids of its lanes
@@ -144,20 +154,113 @@ QUEUES = {
 LOW_PRIORITY_SESSION = "(echo 19 > /proc/self/autogroup) 2>/dev/null"
 
 
-def lane_command(queue: Queue, lane: tuple[Step, ...]) -> str:
-    """The shell command of one lane: its steps one after another (a failed step does not stop the next)."""
-    calls = [
-        f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
-        + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
-        + f"--parallel 1 --threads {queue.threads} --results {shlex.quote(str(REPO / 'results'))}"
-        + (f" --batch {queue.batch}" if queue.batch else "")
-        + "".join(f" {shlex.quote(flag)}" for flag in queue.extra)
-        for seeds, variants in lane
-    ]
+def lane_command(queue: Queue, lane: tuple[Step, ...], gate: str | None = None) -> str:
+    """The shell command of one lane: its steps one after another (a failed step does not stop the next). With a
+    ``gate`` (:func:`gate_command`), each step first asks it whether it fits the time left; the first that does
+    not ends the lane."""
+    calls = []
+    for seeds, variants in lane:
+        call = (
+            f"nice -n 19 .venv/bin/python -m experiments.run {queue.study} --seeds {' '.join(map(str, seeds))} "
+            + (f"--only {' '.join(variants)} " if variants else "")  # no variants: all of the study's
+            + f"--parallel 1 --threads {queue.threads} --results {shlex.quote(str(REPO / 'results'))}"
+            + (f" --batch {queue.batch}" if queue.batch else "")
+            + "".join(f" {shlex.quote(flag)}" for flag in queue.extra)
+        )
+        calls.append(f"({gate} {step_word((seeds, variants))}) || exit 0; {call}" if gate else call)
     # A lane starts a session of its own, and Linux's autogroup scheduling shares the CPU between sessions first:
     # `nice` alone then orders processes within the lane only, and the lanes took as much CPU as a test run or a
     # benchmark beside them. Lowering the session's own priority (where the kernel has autogroups) yields to them.
     return f"{LOW_PRIORITY_SESSION}; " + "; ".join(calls)
+
+
+# --------------------------------------------------------------------------------------------
+# The session's end: a step starts only where the plan says it finishes in time
+
+
+def step_word(step: Step) -> str:
+    """A step as one shell word, SEEDS:VARIANTS, comma-separated (no variants: all of the study's)."""
+    seeds, variants = step
+    return f"{','.join(map(str, seeds))}:{','.join(variants)}"
+
+
+def parse_step(word: str) -> Step:
+    seeds, _, variants = word.partition(":")
+    return tuple(int(seed) for seed in seeds.split(",")), tuple(v for v in variants.split(",") if v)
+
+
+def gate_command(name: str, until: float) -> str:
+    """The check each step of a lane runs first, from this checkout (the worktree's pinned code predates it)."""
+    return f"cd {shlex.quote(str(REPO))} && .venv/bin/python -m experiments.queue {name} --until {until:.0f} --fits"
+
+
+def step_fits(
+    queue: Queue, step: Step, minutes_left: float, results: Path = REPO / "results"
+) -> tuple[bool, str]:
+    """Whether a step may start with ``minutes_left`` in the session, and why: each run of it the batch lacks
+    ends in time by the plan's minutes (:func:`experiments.verdict.run_minutes`, for the batch's device kind and
+    the lane's threads), or a run of it was never measured there and runs as its own measurement."""
+    from experiments.verdict import run_minutes, stratum
+
+    folder = results / queue.study / batch_folder("cpu", queue.batch)
+    records = load_results(folder) if folder.is_dir() else []
+    done = {(r["variant"], r["seed"]) for r in records}
+    kinds = {stratum(r) for r in records}  # one, as a batch is one device and precision
+    variants = step[1] or STUDIES[queue.study].variants
+    runs = [(variant, seed) for seed in step[0] for variant in variants if (variant, seed) not in done]
+    if not runs:
+        return True, "finished already"
+    kind = kinds.pop() if len(kinds) == 1 else None
+    costs = [run_minutes(kind, variant, queue.threads, results) if kind else None for variant, _ in runs]
+    if None in costs:
+        return True, "not measured on this device kind at these threads: it runs as its own measurement"
+    minutes = sum(costs)
+    names = ", ".join(f"{variant} seed {seed}" for variant, seed in runs)
+    if minutes <= minutes_left:
+        return True, f"{names}: about {minutes:.0f} min, {minutes_left:.0f} min left"
+    return False, (
+        f"{names}: about {minutes:.0f} min on {kind} at {queue.threads} threads, and {minutes_left:.0f} min "
+        "are left before --until: the lane ends here (its runs would be lost with the machine)"
+    )
+
+
+def record_unfinished(queue: Queue, tree: Path, results: Path = REPO / "results") -> list[Path]:
+    """Write the progress of each run of the queue's batch that the worktree has begun and this checkout has no
+    record of, into ``results/<study>/<batch>/unfinished/`` (where the plan reads it as a cost): the updates of its
+    last checkpoint and the seconds from the run's start to it. A resumed run is left out: its time has a gap.
+
+    Returns:
+        The files written.
+    """
+    batch = batch_folder("cpu", queue.batch)
+    out = results / queue.study / batch / "unfinished"
+    written = []
+    for log in sorted((tree / "runs" / "experiments" / queue.study / batch).glob("*-seed*.log")):
+        work = log.with_suffix("")
+        checkpoints = [p for p in work.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+        if not checkpoints or (results / queue.study / batch / f"{work.name}.json").exists():
+            continue
+        starts = re.findall(r"^(\S+ \S+),\d+ INFO \S+: precision: (\w+)", log.read_text(), re.MULTILINE)
+        if len(starts) != 1:
+            print(
+                f"{work.name}: {len(starts)} starts in its log, not one: no cost read from it",
+                file=sys.stderr,
+            )
+            continue
+        last = max(checkpoints, key=lambda p: int(p.name.split("-")[1]))
+        started = datetime.strptime(starts[0][0], "%Y-%m-%d %H:%M:%S").timestamp()  # the log's local time
+        variant, depth, seed = re.fullmatch(r"(.+)-(\d+)-seed(\d+)", work.name).groups()
+        record = {
+            "study": queue.study, "batch": queue.batch, "variant": variant, "depth": int(depth),
+            "seed": int(seed), "git": {"commit": queue.commit}, "device": device_info("cpu", queue.threads),
+            "precision": {"precision": starts[0][1]}, "steps": int(last.name.split("-")[1]),
+            "seconds": round(last.stat().st_mtime - started, 1),
+            "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{work.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        written.append(out / f"{work.name}.json")
+    return written
 
 
 def prepare_worktree(queue: Queue, tree: Path, repo: Path = REPO) -> None:
@@ -312,6 +415,17 @@ def start_lane(command: str, tree: Path, log: Path, lock: int) -> subprocess.Pop
         )
 
 
+def until_time(text: str) -> float:
+    """``--until``'s value as seconds since the epoch: HH:MM is today's, in UTC."""
+    if text.isdigit():
+        return float(text)
+    try:
+        clock = datetime.strptime(text, "%H:%M").time()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HH:MM (UTC) or seconds since the epoch") from None
+    return datetime.combine(datetime.now(timezone.utc).date(), clock, timezone.utc).timestamp()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("queue", choices=sorted(QUEUES), help="a queue: a study's name, or a batch of it")
@@ -321,10 +435,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="print the worktree and the lanes' commands only"
     )
+    parser.add_argument(
+        "--until",
+        type=until_time,
+        help="when the session ends (HH:MM UTC today, or seconds since the epoch): each step starts only where "
+        "the plan says it finishes by then (results/verdict.md, 'What each machine can finish')",
+    )
+    parser.add_argument(
+        "--fits", type=parse_step, metavar="SEEDS:VARIANTS", help=argparse.SUPPRESS
+    )  # the gate
+    parser.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="before the session ends: record the progress of the batch's unfinished runs as the plan's costs",
+    )
     args = parser.parse_args(argv)
     queue = QUEUES[args.queue]
     tree = (args.tree or REPO.parent / queue.worktree).resolve()
-    commands = [lane_command(queue, lane) for lane in queue.lanes]
+    if args.fits is not None:
+        fits, why = step_fits(queue, args.fits, (args.until - time.time()) / 60)
+        print(f"--until: {why}", flush=True)
+        return 0 if fits else 1
+    if args.unfinished:
+        for path in record_unfinished(queue, tree):
+            print(f"wrote {path.relative_to(REPO)}: commit it")
+        return 0
+    if args.until is not None and queue.study != "ptb_paper":
+        parser.error("--until: the plan measures ptb_paper's runs only")
+    if args.until is not None and args.until <= time.time():
+        parser.error(f"--until {datetime.fromtimestamp(args.until, timezone.utc):%H:%M} UTC has passed")
+    gate = gate_command(args.queue, args.until) if args.until is not None else None
+    commands = [lane_command(queue, lane, gate) for lane in queue.lanes]
     if args.dry_run:
         print(f"worktree {tree} at {queue.commit}")
         for index, command in enumerate(commands):

@@ -335,22 +335,56 @@ SESSION_MINUTES = 180  # a session's time on a CPU machine: a run that outlasts 
 SETUP_MINUTES = 15  # a new machine's install and the queue's worktree before the first step
 
 
-def minutes_per_run(results: Path = RESULTS) -> list[dict[str, Any]]:
-    """Tier (a)'s rows on each device kind, from the committed uninterrupted runs: minutes per run and per epoch,
-    and the threads they ran on; whether such a run fits in a session after the setup."""
-    measured: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+def unfinished_runs(results: Path = RESULTS) -> list[dict[str, Any]]:
+    """The progress of ptb_paper runs that had not finished when their session ended
+    (``results/ptb_paper/<batch>/unfinished/``, from ``python -m experiments.queue NAME --unfinished``): the updates
+    each reached, in how many seconds."""
+    return [json.loads(p.read_text()) for p in sorted((results / "ptb_paper").glob("*/unfinished/*.json"))]
+
+
+def minutes_per_run(results: Path = RESULTS, variants: tuple[str, ...] = TIER_A_ROWS) -> list[dict[str, Any]]:
+    """The rows' minutes per run and per epoch on each device kind and thread count: from the committed
+    uninterrupted runs, or, where none has finished there, from an unfinished run's minutes per update times the
+    updates the row's finished runs took anywhere; whether such a run fits in a session after the setup."""
+    finished: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    unfinished: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    updates: dict[str, list[tuple[int, float]]] = {}  # each finished run's (updates, epochs), by row
     for run in study_runs(results / "ptb_paper"):
-        if run["variant"] in TIER_A_ROWS and not run.get("resumed") and run.get("wall_time_s"):
+        if run["variant"] not in variants:
+            continue
+        updates.setdefault(run["variant"], []).append((run["steps"], run["epochs"]))
+        if not run.get("resumed") and run.get("wall_time_s"):
             key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
-            measured.setdefault(key, []).append(run)
+            finished.setdefault(key, []).append(run)
+    for run in unfinished_runs(results):
+        if run["variant"] in variants:
+            key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
+            unfinished.setdefault(key, []).append(run)
     rows = []
-    for (kind, variant, threads), runs in sorted(measured.items()):
-        minutes = statistics.median(r["wall_time_s"] / 60 for r in runs)
-        epoch = statistics.median(r["wall_time_s"] / 60 / r["epochs"] for r in runs)
+    for key in sorted(finished.keys() | unfinished.keys()):
+        kind, variant, threads = key
+        if key in finished:
+            runs = finished[key]
+            minutes = statistics.median(r["wall_time_s"] / 60 for r in runs)
+            epoch = statistics.median(r["wall_time_s"] / 60 / r["epochs"] for r in runs)
+            source = str(len(runs))
+        elif variant in updates:
+            per_update = statistics.median(r["seconds"] / 60 / r["steps"] for r in unfinished[key])
+            minutes = per_update * statistics.median(steps for steps, _ in updates[variant])
+            epoch = per_update * statistics.median(steps / epochs for steps, epochs in updates[variant])
+            source = "0 (unfinished: " + ", ".join(f"{r['steps']} updates" for r in unfinished[key]) + ")"
+        else:  # no finished run anywhere says how many updates a run takes
+            continue
         fits = minutes + SETUP_MINUTES <= SESSION_MINUTES
-        rows.append({"kind": kind, "variant": variant, "threads": threads, "runs": len(runs),
+        rows.append({"kind": kind, "variant": variant, "threads": threads, "runs": source,
                      "minutes": minutes, "epoch": epoch, "fits": fits})  # fmt: skip
     return rows
+
+
+def run_minutes(kind: str, variant: str, threads: int, results: Path = RESULTS) -> float | None:
+    """The plan's minutes for one ptb_paper run of a row on a device kind and thread count (None: not measured)."""
+    rows = minutes_per_run(results, (variant,))
+    return next((r["minutes"] for r in rows if (r["kind"], r["threads"]) == (kind, threads)), None)
 
 
 def plan_section(results: Path = RESULTS) -> list[str]:
@@ -359,9 +393,12 @@ def plan_section(results: Path = RESULTS) -> list[str]:
         "## What each machine can finish",
         "",
         f"Minutes per run of tier (a)'s rows, from the committed runs that were not resumed (the median where "
-        f"several); a run fits where it ends within a {SESSION_MINUTES}-minute session after {SETUP_MINUTES} "
-        "minutes of setup. A device kind none of whose runs fits starts none: its checkpoints do not outlive the "
-        "machine.",
+        "several); where none has finished on a device kind, from a run its session's end cut off: its minutes "
+        "per update times the updates the row's finished runs took. A run fits where it ends within a "
+        f"{SESSION_MINUTES}-minute session after {SETUP_MINUTES} minutes of setup. A queue started with `--until` "
+        "(the session's end) starts a run only where it fits the time left, and one never measured on its device "
+        "kind as its own measurement; the first run that does not fit ends its lane, so a pair's second run is "
+        "never traded for another seed's first. Checkpoints do not outlive the machine.",
         "",
         "| device kind, precision | row | threads | runs | minutes per epoch | minutes per run | fits a session |",
         "|---|---|---|---|---|---|---|",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shlex
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -273,3 +277,97 @@ def test_a_queue_starts_once_while_its_lanes_hold_its_lock(tmp_path):
         stop.touch()
         assert lane.wait(timeout=60) == 0
     os.close(queue.lock_queue("toy", tmp_path))  # free again
+
+
+def test_a_gated_lane_asks_before_each_step_and_ends_at_the_first_that_does_not_fit(tmp_path):
+    """With --until, each step runs its gate first: a step the gate passes runs, and the first it refuses ends the
+    lane, so a pair's second run is not traded for another seed's first."""
+    q = queue.QUEUES["ptb_paper_bf16"]
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    runner = (
+        tmp_path / ".venv" / "bin" / "python"
+    )  # stands in for the worktree's experiments.run: logs its seeds
+    runner.write_text(f'#!/bin/sh\necho "ran $5 $7" >> {tmp_path / "ran"}\n')
+    runner.chmod(0o755)
+    gate = tmp_path / "gate"  # refuses RK4 of seed 3, as the plan would where it outlasts the time left
+    gate.write_text(f'#!/bin/sh\necho "asked $1" >> {tmp_path / "ran"}\n[ "$1" != "3:rk4" ]\n')
+    gate.chmod(0o755)
+    command = queue.lane_command(q, q.lanes[0], str(gate))
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, start_new_session=True)
+    assert (tmp_path / "ran").read_text().splitlines() == [
+        "asked 3:residual",
+        "ran 3 residual",
+        "asked 3:rk4",
+    ]
+    assert queue.parse_step(queue.step_word(((0, 1, 2), ()))) == ((0, 1, 2), ())
+    assert queue.parse_step(queue.step_word(((3,), ("residual", "rk4")))) == ((3,), ("residual", "rk4"))
+
+
+def test_a_step_starts_only_where_the_plan_says_it_ends_in_time(tmp_path):
+    """The gate's answer from the committed runs of the batch's device kind at the lane's threads: measured runs
+    that fit start, one that does not fit stops the lane, and a row never measured there runs as its measurement."""
+    from tests.test_verdict import ZEN4, write_run
+
+    q = queue.QUEUES["ptb_paper_bf16"]
+    folder = tmp_path / "ptb_paper" / "cpu_bf16"
+    write_run(folder, "residual", 3, 110.0, ZEN4)  # 10 min, 2 threads
+    assert queue.step_fits(q, ((3,), ("residual",)), 1.0, tmp_path) == (True, "finished already")
+    fits, why = queue.step_fits(q, ((4,), ("residual",)), 12.0, tmp_path)
+    assert fits and why == "residual seed 4: about 10 min, 12 min left"
+    fits, why = queue.step_fits(q, ((3,), ("rk4",)), 500.0, tmp_path)
+    assert fits and "runs as its own measurement" in why  # no RK4 run on this kind yet
+    write_run(folder, "rk4", 4, 100.0, ZEN4)
+    fits, why = queue.step_fits(q, ((3,), ("rk4",)), 8.0, tmp_path)
+    assert not fits and why.startswith(
+        "rk4 seed 3: about 10 min on AMD EPYC AVX512, bf16 at 2 threads, and 8 min"
+    )
+    # the same runs at another thread count measure nothing for this queue's lanes
+    assert "own measurement" in queue.step_fits(replace(q, threads=1), ((5,), ("rk4",)), 8.0, tmp_path)[1]
+
+
+def test_an_unfinished_run_is_recorded_as_a_cost_the_plan_reads(tmp_path, monkeypatch):
+    """--unfinished: a run's last checkpoint and the time from its start to it become a record the plan turns into
+    minutes per run (per update, times the updates the row's finished runs took); a resumed run, whose time has a
+    gap, and a run with a committed record give none."""
+    from experiments import verdict
+    from tests.test_verdict import write_run
+
+    machine = {"device": "cpu", "name": "A CPU of no batch", "capability": "AVX512"}
+    monkeypatch.setattr(queue, "device_info", lambda device, threads: {**machine, "threads": threads})
+    q = queue.QUEUES["ptb_paper_bf16"]
+    runs = tmp_path / "tree" / "runs" / "experiments" / "ptb_paper" / "cpu_bf16"
+    results = tmp_path / "results"
+    write_run(results / "ptb_paper" / "cpu_amx", "rk4", 1, 100.0)  # a finished RK4 run elsewhere: 100 updates
+    started = 1_800_000_000  # the log's clock is the machine's local time
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+    for name, starts in (("rk4-1-seed3", 1), ("rk4-1-seed4", 2), ("residual-1-seed3", 1)):
+        (runs / name / "checkpoint-20").mkdir(parents=True)
+        (runs / name / "checkpoint-40").mkdir()
+        os.utime(runs / name / "checkpoint-40", (started + 1200, started + 1200))
+        (runs / f"{name}.log").write_text(
+            f"{stamp},123 INFO __main__: precision: bf16 (bf16 as asked)\n{{'loss': '7.1'}}\n" * starts
+        )
+    write_run(results / "ptb_paper" / "cpu_bf16", "residual", 3, 110.0)  # finished: nothing to record
+    written = queue.record_unfinished(q, tmp_path / "tree", results)
+    assert [path.name for path in written] == ["rk4-1-seed3.json"]  # seed 4 was resumed
+    record = json.loads(written[0].read_text())
+    assert (record["variant"], record["seed"], record["steps"], record["seconds"]) == ("rk4", 3, 40, 1200.0)
+    assert (record["git"]["commit"], record["device"]["threads"]) == (q.commit, 2)
+    kind = verdict.stratum(record)
+    assert kind == "A CPU of no batch AVX512, bf16"
+    row = next(r for r in verdict.minutes_per_run(results) if r["kind"] == kind and r["variant"] == "rk4")
+    assert row["minutes"] == pytest.approx(20 / 40 * 100) and row["epoch"] == pytest.approx(20 / 40 * 10)
+    assert row["runs"] == "0 (unfinished: 40 updates)" and row["fits"]
+    assert verdict.run_minutes(kind, "rk4", 2, results) == pytest.approx(50.0)
+
+
+def test_until_reads_a_clock_time_and_refuses_one_past(capsys):
+    assert queue.until_time("1800000000") == 1_800_000_000.0
+    with pytest.raises(argparse.ArgumentTypeError, match="'25:99' is not HH:MM"):
+        queue.until_time("25:99")
+    with pytest.raises(SystemExit):
+        queue.main(["ptb_paper_bf16", "--until", "1000", "--dry-run"])
+    assert "--until 00:16 UTC has passed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        queue.main(["multi30k_paired", "--until", "1800000000", "--dry-run"])
+    assert "the plan measures ptb_paper's runs only" in capsys.readouterr().err
