@@ -199,7 +199,8 @@ def step_fits(
 ) -> tuple[bool, str]:
     """Whether a step may start with ``minutes_left`` in the session, and why: each run of it the batch lacks
     ends in time by the plan's minutes (:func:`experiments.verdict.run_minutes`, for the batch's device kind and
-    the lane's threads), or a run of it was never measured there and runs as its own measurement."""
+    the lane's threads), or a run of it was never measured there and runs as its own measurement. A run that
+    would resume from a checkpoint is costed whole: the gate errs towards not starting."""
     from experiments.verdict import run_minutes, stratum
 
     folder = results / queue.study / batch_folder("cpu", queue.batch)
