@@ -310,7 +310,7 @@ def test_a_step_starts_only_where_the_plan_says_it_ends_in_time(tmp_path):
 
     q = queue.QUEUES["ptb_paper_bf16"]
     folder = tmp_path / "ptb_paper" / "cpu_bf16"
-    write_run(folder, "residual", 3, 110.0, ZEN4)  # 10 min, 2 threads
+    write_run(folder, "residual", 3, 110.0, ZEN4)  # write_run records ten minutes on 2 threads
     assert queue.step_fits(q, ((3,), ("residual",)), 1.0, tmp_path) == (True, "finished already")
     fits, why = queue.step_fits(q, ((4,), ("residual",)), 12.0, tmp_path)
     assert fits and why == "residual seed 4: about 10 min, 12 min left"
