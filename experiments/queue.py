@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from experiments.lease import steps_reached
 from experiments.records import load_results
 from experiments.studies import STUDIES, batch_folder
 from ode_transformer.train.provenance import device_info
@@ -212,10 +213,12 @@ def step_fits(
     if not runs:
         return True, "finished already"
     kind = kinds.pop() if len(kinds) == 1 else None
-    costs = [run_minutes(kind, variant, queue.threads, results) if kind else None for variant, _ in runs]
-    if None in costs:
+    costs = {
+        variant: run_minutes(kind, variant, queue.threads, results) if kind else None for variant, _ in runs
+    }
+    if None in costs.values():
         return True, "not measured on this device kind at these threads: it runs as its own measurement"
-    minutes = sum(costs)
+    minutes = sum(costs[variant] for variant, _ in runs)
     names = ", ".join(f"{variant} seed {seed}" for variant, seed in runs)
     if minutes <= minutes_left:
         return True, f"{names}: about {minutes:.0f} min, {minutes_left:.0f} min left"
@@ -238,8 +241,8 @@ def record_unfinished(queue: Queue, tree: Path, results: Path = REPO / "results"
     written = []
     for log in sorted((tree / "runs" / "experiments" / queue.study / batch).glob("*-seed*.log")):
         work = log.with_suffix("")
-        checkpoints = [p for p in work.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
-        if not checkpoints or (results / queue.study / batch / f"{work.name}.json").exists():
+        steps = steps_reached(work)
+        if not steps or (results / queue.study / batch / f"{work.name}.json").exists():
             continue
         starts = re.findall(r"^(\S+ \S+),\d+ INFO \S+: precision: (\w+)", log.read_text(), re.MULTILINE)
         if len(starts) != 1:
@@ -248,13 +251,13 @@ def record_unfinished(queue: Queue, tree: Path, results: Path = REPO / "results"
                 file=sys.stderr,
             )
             continue
-        last = max(checkpoints, key=lambda p: int(p.name.split("-")[1]))
+        last = work / f"checkpoint-{steps}"
         started = datetime.strptime(starts[0][0], "%Y-%m-%d %H:%M:%S").timestamp()  # the log's local time
         variant, depth, seed = re.fullmatch(r"(.+)-(\d+)-seed(\d+)", work.name).groups()
         record = {
             "study": queue.study, "batch": queue.batch, "variant": variant, "depth": int(depth),
             "seed": int(seed), "git": {"commit": queue.commit}, "device": device_info("cpu", queue.threads),
-            "precision": {"precision": starts[0][1]}, "steps": int(last.name.split("-")[1]),
+            "precision": {"precision": starts[0][1]}, "steps": steps,
             "seconds": round(last.stat().st_mtime - started, 1),
             "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }  # fmt: skip
