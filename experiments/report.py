@@ -183,20 +183,52 @@ def verdict(comparison: dict[str, Any], digits: int = 2) -> str:
     )
 
 
-def paired_bootstrap(hypotheses: list[str], baseline: list[str], references: list[str]) -> float:
-    """sacreBLEU's paired bootstrap p-value of ``hypotheses`` against ``baseline`` (BLEU)."""
+def paired_bootstrap(
+    systems: dict[Any, list[str]], baseline: list[str], references: list[str]
+) -> dict[Any, float]:
+    """sacreBLEU's paired bootstrap p-value (BLEU) of each of ``systems`` against ``baseline``, in one test:
+    sacreBLEU reseeds the resampling for each system, so each p is what a test of that pair alone gives, and the
+    baseline's statistics are computed once."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     test = PairedTest(
-        [("baseline", baseline), ("system", hypotheses)],
+        [("baseline", baseline), *((str(index), hyps) for index, hyps in enumerate(systems.values()))],
         {"BLEU": BLEU()},
         [references],
         test_type="bs",
         n_samples=BOOTSTRAP_SAMPLES,
     )
     _, scores = test()
-    return float(scores["BLEU"][1].p_value)
+    return {key: float(score.p_value) for key, score in zip(systems, scores["BLEU"][1:])}
+
+
+def bootstrap_p_values(
+    study: Study, by_cell: dict[tuple[str, int], list[dict[str, Any]]], references: list[str]
+) -> dict[tuple[str, int], dict[int, float]]:
+    """The paired bootstrap p of each run with test hypotheses against its baseline's run of the same seed, by
+    (variant, depth), then seed. Pairs by seed (a seed's data order and initialisation move every variant), same
+    commit, device and precision (`comparable`), as the paired t-test reads them; the runs that share a baseline
+    run are tested together."""
+    groups: dict[tuple[str, int, int], dict[str, list[str]]] = defaultdict(dict)  # (baseline, depth, seed)
+    for (variant, depth), runs in by_cell.items():
+        base_name = study.baseline_of(variant)
+        baseline = {r["seed"]: r for r in by_cell.get((base_name, depth), [])}
+        for r in runs:
+            base = baseline.get(r["seed"])
+            if (
+                variant != base_name
+                and base
+                and comparable(r) == comparable(base)
+                and r.get("test_hypotheses")
+            ):
+                groups[(base_name, depth, r["seed"])][variant] = r["test_hypotheses"]
+    p_values: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
+    for (base_name, depth, seed), systems in groups.items():
+        base = {r["seed"]: r for r in by_cell[(base_name, depth)]}[seed]
+        for variant, p in paired_bootstrap(systems, base["test_hypotheses"], references).items():
+            p_values[(variant, depth)][seed] = p
+    return p_values
 
 
 def test_references(study: Study, size: str, n: int) -> list[str] | None:
@@ -257,6 +289,7 @@ def aggregate(
     """One row per (variant, depth) present in ``results``, in the study's order (derived metrics filled in)."""
     add_derived_metrics(study, results)
     by_cell = runs_by_cell(results)
+    p_values = bootstrap_p_values(study, by_cell, references) if references else {}
     rows = []
     for depth in study.depths:
         for variant in study.variants:
@@ -272,11 +305,6 @@ def aggregate(
                 "baseline": base_name,
             }
             row["seeds"] = [r["seed"] for r in runs]
-            # Pairs by seed (a seed's data order and initialisation move every variant), same commit, device and
-            # precision (comparable): the bootstrap and the paired t-test read only these.
-            shared = [
-                r for r in runs if r["seed"] in baseline and comparable(r) == comparable(baseline[r["seed"]])
-            ]
             for metric in study.metrics:
                 values = [r["metrics"][metric.name] for r in runs]
                 mean, std = mean_std(values)
@@ -294,13 +322,8 @@ def aggregate(
             # None: shorter than a log interval
             row["train_loss"] = statistics.fmean(last_losses) if last_losses else None
             if references and variant != base_name:
-                row["bootstrap_p"] = {
-                    r["seed"]: paired_bootstrap(
-                        r["test_hypotheses"], baseline[r["seed"]]["test_hypotheses"], references
-                    )
-                    for r in shared
-                    if r.get("test_hypotheses")
-                }
+                tested = p_values.get((variant, depth), {})
+                row["bootstrap_p"] = {seed: tested[seed] for seed in sorted(tested)}
             rows.append(row)
     add_pairwise(study, rows, by_cell)
     for metric in study.metrics:  # Holm over the study's declared tests, metric by metric

@@ -458,6 +458,32 @@ def test_a_bootstrap_p_carries_the_sign_of_its_seeds_gap():
     assert "| BLEU vs baseline | chrF vs baseline |" in table  # chrF's verdict beside BLEU's
 
 
+def test_systems_bootstrapped_together_get_the_p_of_each_pair_alone():
+    """The report tests every run that shares a baseline run in one sacreBLEU PairedTest: each p equals that
+    pair's own test, made with sacreBLEU directly."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    words = ["the", "a", "dog", "cat", "runs", "sleeps", "on", "mat", "warm", "red"]
+    references = [" ".join(words[(i + j) % 10] for j in range(6)) for i in range(30)]
+    baseline = [" ".join(ref.split()[:4]) for ref in references]
+    systems = {
+        "close": [ref if i % 3 else ref.split()[0] for i, ref in enumerate(references)],
+        "far": [" ".join(reversed(ref.split())) for ref in references],
+    }
+    together = report_module.paired_bootstrap(systems, baseline, references)
+    for name, hypotheses in systems.items():
+        test = PairedTest(
+            [("baseline", baseline), ("system", hypotheses)],
+            {"BLEU": BLEU()},
+            [references],
+            test_type="bs",
+            n_samples=report_module.BOOTSTRAP_SAMPLES,
+        )
+        assert together[name] == test()[1]["BLEU"][1].p_value
+    assert together["close"] != together["far"]
+
+
 def test_holm_counts_every_test_the_study_declares():
     """Holm's family is the study's declared tests, run or not (multi30k: each row against residual, and its two
     declared tests between rows): two rows with the same paired p both get F p; a third row with a larger p
