@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.costs import Costs
 from experiments.records import (
     RecordError,
     load_results,
@@ -89,43 +89,19 @@ class Planned:
         return f"{self.tier.study}/{self.variant}-seed{self.seed}"
 
 
-@dataclass
-class Costs:
-    """Seconds per run of each (study, variant) on one device: the median wall time of its finished runs there, or
-    from a stopped run's progress (seconds per update times the updates a finished run of it took anywhere)."""
-
-    device: str
-    seconds: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    rates: dict[tuple[str, str], float] = field(default_factory=dict)  # seconds per update
-    steps: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-
-    def add_result(self, result: dict[str, Any]) -> None:
-        key = (result["study"], result["variant"])
-        self.steps.setdefault(key, []).append(result["steps"])
-        if (result.get("device") or {}).get("name") == self.device:
-            self.seconds.setdefault(key, []).append(result["wall_time_s"])
-
-    def estimate(self, study: str, variant: str) -> float | None:
-        key = (study, variant)
-        if key in self.seconds:
-            return statistics.median(self.seconds[key])
-        if key in self.rates and key in self.steps:
-            return self.rates[key] * statistics.median(self.steps[key])
-        return None
-
-
 def measured_costs(device: str, results: Path = RESULTS) -> Costs:
     """The costs on ``device`` (a GPU's name, as results record it) from every committed result and lease record."""
-    costs = Costs(device)
+    costs = Costs()
     for path in sorted(results.glob("*/*/*-seed*.json")):
-        costs.add_result(read_record(path))
+        result = read_record(path)
+        costs.add_result(result, here=(result.get("device") or {}).get("name") == device)
     for path in sorted(results.glob("leases/*/lease.json")):
         lease = read_lease_record(path)
         if lease.get("device") != device:
             continue
         for run in lease["runs"]:
             if run.get("steps") and run["status"] != "done":
-                costs.rates[(run["study"], run["variant"])] = run["progress_s"] / run["steps"]
+                costs.add_stopped((run["study"], run["variant"]), run["progress_s"], run["steps"])
     return costs
 
 
@@ -201,7 +177,7 @@ def choose(
     least half of the lease's run time (``run_seconds``) is left (it is its own measurement: started late, it would
     measure little and hold a slot a measured run could use)."""
     for tier, variant, seed in waiting:
-        cost = costs.estimate(tier.study, variant)
+        cost = costs.estimate((tier.study, variant))
         if cost is None and seconds_left >= run_seconds / 2:
             return Planned(tier, variant, seed, None)
         if cost is not None and cost <= seconds_left:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import depth_gate
+from experiments.costs import Costs
 from experiments.records import comparable, load_results, refuse_bad_records
 from experiments.report import RESULTS
 from experiments.significance import ALPHA, POWER
@@ -343,42 +344,35 @@ def unfinished_runs(results: Path = RESULTS) -> list[dict[str, Any]]:
 
 
 def minutes_per_run(results: Path = RESULTS, variants: tuple[str, ...] = TIER_A_ROWS) -> list[dict[str, Any]]:
-    """The rows' minutes per run and per epoch on each device kind and thread count: from the committed
-    uninterrupted runs, or, where none has finished there, from an unfinished run's minutes per update times the
-    updates the row's finished runs took anywhere; whether such a run fits in a session after the setup."""
-    finished: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    unfinished: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    updates: dict[str, list[tuple[int, float]]] = {}  # each finished run's (updates, epochs), by row
-    for run in study_runs(results / "ptb_paper"):
-        if run["variant"] not in variants:
-            continue
-        updates.setdefault(run["variant"], []).append((run["steps"], run["epochs"]))
-        if not run.get("resumed") and run.get("wall_time_s"):
-            key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
-            finished.setdefault(key, []).append(run)
-    for run in unfinished_runs(results):
-        if run["variant"] in variants:
-            key = (stratum(run), run["variant"], run["device"].get("threads") or 1)
-            unfinished.setdefault(key, []).append(run)
+    """The rows' minutes per run and per epoch on each device kind and thread count (`experiments.costs.Costs`:
+    from the committed uninterrupted runs there or, where none has finished there, an unfinished run's minutes
+    per update times the updates the row's finished runs took anywhere); whether such a run fits in a session
+    after the setup."""
+    finished = [run for run in study_runs(results / "ptb_paper") if run["variant"] in variants]
+    stopped = [run for run in unfinished_runs(results) if run["variant"] in variants]
+
+    def place(run: dict[str, Any]) -> tuple[str, int]:
+        return stratum(run), run["device"].get("threads") or 1
+
+    measured = {place(r) for r in finished if not r.get("resumed") and r.get("wall_time_s")}
     rows = []
-    for key in sorted(finished.keys() | unfinished.keys()):
-        kind, variant, threads = key
-        if key in finished:
-            runs = finished[key]
-            minutes = statistics.median(r["wall_time_s"] / 60 for r in runs)
-            epoch = statistics.median(r["wall_time_s"] / 60 / r["epochs"] for r in runs)
-            source = str(len(runs))
-        elif variant in updates:
-            per_update = statistics.median(r["seconds"] / 60 / r["steps"] for r in unfinished[key])
-            minutes = per_update * statistics.median(steps for steps, _ in updates[variant])
-            epoch = per_update * statistics.median(steps / epochs for steps, epochs in updates[variant])
-            source = "0 (unfinished: " + ", ".join(f"{r['steps']} updates" for r in unfinished[key]) + ")"
-        else:  # no finished run anywhere says how many updates a run takes
-            continue
-        fits = minutes + SETUP_MINUTES <= SESSION_MINUTES
-        rows.append({"kind": kind, "variant": variant, "threads": threads, "runs": source,
-                     "minutes": minutes, "epoch": epoch, "fits": fits})  # fmt: skip
-    return rows
+    for kind, threads in measured | {place(r) for r in stopped}:
+        costs = Costs()
+        for run in finished:
+            costs.add_result(run, here=place(run) == (kind, threads))
+        here = [run for run in stopped if place(run) == (kind, threads)]
+        for run in here:
+            costs.add_stopped(("ptb_paper", run["variant"]), run["seconds"], run["steps"])
+        for variant in variants:
+            row = ("ptb_paper", variant)
+            if (seconds := costs.estimate(row)) is None:
+                continue
+            cut_off = ", ".join(f"{r['steps']} updates" for r in here if r["variant"] == variant)
+            runs = str(len(costs.seconds[row])) if row in costs.seconds else f"0 (unfinished: {cut_off})"
+            minutes = seconds / 60
+            rows.append({"kind": kind, "variant": variant, "threads": threads, "runs": runs, "minutes": minutes,
+                         "epoch": costs.per_epoch(row) / 60, "fits": minutes + SETUP_MINUTES <= SESSION_MINUTES})  # fmt: skip
+    return sorted(rows, key=lambda r: (r["kind"], r["variant"], r["threads"]))
 
 
 def run_minutes(kind: str, variant: str, threads: int, results: Path = RESULTS) -> float | None:

@@ -316,7 +316,7 @@ def test_the_plan_fits_the_lease_in_priority_order_with_measured_costs(tmp_path)
         Tier("b", "small", "", ("residual",), (0, 1, 2, 3)),
         Tier("c", "new", "", ("x",), (0,)),
     )
-    costs = lease.Costs(DEVICE)
+    costs = lease.Costs()
     costs.seconds = {
         ("big", "residual"): [300.0],
         ("big", "rk4"): [700.0],
@@ -334,7 +334,7 @@ def test_the_plan_fits_the_lease_in_priority_order_with_measured_costs(tmp_path)
     ]
     assert all(start + run.cost <= 600 for start, run in plan)
     # nothing measured: the top tier's runs start at once, as their own measurement
-    fresh = lease.simulate(waiting, lease.Costs(DEVICE), 600, slots=2)
+    fresh = lease.simulate(waiting, lease.Costs(), 600, slots=2)
     assert [(start, run.name, run.cost) for start, run in fresh] == [
         (0.0, "big/residual-seed0", None),
         (0.0, "big/rk4-seed0", None),
@@ -356,8 +356,8 @@ def test_a_stopped_runs_progress_is_a_cost_for_the_next_plan(tmp_path):
         )
     )  # fmt: skip
     costs = lease.measured_costs(DEVICE, tmp_path)
-    assert costs.estimate("ptb_paper", "rk4") == pytest.approx(100.0 / 250 * 1000)
-    assert costs.estimate("ptb_paper", "residual") is None
+    assert costs.estimate(("ptb_paper", "rk4")) == pytest.approx(100.0 / 250 * 1000)
+    assert costs.estimate(("ptb_paper", "residual")) is None
     assert lease.last_setup_seconds(DEVICE, tmp_path) == 80.0
 
 
@@ -425,3 +425,25 @@ def test_the_lease_runs_on_a_python_with_the_standard_library_alone():
     )
     done = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, cwd="/")
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_a_resumed_runs_wall_time_is_no_cost_but_its_updates_count():
+    """`experiments.costs.Costs`, which the lease and the CPU plan share: a resumed run's wall time misses its
+    earlier attempts, so only its updates count; a stopped run's seconds per update times the finished runs'
+    updates stand in until a run finishes here uninterrupted."""
+    from experiments.costs import Costs
+
+    row = ("ptb_paper", "rk4")
+    costs = Costs()
+    costs.add_result({"study": "ptb_paper", "variant": "rk4", "steps": 100, "epochs": 4, "wall_time_s": 50.0,
+                      "resumed": True}, here=True)  # fmt: skip
+    assert costs.estimate(row) is None
+    costs.add_stopped(row, seconds=30.0, steps=10)
+    assert costs.estimate(row) == pytest.approx(3.0 * 100) and costs.per_epoch(row) == pytest.approx(300 / 4)
+    costs.add_result({"study": "ptb_paper", "variant": "rk4", "steps": 120, "epochs": 4, "wall_time_s": 200.0},
+                     here=True)  # fmt: skip
+    assert costs.estimate(row) == 200.0
+    costs.add_result(
+        {"study": "ptb_paper", "variant": "rk4", "steps": 120, "epochs": 4, "wall_time_s": 900.0}, here=False
+    )  # another machine's: its updates only
+    assert costs.estimate(row) == 200.0 and costs.steps[row] == [100, 120, 120]
