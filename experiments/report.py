@@ -211,6 +211,7 @@ def bootstrap_p_values(
     commit, device and precision (`comparable`), as the paired t-test reads them; the runs that share a baseline
     run are tested together."""
     groups: dict[tuple[str, int, int], dict[str, list[str]]] = defaultdict(dict)  # (baseline, depth, seed)
+    base_hypotheses: dict[tuple[str, int, int], list[str]] = {}
     for (variant, depth), runs in by_cell.items():
         base_name = study.baseline_of(variant)
         baseline = {r["seed"]: r for r in by_cell.get((base_name, depth), [])}
@@ -223,10 +224,11 @@ def bootstrap_p_values(
                 and r.get("test_hypotheses")
             ):
                 groups[(base_name, depth, r["seed"])][variant] = r["test_hypotheses"]
+                base_hypotheses[(base_name, depth, r["seed"])] = base["test_hypotheses"]
     p_values: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
     for (base_name, depth, seed), systems in groups.items():
-        base = {r["seed"]: r for r in by_cell[(base_name, depth)]}[seed]
-        for variant, p in paired_bootstrap(systems, base["test_hypotheses"], references).items():
+        tested = paired_bootstrap(systems, base_hypotheses[(base_name, depth, seed)], references)
+        for variant, p in tested.items():
             p_values[(variant, depth)][seed] = p
     return p_values
 
